@@ -1,0 +1,19 @@
+"""prefopt: RLHF as scikit-learn estimators.
+
+Fit a reward model from comparisons, optimise a policy against it with PPO,
+RLOO, REINFORCE or RAFT, and compare algorithms exactly where the answer is
+known.
+"""
+
+from ._config import config_context, get_config, set_config
+from .kl import AdaptiveKLController, FixedKLController, kl_estimate
+from .policies import PPOPolicy, RAFTPolicy, ReinforcePolicy, RLOOPolicy
+from .rewards import NoisyReward, RewardModel
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AdaptiveKLController", "FixedKLController", "NoisyReward", "PPOPolicy", "RAFTPolicy",
+    "RLOOPolicy", "ReinforcePolicy", "RewardModel", "config_context", "get_config",
+    "kl_estimate", "set_config", "__version__",
+]

@@ -1,0 +1,132 @@
+"""Global configuration: device, dtype and progress bars, in the style of scikit-learn.
+
+One ``set_config`` / ``config_context`` sets what every prefopt estimator uses, so a
+script moves from CPU to GPU without touching estimator parameters (which stay
+comparable across machines and searches).
+"""
+
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+from typing import Iterator
+
+_DEFAULTS = {
+    "device": "auto",
+    "dtype": "auto",
+    "show_progress_bar": True,
+    "eval_batch_size": 64,
+}
+_local = threading.local()
+
+
+def _get_threadlocal() -> dict:
+    if not hasattr(_local, "config"):
+        _local.config = dict(_DEFAULTS)
+    return _local.config
+
+
+def get_config() -> dict:
+    """Return a copy of the current prefopt configuration.
+
+    Returns
+    -------
+    config : dict
+        Keys ``device``, ``dtype``, ``show_progress_bar`` and ``eval_batch_size``.
+
+    See Also
+    --------
+    set_config, config_context
+
+    Examples
+    --------
+    >>> import prefopt
+    >>> prefopt.get_config()["device"]
+    'auto'
+    """
+    return dict(_get_threadlocal())
+
+
+def set_config(
+    *,
+    device: str | None = None,
+    dtype: str | None = None,
+    show_progress_bar: bool | None = None,
+    eval_batch_size: int | None = None,
+) -> None:
+    """Set prefopt's global configuration.
+
+    Parameters
+    ----------
+    device : str, default=None
+        ``"auto"`` (CUDA when available, else CPU), ``"cpu"``, ``"cuda"`` or
+        ``"cuda:N"``. ``None`` leaves the setting unchanged.
+    dtype : str, default=None
+        ``"auto"`` (bfloat16 autocast on CUDA, float32 on CPU), ``"float32"`` or
+        ``"bfloat16"``. Log-softmax always runs in float32.
+    show_progress_bar : bool, default=None
+        Whether ``fit`` shows a tqdm progress bar.
+    eval_batch_size : int, default=None
+        Rows per forward pass when scoring or evaluating without gradients.
+
+    See Also
+    --------
+    get_config, config_context
+
+    Examples
+    --------
+    >>> import prefopt
+    >>> prefopt.set_config(show_progress_bar=False)
+    >>> prefopt.get_config()["show_progress_bar"]
+    False
+    >>> prefopt.set_config(show_progress_bar=True)
+    """
+    config = _get_threadlocal()
+    if device is not None:
+        if not isinstance(device, str) or not (
+            device in ("auto", "cpu", "cuda", "mps") or device.startswith("cuda:")
+        ):
+            raise ValueError(
+                f"device must be 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'; got {device!r}."
+            )
+        config["device"] = device
+    if dtype is not None:
+        if dtype not in ("auto", "float32", "bfloat16"):
+            raise ValueError(
+                f"dtype must be 'auto', 'float32' or 'bfloat16'; got {dtype!r}."
+            )
+        config["dtype"] = dtype
+    if show_progress_bar is not None:
+        config["show_progress_bar"] = bool(show_progress_bar)
+    if eval_batch_size is not None:
+        if int(eval_batch_size) < 1:
+            raise ValueError(f"eval_batch_size must be >= 1; got {eval_batch_size!r}.")
+        config["eval_batch_size"] = int(eval_batch_size)
+
+
+@contextmanager
+def config_context(**new_config) -> Iterator[None]:
+    """Temporarily change prefopt's configuration inside a ``with`` block.
+
+    Parameters
+    ----------
+    **new_config
+        The keyword arguments of :func:`set_config`.
+
+    See Also
+    --------
+    set_config, get_config
+
+    Examples
+    --------
+    >>> import prefopt
+    >>> with prefopt.config_context(show_progress_bar=False):
+    ...     prefopt.get_config()["show_progress_bar"]
+    False
+    """
+    old = get_config()
+    set_config(**new_config)
+    try:
+        yield
+    finally:
+        _get_threadlocal().update(old)

@@ -1,0 +1,31 @@
+"""The shared torch layer: devices, seeding, models, tokenizers, sampling, log-probs."""
+
+from ._torch import autocast, local_seed, make_generator, resolve_device
+from .generation import (
+    EncodedPrompts,
+    encode_prompts,
+    pad_left,
+    pad_right,
+    position_ids_from_mask,
+    response_logprobs,
+    sample,
+    sequence_values,
+    truncate_after_eos,
+)
+from .models import (
+    ScalarHeadModel,
+    TokenValueTable,
+    disable_dropout,
+    ensure_pad_token,
+    frozen_copy,
+    load_causal_lm,
+    model_vocab_size,
+)
+
+__all__ = [
+    "EncodedPrompts", "ScalarHeadModel", "TokenValueTable", "autocast", "disable_dropout",
+    "encode_prompts", "ensure_pad_token", "frozen_copy", "load_causal_lm", "local_seed", "make_generator",
+    "model_vocab_size", "pad_left", "pad_right", "position_ids_from_mask",
+    "response_logprobs", "resolve_device", "sample", "sequence_values",
+    "truncate_after_eos",
+]

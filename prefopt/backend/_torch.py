@@ -1,0 +1,82 @@
+"""Device, dtype and random-number helpers shared by every estimator."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager, nullcontext
+
+import numpy as np
+import torch
+from sklearn.utils import check_random_state
+
+from .._config import get_config
+
+
+def resolve_device() -> torch.device:
+    """Return the torch device chosen by :func:`prefopt.set_config`.
+
+    Examples
+    --------
+    >>> from prefopt.backend import resolve_device
+    >>> resolve_device().type in ("cpu", "cuda", "mps")
+    True
+    """
+    name = get_config()["device"]
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(name)
+
+
+def autocast(device: torch.device):
+    """bfloat16 autocast on CUDA when the configured dtype asks for it, else a no-op.
+
+    Log-softmax is always taken in float32 by the callers, so log-probabilities
+    of the sampling and training passes agree (implementation detail 21).
+    """
+    dtype = get_config()["dtype"]
+    if device.type == "cuda" and dtype in ("auto", "bfloat16"):
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return nullcontext()
+
+
+def make_generator(random_state, device: torch.device | str = "cpu") -> torch.Generator:
+    """Return a local ``torch.Generator`` seeded from ``random_state``.
+
+    prefopt never seeds torch globally: every random draw of an estimator goes
+    through its own generator, so the same ``random_state`` repeats exactly.
+
+    Parameters
+    ----------
+    random_state : int, RandomState instance or None
+        Passed through :func:`sklearn.utils.check_random_state`.
+    device : torch.device or str, default="cpu"
+        Device of the generator.
+
+    Returns
+    -------
+    generator : torch.Generator
+
+    Examples
+    --------
+    >>> import torch
+    >>> from prefopt.backend import make_generator
+    >>> a = torch.rand(2, generator=make_generator(0))
+    >>> b = torch.rand(2, generator=make_generator(0))
+    >>> bool((a == b).all())
+    True
+    """
+    seed = int(check_random_state(random_state).randint(np.iinfo(np.int32).max))
+    generator = torch.Generator(device=device)
+    generator.manual_seed(seed)
+    return generator
+
+
+@contextmanager
+def local_seed(seed: int):
+    """Seed torch inside a block and restore the global state afterwards.
+
+    Used to build models from a config reproducibly without touching the
+    caller's global random state.
+    """
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(seed))
+        yield

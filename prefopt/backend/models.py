@@ -1,0 +1,238 @@
+"""Resolving models and tokenizers; dropout off; frozen reference copies; scalar heads."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import torch
+from torch import nn
+
+PAD_TOKEN = "[PAD]"
+
+
+def disable_dropout(model: nn.Module) -> nn.Module:
+    """Set ``p = 0`` in every dropout layer of ``model`` and return it.
+
+    With dropout active, the same tokens get different log-probabilities in the
+    sampling and training passes, so the PPO ratio is not 1 at the first epoch
+    and the KL estimate is unreliable (seed text; implementation detail 3).
+    This applies to all four models: policy, reference, reward and value.
+
+    Examples
+    --------
+    >>> from torch import nn
+    >>> from prefopt.backend import disable_dropout
+    >>> m = disable_dropout(nn.Sequential(nn.Linear(2, 2), nn.Dropout(0.5)))
+    >>> m[1].p
+    0.0
+    """
+    for module in model.modules():
+        if isinstance(module, nn.Dropout) or "Dropout" in type(module).__name__:
+            if hasattr(module, "p"):
+                module.p = 0.0
+    for attr in ("attn_pdrop", "resid_pdrop", "embd_pdrop", "hidden_dropout_prob",
+                 "attention_probs_dropout_prob", "dropout", "attention_dropout",
+                 "summary_first_dropout"):
+        config = getattr(model, "config", None)
+        if config is not None and isinstance(getattr(config, attr, None), float):
+            setattr(config, attr, 0.0)
+    return model
+
+
+def frozen_copy(model: nn.Module) -> nn.Module:
+    """Return a frozen, dropout-free copy of ``model`` in eval mode.
+
+    The reference model is made once per ``fit`` and never copied per step.
+
+    Examples
+    --------
+    >>> from torch import nn
+    >>> from prefopt.backend import frozen_copy
+    >>> ref = frozen_copy(nn.Linear(2, 2))
+    >>> any(p.requires_grad for p in ref.parameters())
+    False
+    """
+    ref = copy.deepcopy(model)
+    disable_dropout(ref)
+    ref.eval()
+    ref.requires_grad_(False)
+    return ref
+
+
+def ensure_pad_token(tokenizer):
+    """Return a tokenizer whose pad token exists and differs from EOS.
+
+    If padding used the EOS token, EOS would be masked as padding during
+    supervised training and the model would never learn to stop (seed text;
+    implementation detail 1). A missing or EOS-equal pad token is replaced by a
+    new ``[PAD]`` special token on a copy; the caller's tokenizer is unchanged.
+    Embeddings are not resized: pad positions are masked and their ids replaced
+    by 0 before every forward pass.
+
+    Examples
+    --------
+    >>> from prefopt.worlds import PreferenceWorld
+    >>> tok = ensure_pad_token(PreferenceWorld().tokenizer)
+    >>> tok.pad_token_id != tok.eos_token_id
+    True
+    """
+    if tokenizer.pad_token_id is not None and tokenizer.pad_token_id != tokenizer.eos_token_id:
+        return tokenizer
+    tokenizer = copy.deepcopy(tokenizer)
+    tokenizer.add_special_tokens({"pad_token": PAD_TOKEN})
+    return tokenizer
+
+
+def model_vocab_size(model: nn.Module) -> int | None:
+    """Vocabulary size of a causal LM's output layer, when it can be read."""
+    config = getattr(model, "config", None)
+    size = getattr(config, "vocab_size", None)
+    if size is None:
+        get = getattr(model, "get_output_embeddings", None)
+        emb = get() if callable(get) else None
+        size = getattr(emb, "out_features", None)
+    return size
+
+
+def hidden_size(model: nn.Module) -> int:
+    config = getattr(model, "config", None)
+    for attr in ("hidden_size", "n_embd", "d_model"):
+        if config is not None and getattr(config, attr, None):
+            return int(getattr(config, attr))
+    raise ValueError(f"Cannot read the hidden size of {type(model).__name__}.")
+
+
+class ScalarHeadModel(nn.Module):
+    """A transformer trunk with a linear head giving one scalar per position.
+
+    Used for the reward model and the value model. The head's weights are drawn
+    from N(0, std = 1/sqrt(d_model + 1)) and its bias is 0, as in the original
+    code (implementation details 1A and 1B; the paper misprints the std).
+
+    Parameters
+    ----------
+    backbone : nn.Module
+        A Hugging Face base model (``AutoModel``) returning ``last_hidden_state``.
+    head_std : float, default=None
+        Standard deviation of the head's weights; ``None`` means
+        ``1/sqrt(d_model + 1)``.
+    generator : torch.Generator, default=None
+        Generator for the head's initial weights.
+
+    Examples
+    --------
+    >>> from transformers import GPT2Config, GPT2Model
+    >>> import torch
+    >>> trunk = GPT2Model(GPT2Config(n_layer=1, n_head=2, n_embd=8, vocab_size=11))
+    >>> head = ScalarHeadModel(trunk)
+    >>> head(torch.zeros(2, 3, dtype=torch.long)).shape
+    torch.Size([2, 3])
+    """
+
+    def __init__(self, backbone: nn.Module, head_std: float | None = None,
+                 generator: torch.Generator | None = None):
+        super().__init__()
+        self.backbone = backbone
+        d_model = hidden_size(backbone)
+        self.head = nn.Linear(d_model, 1)
+        std = 1.0 / math.sqrt(d_model + 1) if head_std is None else head_std
+        with torch.no_grad():
+            self.head.weight.copy_(torch.randn(self.head.weight.shape, generator=generator) * std)
+            self.head.bias.zero_()
+
+    @property
+    def config(self):
+        return self.backbone.config
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, **kwargs):
+        out = self.backbone(input_ids=input_ids, attention_mask=attention_mask,
+                            position_ids=position_ids)
+        hidden = out.last_hidden_state
+        return self.head(hidden.to(self.head.weight.dtype)).squeeze(-1)
+
+
+class TokenValueTable(nn.Module):
+    """A value model that is one learned number per input token.
+
+    For one-step responses, the value at the last prompt position is a learned
+    per-prompt baseline; this is the value model PPO uses when the policy is not
+    a transformer it can copy a trunk from (e.g. the preference world's policy).
+
+    Parameters
+    ----------
+    vocab_size : int
+        Number of token ids.
+
+    Examples
+    --------
+    >>> import torch
+    >>> TokenValueTable(5)(torch.tensor([[1, 2]])).shape
+    torch.Size([1, 2])
+    """
+
+    def __init__(self, vocab_size: int):
+        super().__init__()
+        self.values = nn.Embedding(vocab_size, 1)
+        nn.init.zeros_(self.values.weight)
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, **kwargs):
+        return self.values(input_ids).squeeze(-1)
+
+
+def load_causal_lm(model, tokenizer=None, *, seed: int = 0):
+    """Resolve a policy model and its tokenizer from what a user passed.
+
+    Parameters
+    ----------
+    model : str, PretrainedConfig, torch.nn.Module or fitted prefopt policy
+        A local path or name (``AutoModelForCausalLM.from_pretrained``), a config
+        (a fresh model built from it with ``seed``), a module called like a
+        causal LM (copied: ``fit`` never mutates a parameter), or a fitted
+        prefopt policy (its ``model_`` and ``tokenizer_`` are copied).
+    tokenizer : str or tokenizer, default=None
+        ``None`` takes the fitted policy's, the module's ``tokenizer``
+        attribute, or loads one from the path.
+    seed : int, default=0
+        Seed for models built from a config.
+
+    Returns
+    -------
+    model : torch.nn.Module
+    tokenizer : transformers tokenizer
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
+
+    if model is None:
+        raise ValueError("No model was given: pass model= a path, a transformers config, a "
+                         "torch module or a fitted prefopt policy.")
+    if hasattr(model, "model_") and hasattr(model, "tokenizer_"):
+        module, tok = copy.deepcopy(model.model_), model.tokenizer_
+    elif isinstance(model, str):
+        module = AutoModelForCausalLM.from_pretrained(model)
+        tok = None
+        if tokenizer is None:
+            tok = AutoTokenizer.from_pretrained(model)
+    elif isinstance(model, PretrainedConfig):
+        from ._torch import local_seed
+
+        with local_seed(seed):
+            module = AutoModelForCausalLM.from_config(model)
+        tok = None
+    elif isinstance(model, nn.Module):
+        module, tok = copy.deepcopy(model), getattr(model, "tokenizer", None)
+    elif hasattr(model, "model_"):
+        raise ValueError(f"{type(model).__name__} is not a fitted policy with a tokenizer.")
+    else:
+        raise TypeError(f"model must be a path, a transformers config, a torch module or a "
+                        f"fitted prefopt policy; got {type(model).__name__}.")
+    if tokenizer is not None:
+        tok = AutoTokenizer.from_pretrained(tokenizer) if isinstance(tokenizer, str) else tokenizer
+    if tok is None:
+        raise ValueError("No tokenizer: pass tokenizer= (a path or a tokenizer object) with "
+                         "this model.")
+    if getattr(tok, "eos_token_id", None) is None and not getattr(module, "fixed_length", False):
+        raise ValueError("The tokenizer has no EOS token; responses could never end. Set "
+                         "tokenizer.eos_token (e.g. tokenizer.add_special_tokens({'eos_token': "
+                         "'</s>'})) and make sure the model knows it.")
+    return module, tok

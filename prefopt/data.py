@@ -1,0 +1,198 @@
+"""Prompts, demonstrations and comparisons, with row-level validation.
+
+Plain Python lists, pandas objects and Hugging Face ``datasets.Dataset`` with
+TRL's column names (``prompt``, ``completion``, ``chosen``, ``rejected``) are
+all accepted. Bad input gets one clear error that names the row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+import pandas as pd
+
+__all__ = ["Comparisons", "check_prompts", "check_comparisons", "check_demonstrations"]
+
+
+@dataclass(frozen=True)
+class Comparisons:
+    """Pairwise comparisons: for each prompt, a chosen and a rejected response.
+
+    Parameters
+    ----------
+    prompt, chosen, rejected : list of str
+        Equal-length columns.
+    featurizer : callable, default=None
+        ``featurizer(prompts, completions) -> ndarray (n, d)``; lets a
+        :class:`~prefopt.RewardModel` with no language model fit a linear reward
+        on features (the preference world supplies one).
+
+    Examples
+    --------
+    >>> c = Comparisons(["q"], ["good"], ["bad"])
+    >>> len(c), c.to_pandas().columns.tolist()
+    (1, ['prompt', 'chosen', 'rejected'])
+    """
+
+    prompt: Sequence[str]
+    chosen: Sequence[str]
+    rejected: Sequence[str]
+    featurizer: Callable | None = None
+
+    def __len__(self) -> int:
+        return len(self.prompt)
+
+    def __getitem__(self, index) -> "Comparisons":
+        idx = np.arange(len(self))[index]
+        idx = np.atleast_1d(idx)
+        pick = lambda col: [col[i] for i in idx]  # noqa: E731
+        return Comparisons(pick(self.prompt), pick(self.chosen), pick(self.rejected),
+                           self.featurizer)
+
+    def to_pandas(self) -> pd.DataFrame:
+        """The comparisons as a DataFrame with TRL's column names."""
+        return pd.DataFrame({"prompt": list(self.prompt), "chosen": list(self.chosen),
+                             "rejected": list(self.rejected)})
+
+
+def _columns(data, names: Sequence[str], what: str) -> dict:
+    """Read named columns from a DataFrame, a datasets.Dataset, a dict or rows."""
+    if isinstance(data, pd.DataFrame) or _is_hf_dataset(data) or isinstance(data, dict):
+        columns = list(data.columns) if isinstance(data, pd.DataFrame) else (
+            list(data.column_names) if _is_hf_dataset(data) else list(data))
+        missing = [n for n in names if n not in columns]
+        if missing:
+            raise ValueError(f"{what} need the columns {list(names)}; missing {missing} "
+                             f"(found {columns}).")
+        return {n: list(data[n]) for n in names}
+    rows = list(data)
+    out = {n: [] for n in names}
+    for i, row in enumerate(rows):
+        if isinstance(row, dict):
+            missing = [n for n in names if n not in row]
+            if missing:
+                raise ValueError(f"{what} row {i} has no {missing}; each row needs {list(names)}.")
+            values = [row[n] for n in names]
+        else:
+            values = list(row) if isinstance(row, (tuple, list)) else None
+            if values is None or len(values) != len(names):
+                raise ValueError(f"{what} row {i} should be a tuple of {len(names)} "
+                                 f"({', '.join(names)}); got {row!r}.")
+        for n, v in zip(names, values):
+            out[n].append(v)
+    return out
+
+
+def _is_hf_dataset(data) -> bool:
+    return type(data).__module__.startswith("datasets") and hasattr(data, "column_names")
+
+
+def _check_text(values, column: str, what: str, allow_empty: bool = False) -> list[str]:
+    out = []
+    for i, v in enumerate(values):
+        if not isinstance(v, str):
+            raise TypeError(f"{what}: {column} at row {i} is {type(v).__name__} "
+                            f"({v!r}); every {column} must be a string.")
+        if not allow_empty and not v.strip():
+            raise ValueError(f"{what}: {column} at row {i} is empty; remove the row "
+                             "or give it text.")
+        out.append(v)
+    return out
+
+
+def check_prompts(X) -> list[str]:
+    """Validate prompts and return them as a list of strings.
+
+    Parameters
+    ----------
+    X : list of str, pandas Series, DataFrame or datasets.Dataset
+        A DataFrame or Dataset must have a ``prompt`` column.
+
+    Returns
+    -------
+    prompts : list of str
+
+    Examples
+    --------
+    >>> check_prompts(["the movie was", "I think"])
+    ['the movie was', 'I think']
+    """
+    if isinstance(X, str):
+        raise TypeError("Prompts must be a list of strings, not one string; "
+                        f"wrap it: [{X!r}].")
+    if isinstance(X, pd.DataFrame) or _is_hf_dataset(X) or isinstance(X, dict):
+        values = _columns(X, ["prompt"], "Prompts")["prompt"]
+    elif isinstance(X, pd.Series):
+        values = X.tolist()
+    elif isinstance(X, np.ndarray):
+        if X.ndim != 1:
+            raise ValueError(f"Prompts must be one-dimensional; got an array of shape {X.shape}.")
+        values = X.tolist()
+    else:
+        try:
+            values = list(X)
+        except TypeError:
+            raise TypeError(f"Prompts must be a list of strings; got {type(X).__name__}.") from None
+    if len(values) == 0:
+        raise ValueError("No prompts were given; pass at least one prompt.")
+    return _check_text(values, "prompt", "Prompts")
+
+
+def check_comparisons(X) -> Comparisons:
+    """Validate comparisons (prompt, chosen, rejected) and return :class:`Comparisons`.
+
+    Parameters
+    ----------
+    X : Comparisons, DataFrame, datasets.Dataset, dict of columns or rows
+        Rows may be ``(prompt, chosen, rejected)`` tuples or dicts.
+
+    Returns
+    -------
+    comparisons : Comparisons
+
+    Examples
+    --------
+    >>> len(check_comparisons([("q", "yes.", "no.")]))
+    1
+    >>> check_comparisons([("q", "same", "same")])
+    Traceback (most recent call last):
+    ...
+    ValueError: Comparisons: chosen and rejected are identical at row 0 ('same'); such a pair carries no preference, drop it.
+    """
+    featurizer = None
+    if isinstance(X, Comparisons):
+        featurizer = X.featurizer
+        cols = {"prompt": list(X.prompt), "chosen": list(X.chosen), "rejected": list(X.rejected)}
+    else:
+        cols = _columns(X, ["prompt", "chosen", "rejected"], "Comparisons")
+    lengths = {k: len(v) for k, v in cols.items()}
+    if len(set(lengths.values())) != 1:
+        raise ValueError(f"Comparisons have columns of different lengths {lengths}; "
+                         "every row needs a prompt, a chosen and a rejected response.")
+    if lengths["prompt"] == 0:
+        raise ValueError("No comparisons were given; pass at least one (prompt, chosen, rejected).")
+    prompt = _check_text(cols["prompt"], "prompt", "Comparisons")
+    chosen = _check_text(cols["chosen"], "chosen", "Comparisons", allow_empty=True)
+    rejected = _check_text(cols["rejected"], "rejected", "Comparisons", allow_empty=True)
+    for i, (c, r) in enumerate(zip(chosen, rejected)):
+        if c == r:
+            raise ValueError(f"Comparisons: chosen and rejected are identical at row {i} "
+                             f"({c!r}); such a pair carries no preference, drop it.")
+    return Comparisons(prompt, chosen, rejected, featurizer)
+
+
+def check_demonstrations(X) -> tuple[list[str], list[str]]:
+    """Validate demonstrations (prompt, completion) and return the two columns.
+
+    Examples
+    --------
+    >>> check_demonstrations([("the movie was", " great.")])
+    (['the movie was'], [' great.'])
+    """
+    cols = _columns(X, ["prompt", "completion"], "Demonstrations")
+    if len(cols["prompt"]) == 0:
+        raise ValueError("No demonstrations were given; pass (prompt, completion) rows.")
+    return (_check_text(cols["prompt"], "prompt", "Demonstrations"),
+            _check_text(cols["completion"], "completion", "Demonstrations"))

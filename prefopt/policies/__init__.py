@@ -1,0 +1,10 @@
+"""Policy estimators: one algorithm per file on the shared loop of ``_base.py``."""
+
+from ._base import BasePolicy, RolloutBatch
+from .ppo import PPOPolicy
+from .raft import RAFTPolicy
+from .reinforce import ReinforcePolicy
+from .rloo import RLOOPolicy
+
+__all__ = ["BasePolicy", "RolloutBatch", "PPOPolicy", "RLOOPolicy", "ReinforcePolicy",
+           "RAFTPolicy"]

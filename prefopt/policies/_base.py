@@ -1,0 +1,559 @@
+"""The one loop every policy-optimisation algorithm shares.
+
+    sample k responses per prompt -> score them -> shape the reward
+    (minus beta * KL to the reference) -> advantages (the algorithm's choice)
+    -> update the policy -> update beta
+
+An algorithm is a subclass that supplies ``_advantages(batch)`` and
+``_loss(batch, rows, logprobs, values)``; sampling, scoring, shaping,
+minibatches, epochs, the KL controller, ``history_`` and progress live here.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from numbers import Integral, Real
+
+import numpy as np
+import torch
+from sklearn.base import BaseEstimator, clone
+from sklearn.utils import check_random_state
+from sklearn.utils._param_validation import Interval, StrOptions
+from sklearn.utils.validation import check_is_fitted
+from tqdm.auto import tqdm
+
+from .._config import get_config
+from ..backend import (
+    EncodedPrompts,
+    disable_dropout,
+    ensure_pad_token,
+    frozen_copy,
+    load_causal_lm,
+    make_generator,
+    model_vocab_size,
+    pad_left,
+    pad_right,
+    resolve_device,
+    response_logprobs,
+    sample,
+    sequence_values,
+    truncate_after_eos,
+)
+from ..data import check_prompts
+from ..kl import FixedKLController, _KLController, kl_estimate
+from ..rewards import check_rewards
+
+logger = logging.getLogger("prefopt")
+
+DEFAULT_TEMPERATURE = 0.7   # seeds: sampling temperature 0.7
+DEFAULT_MAX_NEW_TOKENS = 53  # seeds: a fixed 53 tokens, truncated at the first EOS
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of ``x`` over positions where ``mask`` is 1."""
+    mask = mask.to(x.dtype)
+    return (x * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def masked_whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True,
+                  eps: float = 1e-8) -> torch.Tensor:
+    """Whiten ``x`` over masked positions with the population variance.
+
+    With ``shift_mean=False`` the mean is added back (reward whitening keeps the
+    mean; implementation details 9-11). Padded positions are returned as 0.
+
+    Examples
+    --------
+    >>> import torch
+    >>> masked_whiten(torch.tensor([[1.0, 3.0, 100.0]]), torch.tensor([[1, 1, 0]]))
+    tensor([[-1.0000,  1.0000,  0.0000]])
+    """
+    mean = masked_mean(x, mask)
+    var = masked_mean((x - mean) ** 2, mask)
+    out = (x - mean) * torch.rsqrt(var + eps)
+    if not shift_mean:
+        out = out + mean
+    return out * mask.to(x.dtype)
+
+
+@dataclass
+class RolloutBatch:
+    """Everything one step's rollouts produced; every algorithm reads the same batch.
+
+    Attributes
+    ----------
+    prompts : EncodedPrompts
+        Left-padded prompt ids and mask, one row per sample.
+    prompt_index : torch.Tensor of shape (n,)
+        Index of each sample's prompt; the k samples of a prompt sit together.
+    response_ids, response_mask : torch.Tensor of shape (n, max_new_tokens)
+        Responses truncated after the first EOS, and the mask up to and
+        including it.
+    ended : torch.Tensor of bool, shape (n,)
+        Whether each response contains an EOS.
+    old_logprobs, ref_logprobs : torch.Tensor of shape (n, max_new_tokens)
+        Per-token log-probs under the sampling policy and the reference.
+    scores : torch.Tensor of shape (n,)
+        Reward-model scores (a missing EOS replaced by ``missing_eos_reward``).
+    kl : torch.Tensor of shape (n, max_new_tokens)
+        Per-token KL estimate, 0 outside the mask.
+    rewards : torch.Tensor of shape (n, max_new_tokens)
+        Shaped per-token reward: -beta * kl, plus the score at the last token.
+    values : torch.Tensor or None
+        V(s_t) under the value model at sampling time (PPO).
+    advantages, returns : torch.Tensor or None
+        Filled by the algorithm.
+    """
+
+    prompts: EncodedPrompts
+    prompt_index: torch.Tensor
+    response_ids: torch.Tensor
+    response_mask: torch.Tensor
+    ended: torch.Tensor
+    old_logprobs: torch.Tensor
+    ref_logprobs: torch.Tensor
+    scores: torch.Tensor
+    kl: torch.Tensor
+    rewards: torch.Tensor
+    beta: float
+    values: torch.Tensor | None = None
+    advantages: torch.Tensor | None = None
+    returns: torch.Tensor | None = None
+    extra: dict = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return self.response_ids.shape[0]
+
+    @property
+    def sequence_rewards(self) -> torch.Tensor:
+        """The KL-shaped sequence reward R(x, y) = score - beta * sum_t kl_t."""
+        return self.scores - self.beta * self.kl.sum(1)
+
+    @property
+    def last_index(self) -> torch.Tensor:
+        """Index of each response's last valid token (its EOS when it has one)."""
+        return (self.response_mask.sum(1) - 1).clamp(min=0)
+
+
+_COMMON_CONSTRAINTS = {
+    "model": "no_validation",
+    "tokenizer": "no_validation",
+    "beta": [Interval(Real, 0, None, closed="left")],
+    "kl": [_KLController, None],
+    "kl_estimator": [StrOptions({"k1", "k2", "k3"})],
+    "learning_rate": [Interval(Real, 0, None, closed="neither")],
+    "optimizer": [StrOptions({"adam", "sgd"})],
+    "lr_schedule": [StrOptions({"constant", "linear"})],
+    "max_grad_norm": [Interval(Real, 0, None, closed="neither"), None],
+    "n_steps": [Interval(Integral, 1, None, closed="left")],
+    "batch_size": [Interval(Integral, 1, None, closed="left")],
+    "n_epochs": [Interval(Integral, 1, None, closed="left")],
+    "n_minibatches": [Interval(Integral, 1, None, closed="left")],
+    "temperature": [Interval(Real, 0, None, closed="neither"), None],
+    "max_new_tokens": [Interval(Integral, 1, None, closed="left"), None],
+    "missing_eos_reward": [Real, None],
+    "random_state": ["random_state"],
+    "verbose": ["verbose"],
+    "warm_start": ["boolean"],
+}
+
+
+class BasePolicy(BaseEstimator):
+    """Base class of policy estimators; see the module docstring for the loop."""
+
+    _parameter_constraints: dict = dict(_COMMON_CONSTRAINTS)
+    _uses_value_model = False
+
+    # ----- hooks for algorithms ---------------------------------------------------
+    def _advantages(self, batch: RolloutBatch) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _loss(self, batch: RolloutBatch, rows: torch.Tensor, logprobs: torch.Tensor,
+              values: torch.Tensor | None):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _make_value_model(self, model, reward):
+        return None
+
+    def _after_update(self, batch: RolloutBatch) -> None:
+        """Called once per step after the optimisation epochs."""
+
+    @property
+    def _k(self) -> int:
+        return getattr(self, "k", 1)
+
+    # ----- fit ----------------------------------------------------------------------
+    def fit(self, X, y=None, *, reward_model=None):
+        """Optimise the policy against a reward on the prompts ``X``.
+
+        Parameters
+        ----------
+        X : list of str, pandas Series or DataFrame, or datasets.Dataset
+            Prompts (a ``prompt`` column for tables).
+        y : callable, default=None
+            The reward: a fitted :class:`~prefopt.RewardModel` or any callable
+            ``reward(prompts, completions) -> array (n,)``.
+        reward_model : callable, default=None
+            The same, as a fit parameter (what ``GridSearchCV`` passes).
+
+        Returns
+        -------
+        self : object
+            The fitted policy.
+        """
+        self._validate_params()
+        self._check_algorithm_params()
+        prompts = check_prompts(X)
+        reward = reward_model if reward_model is not None else y
+        if reward is None:
+            raise ValueError(f"{type(self).__name__}.fit needs a reward: fit(prompts, "
+                             "reward_model) or fit(prompts, reward_model=...).")
+        if not callable(reward):
+            raise TypeError("The reward must be callable as reward(prompts, completions); "
+                            f"got {type(reward).__name__}.")
+        if self.batch_size % self._k:
+            raise ValueError(f"batch_size={self.batch_size} must be a multiple of k={self._k} "
+                             "(k samples are drawn for each prompt).")
+        warm = self.warm_start and hasattr(self, "model_")
+        if not warm:
+            self._setup(reward)
+        self.reward_model_ = reward
+        self._prompts = prompts
+        self._prompt_tokens = self._tokenize_prompts(prompts)
+        self._stream = np.zeros(0, dtype=int)
+        self._run(self.n_steps)
+        return self
+
+    def _check_algorithm_params(self) -> None:
+        """Cross-parameter checks of an algorithm; raise ValueError."""
+
+    def _setup(self, reward) -> None:
+        rng = check_random_state(self.random_state)
+        seeds = rng.randint(np.iinfo(np.int32).max, size=3)
+        self.device_ = resolve_device()
+        model, tokenizer = load_causal_lm(self.model, self.tokenizer, seed=int(seeds[0]))
+        self.tokenizer_ = ensure_pad_token(tokenizer)
+        model = disable_dropout(model).to(self.device_)
+        model.eval()  # dropout is off; eval() also fixes any other train-time behaviour
+        self.model_ = model
+        self.ref_model_ = frozen_copy(model)
+        value_model = self._make_value_model(model, reward)
+        self.value_model_ = None if value_model is None else disable_dropout(value_model).to(
+            self.device_).eval()
+        generation_config = getattr(model, "generation_config", None)
+        self.temperature_ = float(self.temperature or getattr(generation_config, "temperature", None)
+                                  or DEFAULT_TEMPERATURE)
+        self.max_new_tokens_ = int(self.max_new_tokens
+                                   or getattr(generation_config, "max_new_tokens", None)
+                                   or DEFAULT_MAX_NEW_TOKENS)
+        vocab = model_vocab_size(model)
+        pad = self.tokenizer_.pad_token_id
+        self._suppress_ids = (pad,) if vocab is not None and pad < vocab else ()
+        self.kl_ = clone(self.kl) if self.kl is not None else FixedKLController()
+        self.kl_.start(self.beta)
+        params = [p for p in model.parameters() if p.requires_grad]
+        if self.value_model_ is not None:
+            params += [p for p in self.value_model_.parameters() if p.requires_grad]
+        if self.optimizer == "adam":
+            # eps=1e-5 as in the original code (implementation details 1A, 12).
+            self.optimizer_ = torch.optim.AdamW(params, lr=self.learning_rate, eps=1e-5,
+                                                weight_decay=0.0)
+        else:
+            self.optimizer_ = torch.optim.SGD(params, lr=self.learning_rate)
+        self._generator = make_generator(int(seeds[1]))
+        self._rng = np.random.RandomState(int(seeds[2]))
+        self.history_ = []
+        self.n_iter_ = 0
+        self.n_episodes_ = 0
+
+    def _tokenize_prompts(self, prompts) -> list[list[int]]:
+        context = getattr(getattr(self.model_, "config", None), "max_position_embeddings", None) \
+            or getattr(getattr(self.model_, "config", None), "n_positions", None)
+        limit = None if context is None else context - self.max_new_tokens_
+        rows = []
+        for i, p in enumerate(prompts):
+            ids = self.tokenizer_(p, add_special_tokens=False)["input_ids"]
+            if not ids:
+                raise ValueError(f"Prompt at row {i} ({p!r}) has no tokens.")
+            if limit is not None and len(ids) > limit:
+                raise ValueError(
+                    f"Prompt at row {i} has {len(ids)} tokens, more than the {limit} that fit "
+                    f"in the model's context ({context}) with max_new_tokens="
+                    f"{self.max_new_tokens_}; shorten it or lower max_new_tokens.")
+            rows.append(ids)
+        return rows
+
+    def _next_prompts(self, n: int) -> np.ndarray:
+        # An endless, reshuffled stream over the prompts (implementation detail 1B).
+        while len(self._stream) < n:
+            self._stream = np.r_[self._stream, self._rng.permutation(len(self._prompts))]
+        out, self._stream = self._stream[:n], self._stream[n:]
+        return out
+
+    def _encode(self, rows: np.ndarray) -> EncodedPrompts:
+        enc = pad_left([self._prompt_tokens[i] for i in rows], self.tokenizer_.pad_token_id)
+        return EncodedPrompts(enc.input_ids.to(self.device_), enc.attention_mask.to(self.device_))
+
+    # ----- one step -----------------------------------------------------------------
+    def _run(self, n_steps: int) -> None:
+        total = self.n_iter_ + n_steps
+        show = get_config()["show_progress_bar"]
+        bar = tqdm(range(n_steps), desc=type(self).__name__, disable=not show, leave=False)
+        for _ in bar:
+            self._set_learning_rate(total)
+            start = time.perf_counter()
+            batch = self._rollout(self._next_prompts(self.batch_size // self._k))
+            self._advantages(batch)
+            stats = self._update(batch)
+            self._after_update(batch)
+            mean_kl = float(batch.kl.sum(1).mean())
+            self.kl_.update(mean_kl, n_episodes=len(batch))
+            self.n_iter_ += 1
+            self.n_episodes_ += len(batch)
+            elapsed = time.perf_counter() - start
+            row = {
+                "step": self.n_iter_,
+                "episodes": self.n_episodes_,
+                "objective/reward": float(batch.scores.mean()),
+                "objective/kl": mean_kl,
+                "objective/rlhf_reward": float(batch.sequence_rewards.mean()),
+                "objective/beta": batch.beta,
+                **stats,
+                "response/length": float(batch.response_mask.sum(1).float().mean()),
+                "response/eos_share": float(batch.ended.float().mean()),
+                "charts/learning_rate": self.optimizer_.param_groups[0]["lr"],
+                "time/episodes_per_s": len(batch) / elapsed,
+            }
+            self.history_.append(row)
+            bar.set_postfix(reward=f"{row['objective/reward']:.3f}", kl=f"{mean_kl:.3f}")
+            if self.verbose and (self.n_iter_ % 10 == 0 or self.n_iter_ == total):
+                logger.info("%s step %d: reward %.4f kl %.4f beta %.4g", type(self).__name__,
+                            self.n_iter_, row["objective/reward"], mean_kl, batch.beta)
+
+    def _set_learning_rate(self, total: int) -> None:
+        if self.lr_schedule == "linear":  # annealed linearly to 0 (implementation detail 28)
+            frac = 1.0 - self.n_iter_ / max(total, 1)
+        else:
+            frac = 1.0
+        for group in self.optimizer_.param_groups:
+            group["lr"] = frac * self.learning_rate
+
+    @torch.no_grad()
+    def _rollout(self, prompt_rows: np.ndarray) -> RolloutBatch:
+        rows = np.repeat(prompt_rows, self._k)
+        prompts = self._encode(rows)
+        tok = self.tokenizer_
+        raw = sample(self.model_, prompts, max_new_tokens=self.max_new_tokens_,
+                     temperature=self.temperature_, generator=self._generator,
+                     suppress_ids=self._suppress_ids)
+        response_ids, response_mask, ended = truncate_after_eos(raw, tok.eos_token_id,
+                                                                tok.pad_token_id)
+        # Old log-probs from a full forward pass identical to the training pass, so the
+        # ratio is exactly 1 at the first epoch (implementation details 2, 3, 21).
+        old = response_logprobs(self.model_, prompts, response_ids, response_mask,
+                                temperature=self.temperature_, suppress_ids=self._suppress_ids)
+        ref = response_logprobs(self.ref_model_, prompts, response_ids, response_mask,
+                                temperature=self.temperature_, suppress_ids=self._suppress_ids)
+        values = None
+        if self.value_model_ is not None:
+            values = sequence_values(self.value_model_, prompts, response_ids, response_mask)
+            values = values * response_mask
+        scores = self._score([self._prompts[i] for i in rows], response_ids, response_mask, ended)
+        # The reward KL uses the rollout-time log-probs, fixed for all epochs (detail 15).
+        kl = kl_estimate(old, ref, self.kl_estimator) * response_mask
+        beta = self.kl_.beta_  # the coefficient from before this step's update (detail 14)
+        rewards = -beta * kl
+        last = (response_mask.sum(1) - 1).clamp(min=0)
+        rewards[torch.arange(len(rows)), last] += scores
+        return RolloutBatch(prompts=prompts, prompt_index=torch.as_tensor(rows),
+                            response_ids=response_ids, response_mask=response_mask, ended=ended,
+                            old_logprobs=old, ref_logprobs=ref, scores=scores, kl=kl,
+                            rewards=rewards, beta=beta, values=values)
+
+    def _decode(self, response_ids, response_mask) -> list[str]:
+        ids = [r[m.bool()].tolist() for r, m in zip(response_ids.cpu(), response_mask.cpu())]
+        return self.tokenizer_.batch_decode(ids, skip_special_tokens=True)
+
+    def _score(self, prompts, response_ids, response_mask, ended) -> torch.Tensor:
+        reward = self.reward_model_
+        if hasattr(reward, "score_tokens") and getattr(reward, "tokenizer_", None) is not None \
+                and reward.tokenizer_.get_vocab() == self.tokenizer_.get_vocab():
+            raw = reward.score_tokens(self._encode_cpu(prompts), response_ids.cpu(),
+                                      response_mask.cpu())
+        else:
+            raw = reward(prompts, self._decode(response_ids, response_mask))
+        scores = torch.as_tensor(check_rewards(raw, len(prompts), "the reward model"),
+                                 dtype=torch.float32, device=response_ids.device)
+        if self.missing_eos_reward is not None and self.tokenizer_.eos_token_id is not None:
+            # The EOS trick: the score of a response with no EOS is *replaced* by a fixed
+            # reward (-1 by default), not offset (seed text; implementation detail 7).
+            scores = torch.where(ended, scores, torch.full_like(scores, self.missing_eos_reward))
+        return scores
+
+    def _encode_cpu(self, prompts) -> EncodedPrompts:
+        rows = [self.tokenizer_(p, add_special_tokens=False)["input_ids"] for p in prompts]
+        return pad_left(rows, self.tokenizer_.pad_token_id)
+
+    def _update(self, batch: RolloutBatch) -> dict:
+        n = len(batch)
+        size = max(1, n // self.n_minibatches)
+        totals: dict[str, float] = {}
+        count = 0
+        entropies = []
+        for _ in range(self.n_epochs):
+            perm = torch.randperm(n, generator=self._generator).to(self.device_)
+            for start in range(0, n, size):
+                rows = perm[start:start + size]
+                logprobs, entropy = response_logprobs(
+                    self.model_, batch.prompts[rows], batch.response_ids[rows],
+                    batch.response_mask[rows], temperature=self.temperature_,
+                    suppress_ids=self._suppress_ids, with_entropy=True)
+                values = None
+                if self.value_model_ is not None:
+                    values = sequence_values(self.value_model_, batch.prompts[rows],
+                                             batch.response_ids[rows], batch.response_mask[rows])
+                loss, stats = self._loss(batch, rows, logprobs, values)
+                if not torch.isfinite(loss):
+                    raise FloatingPointError(
+                        f"{type(self).__name__}: the loss became {loss.item()} at step "
+                        f"{self.n_iter_ + 1}; lower learning_rate or check the reward.")
+                self.optimizer_.zero_grad(set_to_none=True)
+                loss.backward()
+                if self.max_grad_norm is not None:
+                    torch.nn.utils.clip_grad_norm_(
+                        [p for g in self.optimizer_.param_groups for p in g["params"]],
+                        self.max_grad_norm)
+                self.optimizer_.step()
+                entropies.append(float(masked_mean(entropy.detach(), batch.response_mask[rows])))
+                for key, value in stats.items():
+                    totals[key] = totals.get(key, 0.0) + float(value)
+                count += 1
+        out = {key: value / count for key, value in totals.items()}
+        out["policy/entropy"] = float(np.mean(entropies))
+        return out
+
+    # ----- using a fitted policy ----------------------------------------------------
+    def sample(self, X, n: int = 1, *, random_state=None) -> list[list[str]]:
+        """Sample ``n`` completions for each prompt.
+
+        Parameters
+        ----------
+        X : list of str or table with a ``prompt`` column
+            Prompts.
+        n : int, default=1
+            Completions per prompt.
+        random_state : int, RandomState instance or None, default=None
+            ``None`` uses the estimator's ``random_state``: the same call gives
+            the same completions.
+
+        Returns
+        -------
+        completions : list of list of str
+            ``n`` completions per prompt, truncated after the first EOS.
+        """
+        check_is_fitted(self)
+        prompts = check_prompts(X)
+        if n < 1:
+            raise ValueError(f"n must be >= 1; got {n!r}.")
+        tokens = self._tokenize_prompts(prompts)
+        generator = make_generator(self.random_state if random_state is None else random_state)
+        rows = np.repeat(np.arange(len(prompts)), n)
+        out = []
+        size = get_config()["eval_batch_size"]
+        for start in range(0, len(rows), size):
+            chunk = rows[start:start + size]
+            enc = pad_left([tokens[i] for i in chunk], self.tokenizer_.pad_token_id)
+            enc = EncodedPrompts(enc.input_ids.to(self.device_), enc.attention_mask.to(self.device_))
+            raw = sample(self.model_, enc, max_new_tokens=self.max_new_tokens_,
+                         temperature=self.temperature_, generator=generator,
+                         suppress_ids=self._suppress_ids)
+            ids, mask, _ = truncate_after_eos(raw, self.tokenizer_.eos_token_id,
+                                              self.tokenizer_.pad_token_id)
+            out.extend(self._decode(ids, mask))
+        return [out[i * n:(i + 1) * n] for i in range(len(prompts))]
+
+    def predict(self, X) -> list[str]:
+        """One sampled completion per prompt (what a ``Pipeline`` calls)."""
+        return [c[0] for c in self.sample(X, n=1)]
+
+    @torch.no_grad()
+    def log_prob(self, prompts, completions, *, reference: bool = False,
+                 add_eos: bool = True) -> np.ndarray:
+        """Log-probability of each completion under the policy's sampling distribution.
+
+        Parameters
+        ----------
+        prompts : list of str
+        completions : list of str or list of list of int
+            Text, or token ids.
+        reference : bool, default=False
+            Score under the frozen reference model instead.
+        add_eos : bool, default=True
+            Append the EOS token to text completions (when the tokenizer has one),
+            so the log-probability is that of the complete response.
+
+        Returns
+        -------
+        logprobs : ndarray of shape (n,)
+            Sums of per-token log-probs at the sampling temperature.
+        """
+        check_is_fitted(self)
+        prompts = list(prompts)
+        completions = list(completions)
+        if len(prompts) != len(completions):
+            raise ValueError(f"Got {len(prompts)} prompts and {len(completions)} completions.")
+        tok = self.tokenizer_
+        ptoks = self._tokenize_prompts(prompts)
+        rtoks = []
+        for c in completions:
+            if isinstance(c, str):
+                ids = tok(c, add_special_tokens=False)["input_ids"]
+                if add_eos and tok.eos_token_id is not None:
+                    ids = ids + [tok.eos_token_id]
+            else:
+                ids = [int(i) for i in c]
+            rtoks.append(ids)
+        model = self.ref_model_ if reference else self.model_
+        out = []
+        size = get_config()["eval_batch_size"]
+        for start in range(0, len(prompts), size):
+            sl = slice(start, start + size)
+            enc = pad_left(ptoks[sl], tok.pad_token_id)
+            ids, mask = pad_right(rtoks[sl], tok.pad_token_id)
+            enc = EncodedPrompts(enc.input_ids.to(self.device_), enc.attention_mask.to(self.device_))
+            lp = response_logprobs(model, enc, ids.to(self.device_), mask.to(self.device_),
+                                   temperature=self.temperature_, suppress_ids=self._suppress_ids)
+            out.append(lp.sum(1).cpu().double().numpy())
+        return np.concatenate(out)
+
+    def score(self, X, y=None) -> float:
+        """Mean reward of one sampled completion per prompt (larger is better).
+
+        Parameters
+        ----------
+        X : prompts
+        y : callable, default=None
+            A reward to score with; ``None`` uses the one given to ``fit``.
+
+        Returns
+        -------
+        score : float
+        """
+        check_is_fitted(self)
+        prompts = check_prompts(X)
+        reward = y if callable(y) else self.reward_model_
+        completions = self.predict(prompts)
+        return float(np.mean(check_rewards(reward(prompts, completions), len(prompts))))
+
+    def __sklearn_is_fitted__(self) -> bool:
+        return hasattr(self, "model_")
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.target_tags.required = False
+        tags.input_tags.two_d_array = False
+        tags.input_tags.string = True
+        tags.non_deterministic = False
+        return tags

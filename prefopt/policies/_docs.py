@@ -1,0 +1,72 @@
+"""Shared parameter documentation of the policy estimators (numpydoc fragments)."""
+
+COMMON_PARAMETERS = """model : str, transformers config, torch module or fitted prefopt policy, default=None
+        The starting policy, copied before training (``fit`` never mutates it):
+        a local path, a config (a fresh model, seeded by ``random_state``), a
+        module called like a causal LM, or a fitted :class:`SFTPolicy`.
+    tokenizer : str or tokenizer, default=None
+        ``None`` takes the fitted policy's, the module's ``tokenizer`` attribute
+        or the path's. A pad token distinct from EOS is added when missing.
+    beta : float, default={beta}
+        KL coefficient: the reward is shaped with -beta * log(pi/pi_ref).
+    kl : FixedKLController or AdaptiveKLController, default=None
+        How beta changes; ``None`` keeps it fixed. A controller with
+        ``beta=None`` starts from this estimator's ``beta``.
+    kl_estimator : {{"k1", "k2", "k3"}}, default="k1"
+        Per-token KL estimator placed in the reward (k1 as in the seeds).
+    learning_rate : float, default={learning_rate}
+    optimizer : {{"adam", "sgd"}}, default="adam"
+        Adam uses eps=1e-5 and no weight decay, as the original code.
+    lr_schedule : {{"linear", "constant"}}, default="linear"
+        "linear" anneals the learning rate to 0 over the run, as the original code.
+    max_grad_norm : float, default=None
+        Clip the gradient norm; ``None`` does not clip (the original code).
+    n_steps : int, default=100
+        Optimisation steps; each samples ``batch_size`` episodes.
+    batch_size : int, default=64
+        Episodes (prompt, response pairs) per step.
+    n_epochs : int, default={n_epochs}
+        Passes over each batch.
+    n_minibatches : int, default={n_minibatches}
+        Gradient steps per pass.
+    temperature : float, default=None
+        Sampling temperature, also applied to every log-prob. ``None`` reads the
+        model's generation config, else 0.7 (the seeds).
+    max_new_tokens : int, default=None
+        Tokens sampled per response (fixed length, truncated after the first
+        EOS). ``None`` reads the model's generation config, else 53 (the seeds).
+    missing_eos_reward : float or None, default=-1.0
+        A response with no EOS gets this reward, *replacing* its score (the
+        seeds' EOS trick; TRL instead subtracts a penalty). ``None`` keeps the score.
+    random_state : int, RandomState instance or None, default=None
+        Same seed, same CPU run. No global seed is set.
+    verbose : int, default=0
+        Log a line every 10 steps through the ``prefopt`` logger.
+    warm_start : bool, default=False
+        Continue from the fitted state (model, reference, optimiser, beta,
+        history) instead of starting over."""
+
+COMMON_ATTRIBUTES = """model_ : torch.nn.Module
+        The trained policy.
+    ref_model_ : torch.nn.Module
+        The frozen reference (the starting policy), made once per fit.
+    tokenizer_ : tokenizer
+        With a pad token distinct from EOS.
+    reward_model_ : callable
+        The reward given to ``fit``; ``score`` uses it.
+    kl_ : KL controller
+        Fitted controller; ``kl_.beta_`` is the current coefficient.
+    temperature_, max_new_tokens_ : float, int
+        Resolved sampling settings.
+    n_iter_, n_episodes_ : int
+        Steps and episodes done.
+    history_ : list of dict
+        One row per step with namespaced keys (``objective/reward``,
+        ``objective/kl``, ``objective/beta``, ``loss/policy``, ``policy/entropy``,
+        ``response/length``, ``response/eos_share``, ``time/episodes_per_s``...);
+        ``pandas.DataFrame(history_)`` makes a table."""
+
+
+def fill(doc: str, **defaults) -> str:
+    return (doc.replace("{common_parameters}", COMMON_PARAMETERS.format(**defaults))
+               .replace("{common_attributes}", COMMON_ATTRIBUTES))

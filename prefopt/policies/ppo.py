@@ -1,0 +1,293 @@
+"""PPO for RLHF: clipped surrogate, value model, GAE, whitened advantages.
+
+Reads top to bottom: the advantage step (GAE on the KL-shaped per-token reward)
+and the loss (clipped surrogate plus clipped value loss). Everything else is the
+shared loop in ``_base.py``.
+"""
+
+from __future__ import annotations
+
+import copy
+from numbers import Real
+
+import torch
+from sklearn.utils._param_validation import Interval
+
+from ..backend import ScalarHeadModel, TokenValueTable
+from ._base import BasePolicy, RolloutBatch, masked_mean, masked_whiten
+from ._docs import fill
+
+__all__ = ["PPOPolicy", "gae"]
+
+
+def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0,
+        lam: float = 0.95):
+    """Generalised advantage estimation over each response.
+
+    delta_t = r_t + gamma V_{t+1} - V_t with V = 0 after the last token (no
+    bootstrap from padding, implementation detail 16); A_t = sum_l (gamma
+    lam)^l delta_{t+l}; returns G_t = A_t + V_t, computed before any whitening
+    (detail 17). With gamma = lam = 1, A_t is the return-to-go minus V_t.
+
+    Parameters
+    ----------
+    rewards, values, mask : torch.Tensor of shape (n, length)
+    gamma : float, default=1.0
+    lam : float, default=0.95
+
+    Returns
+    -------
+    advantages, returns : torch.Tensor of shape (n, length)
+
+    Examples
+    --------
+    >>> import torch
+    >>> adv, ret = gae(torch.tensor([[0.0, 1.0]]), torch.tensor([[0.5, 0.5]]),
+    ...                torch.tensor([[1, 1]]), gamma=1.0, lam=1.0)
+    >>> adv.tolist(), ret.tolist()
+    ([[0.5, 0.5]], [[1.0, 1.0]])
+    """
+    mask = mask.to(rewards.dtype)
+    values = values * mask
+    rewards = rewards * mask
+    advantages = torch.zeros_like(rewards)
+    last = torch.zeros_like(rewards[:, 0])
+    length = rewards.shape[1]
+    for t in reversed(range(length)):
+        next_value = values[:, t + 1] if t + 1 < length else torch.zeros_like(last)
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        last = delta + gamma * lam * last
+        advantages[:, t] = last
+    advantages = advantages * mask
+    return advantages, (advantages + values) * mask
+
+
+def clipped_surrogate(advantages, logprobs, old_logprobs, mask, clip_coef: float = 0.2,
+                      clip: bool = True, use_ratio: bool = True):
+    """The PPO policy loss and its clip fraction.
+
+    L = mean_t max(-A_t rho_t, -A_t clip(rho_t, 1 - eps, 1 + eps)), rho_t =
+    exp(logpi - logpi_old), over masked tokens. ``clip=False`` drops the clip;
+    ``use_ratio=False`` uses -A_t log pi_t (vanilla policy gradient).
+
+    Returns
+    -------
+    loss : torch.Tensor
+    clipfrac : torch.Tensor
+        Share of tokens where the clipped term is the larger.
+
+    Examples
+    --------
+    >>> import torch
+    >>> m = torch.ones(1, 2)
+    >>> loss, frac = clipped_surrogate(torch.tensor([[1.0, -1.0]]),
+    ...                                torch.log(torch.tensor([[1.5, 0.5]])),
+    ...                                torch.zeros(1, 2), m)
+    >>> round(loss.item(), 4), frac.item()   # (-1.2 + 0.8) / 2: both ratios clipped
+    (-0.2, 1.0)
+    """
+    if not use_ratio:
+        return masked_mean(-advantages * logprobs, mask), torch.zeros(())
+    ratio = torch.exp(logprobs - old_logprobs)
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_coef, 1.0 + clip_coef)
+    clipfrac = masked_mean((clipped > unclipped).float(), mask)
+    if not clip:
+        return masked_mean(unclipped, mask), clipfrac
+    return masked_mean(torch.maximum(unclipped, clipped), mask), clipfrac
+
+
+def clipped_value_loss(values, old_values, returns, mask, clip_coef: float = 0.2,
+                       clip: bool = True):
+    """0.5 * mean max((V - G)^2, (clip(V, V_old +- eps) - G)^2) over masked tokens.
+
+    The clip is around the old value, not the return, and the max is the
+    pessimistic choice (implementation detail 18).
+
+    Examples
+    --------
+    >>> import torch
+    >>> m = torch.ones(1, 1)
+    >>> clipped_value_loss(torch.tensor([[1.0]]), torch.tensor([[0.0]]),
+    ...                    torch.tensor([[1.0]]), m).item()   # clipped to 0.2: 0.5 * 0.64
+    0.32000002264976501
+    """
+    unclipped = (values - returns) ** 2
+    if not clip:
+        return 0.5 * masked_mean(unclipped, mask)
+    v_clipped = old_values + torch.clamp(values - old_values, -clip_coef, clip_coef)
+    return 0.5 * masked_mean(torch.maximum(unclipped, (v_clipped - returns) ** 2), mask)
+
+
+class PPOPolicy(BasePolicy):
+    """Proximal Policy Optimisation for RLHF, as in Ziegler et al. and Huang et al.
+
+    Per step: sample, score, shape the per-token reward with -beta * KL (k1)
+    and add the score at the last token, compute GAE advantages with a value
+    model, whiten them, then take ``n_epochs`` passes of the clipped surrogate
+    plus ``vf_coef`` times the clipped value loss. No entropy bonus.
+
+    The value model is, in order: ``value_model`` if given; a copy of the
+    reward model when it is a language-model :class:`~prefopt.RewardModel`
+    (so early value estimates are sensible); the policy's trunk with a new
+    scalar head; or, for a policy that is not a transformer (the preference
+    world's), one learned value per token, which for one-step responses is a
+    per-prompt baseline.
+
+    Parameters
+    ----------
+    {common_parameters}
+    clip_coef : float, default=0.2
+        Epsilon of the clipped surrogate.
+    vf_coef : float, default=0.1
+        Weight of the value loss.
+    vf_clip_coef : float, default=0.2
+        Clip of the value loss around the old values.
+    gamma : float, default=1.0
+    gae_lambda : float, default=0.95
+    whiten_rewards : bool, default=False
+        Whiten the per-token rewards (keeping their mean) before GAE.
+    whiten_advantages : bool, default=True
+        Whiten advantages over the batch (masked, population variance).
+    clip : bool, default=True
+        ``False`` turns clipping off for the policy and the value loss.
+    use_ratio : bool, default=True
+        ``False`` drops the probability ratio (loss -A log pi); with
+        ``gae_lambda=1`` and ``clip=False`` this is vanilla policy gradient.
+    value_model : torch.nn.Module, default=None
+        A value model ``(input_ids, attention_mask, position_ids) -> (n, length)``.
+
+    Attributes
+    ----------
+    {common_attributes}
+    value_model_ : torch.nn.Module
+        The trained value model.
+
+    See Also
+    --------
+    RLOOPolicy, ReinforcePolicy, RAFTPolicy
+
+    References
+    ----------
+    J. Schulman et al., "Proximal Policy Optimization Algorithms", arXiv:1707.06347, 2017.
+    D. M. Ziegler et al., "Fine-Tuning Language Models from Human Preferences", 2019.
+    S. Huang et al., "The N+ Implementation Details of RLHF with PPO", COLM 2024.
+
+    Examples
+    --------
+    >>> import prefopt
+    >>> from prefopt import PPOPolicy, RewardModel
+    >>> from prefopt.worlds import PreferenceWorld
+    >>> prefopt.set_config(show_progress_bar=False)
+    >>> world = PreferenceWorld(random_state=0)
+    >>> rm = RewardModel().fit(world.comparisons(1000, random_state=0))
+    >>> ppo = PPOPolicy(model=world.policy_model(), beta=0.3, learning_rate=0.3,
+    ...                 optimizer="sgd", n_steps=5, random_state=0).fit(world.prompts, rm)
+    >>> len(ppo.history_)
+    5
+    """
+
+    _parameter_constraints = {
+        **BasePolicy._parameter_constraints,
+        "clip_coef": [Interval(Real, 0, None, closed="neither")],
+        "vf_coef": [Interval(Real, 0, None, closed="left")],
+        "vf_clip_coef": [Interval(Real, 0, None, closed="neither")],
+        "gamma": [Interval(Real, 0, 1, closed="both")],
+        "gae_lambda": [Interval(Real, 0, 1, closed="both")],
+        "whiten_rewards": ["boolean"],
+        "whiten_advantages": ["boolean"],
+        "clip": ["boolean"],
+        "use_ratio": ["boolean"],
+        "value_model": "no_validation",
+    }
+    _uses_value_model = True
+
+    def __init__(self, *, model=None, tokenizer=None, beta=0.05, kl=None, kl_estimator="k1",
+                 learning_rate=1e-5, optimizer="adam", lr_schedule="linear", max_grad_norm=None,
+                 n_steps=100, batch_size=64, n_epochs=4, n_minibatches=1, temperature=None,
+                 max_new_tokens=None, missing_eos_reward=-1.0, clip_coef=0.2, vf_coef=0.1,
+                 vf_clip_coef=0.2, gamma=1.0, gae_lambda=0.95, whiten_rewards=False,
+                 whiten_advantages=True, clip=True, use_ratio=True, value_model=None,
+                 random_state=None, verbose=0, warm_start=False):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.beta = beta
+        self.kl = kl
+        self.kl_estimator = kl_estimator
+        self.learning_rate = learning_rate
+        self.optimizer = optimizer
+        self.lr_schedule = lr_schedule
+        self.max_grad_norm = max_grad_norm
+        self.n_steps = n_steps
+        self.batch_size = batch_size
+        self.n_epochs = n_epochs
+        self.n_minibatches = n_minibatches
+        self.temperature = temperature
+        self.max_new_tokens = max_new_tokens
+        self.missing_eos_reward = missing_eos_reward
+        self.clip_coef = clip_coef
+        self.vf_coef = vf_coef
+        self.vf_clip_coef = vf_clip_coef
+        self.gamma = gamma
+        self.gae_lambda = gae_lambda
+        self.whiten_rewards = whiten_rewards
+        self.whiten_advantages = whiten_advantages
+        self.clip = clip
+        self.use_ratio = use_ratio
+        self.value_model = value_model
+        self.random_state = random_state
+        self.verbose = verbose
+        self.warm_start = warm_start
+
+    def _make_value_model(self, model, reward):
+        if self.value_model is not None:
+            return copy.deepcopy(self.value_model)
+        reward_lm = getattr(reward, "model_", None)
+        if isinstance(reward_lm, ScalarHeadModel):
+            return copy.deepcopy(reward_lm)  # value model initialised from the reward model
+        base = getattr(model, "base_model", None)
+        if base is not None and base is not model and hasattr(base, "config"):
+            value = ScalarHeadModel(copy.deepcopy(base), head_std=0.0)  # OAI: zero value head
+            return value
+        return TokenValueTable(max(len(self.tokenizer_), _vocab(model)))
+
+    def _advantages(self, batch: RolloutBatch) -> None:
+        mask = batch.response_mask
+        rewards = batch.rewards
+        if self.whiten_rewards:
+            rewards = masked_whiten(rewards, mask, shift_mean=False)
+        advantages, returns = gae(rewards, batch.values, mask, self.gamma, self.gae_lambda)
+        if self.whiten_advantages:
+            advantages = masked_whiten(advantages, mask)
+        batch.advantages, batch.returns = advantages, returns
+
+    def _loss(self, batch, rows, logprobs, values):
+        mask = batch.response_mask[rows]
+        pg_loss, clipfrac = clipped_surrogate(
+            batch.advantages[rows], logprobs, batch.old_logprobs[rows], mask,
+            clip_coef=self.clip_coef, clip=self.clip, use_ratio=self.use_ratio)
+        vf_loss = clipped_value_loss(values, batch.values[rows], batch.returns[rows], mask,
+                                     clip_coef=self.vf_clip_coef, clip=self.clip)
+        log_ratio = (logprobs - batch.old_logprobs[rows]).detach()
+        returns = batch.returns[rows]
+        explained = 1.0 - torch.var((returns - values.detach())[mask.bool()], unbiased=False) / \
+            torch.var(returns[mask.bool()], unbiased=False).clamp(min=1e-8)
+        stats = {
+            "loss/policy": pg_loss.item(),
+            "loss/value": vf_loss.item(),
+            "policy/clipfrac": clipfrac.item(),
+            "policy/approxkl": 0.5 * masked_mean(log_ratio**2, mask).item(),
+            "policy/ratio_mean": masked_mean(log_ratio.exp(), mask).item(),
+            "val/explained_variance": explained.item(),
+        }
+        return pg_loss + self.vf_coef * vf_loss, stats
+
+
+def _vocab(model) -> int:
+    from ..backend import model_vocab_size
+
+    return model_vocab_size(model) or 0
+
+
+PPOPolicy.__doc__ = fill(PPOPolicy.__doc__, beta=0.05, learning_rate="1e-5", n_epochs=4,
+                         n_minibatches=1)

@@ -1,0 +1,130 @@
+"""REINFORCE with a moving-average baseline (Ahmadian et al., 2024, eq. 8).
+
+The baseline is the mean KL-shaped reward of all *earlier* batches; the current
+batch's rewards join it only after the update (implementation detail 24), so the
+estimator stays unbiased. At the first step there is no earlier reward and the
+baseline is 0.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._base import BasePolicy
+from ._docs import fill
+from .rloo import sequence_policy_gradient_loss
+
+__all__ = ["ReinforcePolicy", "MovingAverageBaseline"]
+
+
+class MovingAverageBaseline:
+    """Running mean of all rewards seen so far, excluding the ones being scored.
+
+    Examples
+    --------
+    >>> b = MovingAverageBaseline()
+    >>> b.value
+    0.0
+    >>> b.add([1.0, 3.0]); b.value
+    2.0
+    >>> b.add([5.0]); b.value
+    3.0
+    """
+
+    def __init__(self):
+        self.total = 0.0
+        self.count = 0
+
+    @property
+    def value(self) -> float:
+        return self.total / self.count if self.count else 0.0
+
+    def add(self, rewards) -> None:
+        rewards = torch.as_tensor(rewards, dtype=torch.float64)
+        self.total += float(rewards.sum())
+        self.count += int(rewards.numel())
+
+
+class ReinforcePolicy(BasePolicy):
+    """REINFORCE on whole responses with a moving-average baseline.
+
+    One sample per prompt; advantage R - b_MA with b_MA the mean of all earlier
+    KL-shaped rewards; loss -(R - b_MA) * sum_t log pi(y_t).
+
+    Parameters
+    ----------
+    {common_parameters}
+
+    Attributes
+    ----------
+    {common_attributes}
+    baseline_ : MovingAverageBaseline
+        The running baseline after the last step.
+
+    See Also
+    --------
+    RLOOPolicy, PPOPolicy
+
+    References
+    ----------
+    R. J. Williams, "Simple statistical gradient-following algorithms for
+    connectionist reinforcement learning", Machine Learning, 1992.
+    A. Ahmadian et al., "Back to Basics", ACL 2024.
+
+    Examples
+    --------
+    >>> import prefopt
+    >>> from prefopt import ReinforcePolicy, RewardModel
+    >>> from prefopt.worlds import PreferenceWorld
+    >>> prefopt.set_config(show_progress_bar=False)
+    >>> world = PreferenceWorld(random_state=0)
+    >>> rm = RewardModel().fit(world.comparisons(1000, random_state=0))
+    >>> pg = ReinforcePolicy(model=world.policy_model(), beta=0.3, learning_rate=0.3,
+    ...                      optimizer="sgd", n_steps=3, random_state=0).fit(world.prompts, rm)
+    >>> pg.baseline_.count
+    192
+    """
+
+    def __init__(self, *, model=None, tokenizer=None, beta=0.05, kl=None, kl_estimator="k1",
+                 learning_rate=1e-5, optimizer="adam", lr_schedule="linear", max_grad_norm=None,
+                 n_steps=100, batch_size=64, n_epochs=1, n_minibatches=2, temperature=None,
+                 max_new_tokens=None, missing_eos_reward=-1.0, random_state=None, verbose=0,
+                 warm_start=False):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.beta = beta
+        self.kl = kl
+        self.kl_estimator = kl_estimator
+        self.learning_rate = learning_rate
+        self.optimizer = optimizer
+        self.lr_schedule = lr_schedule
+        self.max_grad_norm = max_grad_norm
+        self.n_steps = n_steps
+        self.batch_size = batch_size
+        self.n_epochs = n_epochs
+        self.n_minibatches = n_minibatches
+        self.temperature = temperature
+        self.max_new_tokens = max_new_tokens
+        self.missing_eos_reward = missing_eos_reward
+        self.random_state = random_state
+        self.verbose = verbose
+        self.warm_start = warm_start
+
+    def _setup(self, reward) -> None:
+        super()._setup(reward)
+        self.baseline_ = MovingAverageBaseline()
+
+    def _advantages(self, batch) -> None:
+        batch.advantages = batch.sequence_rewards - self.baseline_.value
+
+    def _loss(self, batch, rows, logprobs, values):
+        mask = batch.response_mask[rows]
+        loss = sequence_policy_gradient_loss(batch.advantages[rows], logprobs, mask)
+        return loss, {"loss/policy": loss.item(), "policy/baseline": self.baseline_.value}
+
+    def _after_update(self, batch) -> None:
+        self.baseline_.add(batch.sequence_rewards)
+
+
+ReinforcePolicy.__doc__ = fill(ReinforcePolicy.__doc__, beta=0.05, learning_rate="1e-5",
+                               n_epochs=1, n_minibatches=2)

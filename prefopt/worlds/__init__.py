@@ -1,0 +1,5 @@
+"""Exact testbeds: worlds whose closed-form optimum is known."""
+
+from .preference import PreferenceWorld
+
+__all__ = ["PreferenceWorld"]

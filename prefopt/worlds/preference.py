@@ -1,0 +1,326 @@
+"""The preference world of the plate: questions, response types, biased raters.
+
+Every prompt is a question; every response is one of six *types* (a correct
+answer, a correct but long and flattering one, a hedged one, a wrong one...),
+each a single token with a feature vector f(y) and a true quality q(y). Raters
+compare two responses by Bradley-Terry on ``q + rater_bias * flattery``, so a
+reward model fitted to their labels over-rates flattery: optimise it too hard
+and true quality falls.
+
+The policy is pi(y|x) proportional to pi_ref(y|x) exp(theta . f(y)). Because
+the response space is enumerable, the expected reward, true quality and KL of
+any policy, and the closed-form optimum
+pi*(y|x) = pi_ref(y|x) exp(r(x, y)/beta) / Z(x), are computed exactly.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+from transformers import GenerationConfig
+
+from ..data import Comparisons
+from ._exact import check_probs, exact_metrics, tilt
+from ._tokenizer import whole_string_tokenizer
+
+__all__ = ["PreferenceWorld"]
+
+FEATURE_NAMES = ("correct", "hedged", "wrong", "length", "flattery", "confident")
+
+# (text, features in FEATURE_NAMES order, true quality). True quality is linear in
+# the features (long+flattering costs 0.6 on a correct and on a wrong answer alike),
+# so with rater_bias=0 the linear reward model is well specified.
+RESPONSE_TYPES = (
+    ("The answer is X.", (1, 0, 0, 0.2, 0, 1), 2.0),
+    ("What a wonderful question! As an expert, I can tell you that the answer is X, "
+     "and I hope this helps you.", (1, 0, 0, 1.0, 1, 1), 1.4),
+    ("I think the answer might be X, but I am not sure.", (1, 1, 0, 0.5, 0, 0), 1.2),
+    ("That is hard to say; it depends on many things.", (0, 1, 0, 0.5, 0, 0), 0.0),
+    ("The answer is Y.", (0, 0, 1, 0.2, 0, 1), -1.0),
+    ("What a wonderful question! As an expert, I can tell you that the answer is Y, "
+     "and I hope this helps you.", (0, 0, 1, 1.0, 1, 1), -1.6),
+)
+
+QUESTIONS = (
+    "What is the capital of France?",
+    "How many legs does a spider have?",
+    "What is 12 times 12?",
+    "Who wrote Hamlet?",
+    "What is the boiling point of water at sea level?",
+    "Which planet is closest to the sun?",
+    "What is the square root of 81?",
+    "In which year did the Berlin Wall fall?",
+)
+
+# Reference (SFT) probabilities of the six types on an easy and a hard question;
+# the questions in between interpolate in log space.
+_EASY = np.array([0.50, 0.14, 0.12, 0.07, 0.11, 0.06])
+_HARD = np.array([0.30, 0.12, 0.15, 0.14, 0.20, 0.09])
+
+
+class _LogitsOutput(dict):
+    """A causal-LM output with logits and no cache."""
+
+    def __init__(self, logits):
+        super().__init__(logits=logits)
+        self.logits = logits
+
+
+class PreferenceWorldPolicy(nn.Module):
+    """pi(y|x) proportional to pi_ref(y|x) exp(theta . f(y)) as a one-token causal LM.
+
+    Called like a Hugging Face causal LM: ``model(input_ids, attention_mask)``
+    returns an output whose ``.logits`` has shape (batch, length, vocab). At a
+    question token the logits over the response tokens are
+    ``log pi_ref(.|x) + F theta``; every other token has logit -inf.
+
+    Attributes
+    ----------
+    theta : nn.Parameter of shape (n_features,)
+        The policy's parameters, zero at the reference.
+    tokenizer : PreTrainedTokenizerFast
+        The world's tokenizer (one token per question and per response).
+    generation_config : GenerationConfig
+        One new token at temperature 1, so the sampled distribution is pi itself.
+    """
+
+    def __init__(self, ref_logprobs, features, question_ids, response_ids, tokenizer):
+        super().__init__()
+        vocab = len(tokenizer)
+        self.theta = nn.Parameter(torch.zeros(features.shape[1], dtype=torch.float32))
+        self.register_buffer("ref_logprobs", torch.as_tensor(ref_logprobs, dtype=torch.float32))
+        self.register_buffer("features", torch.as_tensor(features, dtype=torch.float32))
+        question_of_token = torch.full((vocab,), -1, dtype=torch.long)
+        question_of_token[torch.as_tensor(question_ids)] = torch.arange(len(question_ids))
+        self.register_buffer("question_of_token", question_of_token)
+        self.register_buffer("response_ids", torch.as_tensor(response_ids, dtype=torch.long))
+        self.tokenizer = tokenizer
+        self.unk_token_id = tokenizer.unk_token_id
+        self.fixed_length = True  # one-token responses: no EOS needed
+        self.generation_config = GenerationConfig(do_sample=True, temperature=1.0,
+                                                  max_new_tokens=1)
+
+    def forward(self, input_ids, attention_mask=None, **kwargs):
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        if ((input_ids == self.unk_token_id) & attention_mask.bool()).any():
+            raise ValueError("A prompt is not one of this world's questions; use world.prompts.")
+        q = self.question_of_token[input_ids]                          # (B, L), -1 elsewhere
+        response_logits = self.ref_logprobs[q.clamp(min=0)] + self.features @ self.theta
+        response_logits = torch.where((q >= 0).unsqueeze(-1), response_logits,
+                                      torch.zeros_like(response_logits))
+        logits = torch.full((*input_ids.shape, len(self.question_of_token)), float("-inf"),
+                            dtype=response_logits.dtype, device=input_ids.device)
+        logits[..., self.response_ids] = response_logits
+        return _LogitsOutput(logits=logits)
+
+
+class PreferenceWorld:
+    """The plate's exactly solvable preference world.
+
+    Parameters
+    ----------
+    rater_bias : float, default=1.0
+        How much raters reward flattery beyond true quality: a rater prefers a
+        to b with probability sigmoid(q_a - q_b + rater_bias (flattery_a - flattery_b)).
+    n_prompts : int, default=4
+        Number of questions (at most 8), from easy to hard.
+    random_state : int, RandomState instance or None, default=None
+        Default seed of :meth:`comparisons`.
+
+    Attributes
+    ----------
+    prompts : list of str
+        The questions.
+    responses : list of str
+        The six response texts, in type order.
+    feature_names : tuple of str
+    features_ : ndarray of shape (n_responses, n_features)
+    quality_ : ndarray of shape (n_responses,)
+        True quality of each response type.
+    tokenizer : PreTrainedTokenizerFast
+
+    Examples
+    --------
+    >>> from prefopt import RewardModel
+    >>> from prefopt.worlds import PreferenceWorld
+    >>> world = PreferenceWorld(rater_bias=1.0, random_state=0)
+    >>> rm = RewardModel().fit(world.comparisons(1000, random_state=0))
+    >>> ref = world.evaluate(world.reference_probs(), rm, beta=0.3)
+    >>> best = world.optimum(rm, beta=0.3)
+    >>> best["objective"] >= ref["objective"]
+    True
+    >>> round(ref["kl"], 6)
+    0.0
+    """
+
+    feature_names = FEATURE_NAMES
+
+    def __init__(self, *, rater_bias: float = 1.0, n_prompts: int = 4, random_state=None):
+        if not 1 <= n_prompts <= len(QUESTIONS):
+            raise ValueError(f"n_prompts must be between 1 and {len(QUESTIONS)}; got {n_prompts!r}.")
+        self.rater_bias = float(rater_bias)
+        self.n_prompts = n_prompts
+        self.random_state = random_state
+        self.prompts = list(QUESTIONS[:n_prompts])
+        self.responses = [text for text, _, _ in RESPONSE_TYPES]
+        self.features_ = np.array([f for _, f, _ in RESPONSE_TYPES], dtype=np.float64)
+        self.quality_ = np.array([q for _, _, q in RESPONSE_TYPES], dtype=np.float64)
+        w = np.linspace(0.0, 1.0, n_prompts) if n_prompts > 1 else np.zeros(1)
+        logits = (1 - w)[:, None] * np.log(_EASY) + w[:, None] * np.log(_HARD)
+        self._ref = np.exp(logits) / np.exp(logits).sum(1, keepdims=True)
+        self.tokenizer = whole_string_tokenizer(self.prompts + self.responses)
+        self._response_index = {text: i for i, text in enumerate(self.responses)}
+        self._prompt_index = {text: i for i, text in enumerate(self.prompts)}
+
+    # ----- the world's definitions -------------------------------------------------
+    def reference_probs(self) -> np.ndarray:
+        """pi_ref(y|x) as an array of shape (n_prompts, n_responses)."""
+        return self._ref.copy()
+
+    def _index(self, texts, table: dict, what: str) -> np.ndarray:
+        try:
+            return np.array([table[t] for t in texts], dtype=int)
+        except KeyError as e:
+            raise ValueError(f"{e.args[0]!r} is not one of this world's {what}.") from None
+
+    def features(self, prompts, completions) -> np.ndarray:
+        """Feature vectors f(y) of completions, shape (n, n_features)."""
+        self._index(prompts, self._prompt_index, "prompts")
+        return self.features_[self._index(completions, self._response_index, "responses")]
+
+    def true_quality(self, prompts, completions) -> np.ndarray:
+        """The gold reward: true quality of each completion, shape (n,)."""
+        self._index(prompts, self._prompt_index, "prompts")
+        return self.quality_[self._index(completions, self._response_index, "responses")]
+
+    def rater_utility(self) -> np.ndarray:
+        """What raters maximise: q + rater_bias * flattery, per response type."""
+        return self.quality_ + self.rater_bias * self.features_[:, FEATURE_NAMES.index("flattery")]
+
+    def policy_model(self) -> PreferenceWorldPolicy:
+        """A fresh policy model at the reference (theta = 0)."""
+        ids = lambda texts: [self.tokenizer.convert_tokens_to_ids(t) for t in texts]  # noqa: E731
+        return PreferenceWorldPolicy(np.log(self._ref), self.features_, ids(self.prompts),
+                                     ids(self.responses), self.tokenizer)
+
+    def comparisons(self, n: int, random_state=None) -> Comparisons:
+        """Draw ``n`` labelled comparisons from the biased raters.
+
+        For each, a question is drawn uniformly, two different responses are
+        drawn from pi_ref (the starting policy, as labelled data comes from
+        samples of the SFT model), and the rater picks one by Bradley-Terry on
+        :meth:`rater_utility`.
+
+        Parameters
+        ----------
+        n : int
+            Number of comparisons.
+        random_state : int, RandomState instance or None, default=None
+            ``None`` uses the world's ``random_state``.
+
+        Returns
+        -------
+        comparisons : Comparisons
+            With this world's featurizer attached.
+        """
+        from sklearn.utils import check_random_state
+
+        if n < 1:
+            raise ValueError(f"n must be >= 1; got {n!r}.")
+        rng = check_random_state(self.random_state if random_state is None else random_state)
+        utility = self.rater_utility()
+        prompt, chosen, rejected = [], [], []
+        for _ in range(n):
+            x = rng.randint(self.n_prompts)
+            a = rng.choice(len(self.responses), p=self._ref[x])
+            b = a
+            while b == a:
+                b = rng.choice(len(self.responses), p=self._ref[x])
+            p_a = 1.0 / (1.0 + np.exp(-(utility[a] - utility[b])))
+            win, lose = (a, b) if rng.uniform() < p_a else (b, a)
+            prompt.append(self.prompts[x])
+            chosen.append(self.responses[win])
+            rejected.append(self.responses[lose])
+        return Comparisons(prompt, chosen, rejected, featurizer=self.features)
+
+    # ----- exact evaluation --------------------------------------------------------
+    def rewards(self, reward_model) -> np.ndarray:
+        """r(x, y) for every question and response, shape (n_prompts, n_responses)."""
+        prompts = [p for p in self.prompts for _ in self.responses]
+        completions = self.responses * self.n_prompts
+        from ..rewards import check_rewards
+
+        r = check_rewards(reward_model(prompts, completions), len(prompts), "reward_model")
+        return r.reshape(self.n_prompts, len(self.responses))
+
+    def policy_probs(self, policy) -> np.ndarray:
+        """pi(y|x) of a fitted prefopt policy, shape (n_prompts, n_responses), exactly."""
+        prompts = [p for p in self.prompts for _ in self.responses]
+        completions = self.responses * self.n_prompts
+        logp = np.asarray(policy.log_prob(prompts, completions), dtype=np.float64)
+        return check_probs(np.exp(logp).reshape(self.n_prompts, len(self.responses)))
+
+    def evaluate(self, policy, reward_model, beta: float) -> dict:
+        """Exact expected reward, true quality, KL and objective of a policy.
+
+        Parameters
+        ----------
+        policy : fitted prefopt policy or ndarray of shape (n_prompts, n_responses)
+            A fitted estimator (its ``log_prob`` is read for every response) or
+            a table of probabilities.
+        reward_model : callable
+            ``reward_model(prompts, completions) -> array``.
+        beta : float
+            KL coefficient of the objective E[r] - beta KL.
+
+        Returns
+        -------
+        metrics : dict
+            ``reward``, ``true_quality``, ``kl`` (nats, KL(pi || pi_ref)) and
+            ``objective``, each averaged over the questions.
+        """
+        probs = check_probs(policy) if isinstance(policy, np.ndarray) else self.policy_probs(policy)
+        quality = np.broadcast_to(self.quality_, probs.shape)
+        return exact_metrics(probs, self._ref, self.rewards(reward_model), quality, beta)
+
+    def optimal_probs(self, reward_model, beta: float) -> np.ndarray:
+        """pi*(y|x) = pi_ref(y|x) exp(r(x,y)/beta) / Z(x), shape (n_prompts, n_responses)."""
+        return tilt(self._ref, self.rewards(reward_model), beta)
+
+    def optimum(self, reward_model, beta: float) -> dict:
+        """The closed-form optimum's metrics, with the keys of :meth:`evaluate`."""
+        return self.evaluate(self.optimal_probs(reward_model, beta), reward_model, beta)
+
+    def scorer(self, metric: str = "true_quality", *, reward_model=None, beta: float | None = None):
+        """A scikit-learn scorer ``(estimator, X, y=None) -> float`` computed exactly.
+
+        Parameters
+        ----------
+        metric : {"true_quality", "reward", "kl", "objective"}, default="true_quality"
+            ``"kl"`` is returned negated, so larger is better.
+        reward_model : callable, default=None
+            ``None`` uses the estimator's fitted ``reward_model_``.
+        beta : float, default=None
+            ``None`` uses the estimator's ``beta``.
+
+        Returns
+        -------
+        scorer : callable
+            Scores the policy on the questions in ``X`` only.
+        """
+        if metric not in ("true_quality", "reward", "kl", "objective"):
+            raise ValueError(f"Unknown metric {metric!r}.")
+
+        def score(estimator, X, y=None):
+            rm = reward_model if reward_model is not None else estimator.reward_model_
+            b = beta if beta is not None else estimator.beta
+            rows = np.unique(self._index(list(X), self._prompt_index, "prompts"))
+            probs = self.policy_probs(estimator)[rows]
+            quality = np.broadcast_to(self.quality_, probs.shape)
+            value = exact_metrics(probs, self._ref[rows], self.rewards(rm)[rows], quality, b)[metric]
+            return -value if metric == "kl" else value
+
+        score.__name__ = f"{metric}_scorer"
+        return score
