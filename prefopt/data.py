@@ -66,7 +66,17 @@ def _columns(data, names: Sequence[str], what: str) -> dict:
         if missing:
             raise ValueError(f"{what} need the columns {list(names)}; missing {missing} "
                              f"(found {columns}).")
-        return {n: list(data[n]) for n in names}
+        out = {}
+        for n in names:
+            col = data[n]
+            if isinstance(col, (str, bytes)) or not hasattr(col, "__iter__"):
+                raise TypeError(f"{what}: column {n!r} must be a list of strings, not "
+                                f"{type(col).__name__}; wrap one value in a list: [{col!r}].")
+            out[n] = list(col)
+        return out
+    if data is None or isinstance(data, (str, bytes)) or not hasattr(data, "__iter__"):
+        raise TypeError(f"{what} must be a table or a list of rows ({', '.join(names)}); "
+                        f"got {type(data).__name__}.")
     rows = list(data)
     out = {n: [] for n in names}
     for i, row in enumerate(rows):
@@ -192,6 +202,10 @@ def check_demonstrations(X) -> tuple[list[str], list[str]]:
     (['the movie was'], [' great.'])
     """
     cols = _columns(X, ["prompt", "completion"], "Demonstrations")
+    lengths = {k: len(v) for k, v in cols.items()}
+    if len(set(lengths.values())) != 1:
+        raise ValueError(f"Demonstrations have columns of different lengths {lengths}; "
+                         "every row needs a prompt and a completion.")
     if len(cols["prompt"]) == 0:
         raise ValueError("No demonstrations were given; pass (prompt, completion) rows.")
     return (_check_text(cols["prompt"], "prompt", "Demonstrations"),

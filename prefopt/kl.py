@@ -13,7 +13,7 @@ from numbers import Real
 import numpy as np
 import torch
 from sklearn.base import BaseEstimator
-from sklearn.utils._param_validation import Interval, StrOptions
+from sklearn.utils._param_validation import Interval
 from sklearn.utils.validation import check_is_fitted
 
 __all__ = ["FixedKLController", "AdaptiveKLController", "kl_estimate"]
@@ -132,6 +132,8 @@ class FixedKLController(_KLController):
     def update(self, kl: float, n_episodes: int | None = None) -> float:
         """Return beta unchanged (the interface of :class:`AdaptiveKLController`)."""
         check_is_fitted(self)
+        if not np.isfinite(kl):
+            raise ValueError(f"The measured KL is {kl}; the controller needs a finite value.")
         self.n_updates_ += 1
         return self.beta_
 

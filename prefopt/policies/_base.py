@@ -18,7 +18,7 @@ from numbers import Integral, Real
 
 import numpy as np
 import torch
-from sklearn.base import BaseEstimator, clone
+from sklearn.base import clone
 from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
@@ -28,14 +28,9 @@ from .._config import get_config
 from ..backend import (
     EncodedPrompts,
     disable_dropout,
-    ensure_pad_token,
     frozen_copy,
-    load_causal_lm,
     make_generator,
-    model_vocab_size,
     pad_left,
-    pad_right,
-    resolve_device,
     response_logprobs,
     sample,
     sequence_values,
@@ -44,11 +39,12 @@ from ..backend import (
 from ..data import check_prompts
 from ..kl import FixedKLController, _KLController, kl_estimate
 from ..rewards import check_rewards
+from ._lm import GenerativeEstimator
 
 logger = logging.getLogger("prefopt")
 
-DEFAULT_TEMPERATURE = 0.7   # seeds: sampling temperature 0.7
-DEFAULT_MAX_NEW_TOKENS = 53  # seeds: a fixed 53 tokens, truncated at the first EOS
+
+
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -160,7 +156,7 @@ _COMMON_CONSTRAINTS = {
 }
 
 
-class BasePolicy(BaseEstimator):
+class BasePolicy(GenerativeEstimator):
     """Base class of policy estimators; see the module docstring for the loop."""
 
     _parameter_constraints: dict = dict(_COMMON_CONSTRAINTS)
@@ -232,25 +228,12 @@ class BasePolicy(BaseEstimator):
     def _setup(self, reward) -> None:
         rng = check_random_state(self.random_state)
         seeds = rng.randint(np.iinfo(np.int32).max, size=3)
-        self.device_ = resolve_device()
-        model, tokenizer = load_causal_lm(self.model, self.tokenizer, seed=int(seeds[0]))
-        self.tokenizer_ = ensure_pad_token(tokenizer)
-        model = disable_dropout(model).to(self.device_)
-        model.eval()  # dropout is off; eval() also fixes any other train-time behaviour
-        self.model_ = model
+        self._init_model(self.model, self.tokenizer, seed=int(seeds[0]))
+        model = self.model_
         self.ref_model_ = frozen_copy(model)
         value_model = self._make_value_model(model, reward)
         self.value_model_ = None if value_model is None else disable_dropout(value_model).to(
             self.device_).eval()
-        generation_config = getattr(model, "generation_config", None)
-        self.temperature_ = float(self.temperature or getattr(generation_config, "temperature", None)
-                                  or DEFAULT_TEMPERATURE)
-        self.max_new_tokens_ = int(self.max_new_tokens
-                                   or getattr(generation_config, "max_new_tokens", None)
-                                   or DEFAULT_MAX_NEW_TOKENS)
-        vocab = model_vocab_size(model)
-        pad = self.tokenizer_.pad_token_id
-        self._suppress_ids = (pad,) if vocab is not None and pad < vocab else ()
         self.kl_ = clone(self.kl) if self.kl is not None else FixedKLController()
         self.kl_.start(self.beta)
         params = [p for p in model.parameters() if p.requires_grad]
@@ -267,23 +250,6 @@ class BasePolicy(BaseEstimator):
         self.history_ = []
         self.n_iter_ = 0
         self.n_episodes_ = 0
-
-    def _tokenize_prompts(self, prompts) -> list[list[int]]:
-        context = getattr(getattr(self.model_, "config", None), "max_position_embeddings", None) \
-            or getattr(getattr(self.model_, "config", None), "n_positions", None)
-        limit = None if context is None else context - self.max_new_tokens_
-        rows = []
-        for i, p in enumerate(prompts):
-            ids = self.tokenizer_(p, add_special_tokens=False)["input_ids"]
-            if not ids:
-                raise ValueError(f"Prompt at row {i} ({p!r}) has no tokens.")
-            if limit is not None and len(ids) > limit:
-                raise ValueError(
-                    f"Prompt at row {i} has {len(ids)} tokens, more than the {limit} that fit "
-                    f"in the model's context ({context}) with max_new_tokens="
-                    f"{self.max_new_tokens_}; shorten it or lower max_new_tokens.")
-            rows.append(ids)
-        return rows
 
     def _next_prompts(self, n: int) -> np.ndarray:
         # An endless, reshuffled stream over the prompts (implementation detail 1B).
@@ -372,10 +338,6 @@ class BasePolicy(BaseEstimator):
                             old_logprobs=old, ref_logprobs=ref, scores=scores, kl=kl,
                             rewards=rewards, beta=beta, values=values)
 
-    def _decode(self, response_ids, response_mask) -> list[str]:
-        ids = [r[m.bool()].tolist() for r, m in zip(response_ids.cpu(), response_mask.cpu())]
-        return self.tokenizer_.batch_decode(ids, skip_special_tokens=True)
-
     def _score(self, prompts, response_ids, response_mask, ended) -> torch.Tensor:
         reward = self.reward_model_
         if hasattr(reward, "score_tokens") and getattr(reward, "tokenizer_", None) is not None \
@@ -434,100 +396,6 @@ class BasePolicy(BaseEstimator):
         out["policy/entropy"] = float(np.mean(entropies))
         return out
 
-    # ----- using a fitted policy ----------------------------------------------------
-    def sample(self, X, n: int = 1, *, random_state=None) -> list[list[str]]:
-        """Sample ``n`` completions for each prompt.
-
-        Parameters
-        ----------
-        X : list of str or table with a ``prompt`` column
-            Prompts.
-        n : int, default=1
-            Completions per prompt.
-        random_state : int, RandomState instance or None, default=None
-            ``None`` uses the estimator's ``random_state``: the same call gives
-            the same completions.
-
-        Returns
-        -------
-        completions : list of list of str
-            ``n`` completions per prompt, truncated after the first EOS.
-        """
-        check_is_fitted(self)
-        prompts = check_prompts(X)
-        if n < 1:
-            raise ValueError(f"n must be >= 1; got {n!r}.")
-        tokens = self._tokenize_prompts(prompts)
-        generator = make_generator(self.random_state if random_state is None else random_state)
-        rows = np.repeat(np.arange(len(prompts)), n)
-        out = []
-        size = get_config()["eval_batch_size"]
-        for start in range(0, len(rows), size):
-            chunk = rows[start:start + size]
-            enc = pad_left([tokens[i] for i in chunk], self.tokenizer_.pad_token_id)
-            enc = EncodedPrompts(enc.input_ids.to(self.device_), enc.attention_mask.to(self.device_))
-            raw = sample(self.model_, enc, max_new_tokens=self.max_new_tokens_,
-                         temperature=self.temperature_, generator=generator,
-                         suppress_ids=self._suppress_ids)
-            ids, mask, _ = truncate_after_eos(raw, self.tokenizer_.eos_token_id,
-                                              self.tokenizer_.pad_token_id)
-            out.extend(self._decode(ids, mask))
-        return [out[i * n:(i + 1) * n] for i in range(len(prompts))]
-
-    def predict(self, X) -> list[str]:
-        """One sampled completion per prompt (what a ``Pipeline`` calls)."""
-        return [c[0] for c in self.sample(X, n=1)]
-
-    @torch.no_grad()
-    def log_prob(self, prompts, completions, *, reference: bool = False,
-                 add_eos: bool = True) -> np.ndarray:
-        """Log-probability of each completion under the policy's sampling distribution.
-
-        Parameters
-        ----------
-        prompts : list of str
-        completions : list of str or list of list of int
-            Text, or token ids.
-        reference : bool, default=False
-            Score under the frozen reference model instead.
-        add_eos : bool, default=True
-            Append the EOS token to text completions (when the tokenizer has one),
-            so the log-probability is that of the complete response.
-
-        Returns
-        -------
-        logprobs : ndarray of shape (n,)
-            Sums of per-token log-probs at the sampling temperature.
-        """
-        check_is_fitted(self)
-        prompts = list(prompts)
-        completions = list(completions)
-        if len(prompts) != len(completions):
-            raise ValueError(f"Got {len(prompts)} prompts and {len(completions)} completions.")
-        tok = self.tokenizer_
-        ptoks = self._tokenize_prompts(prompts)
-        rtoks = []
-        for c in completions:
-            if isinstance(c, str):
-                ids = tok(c, add_special_tokens=False)["input_ids"]
-                if add_eos and tok.eos_token_id is not None:
-                    ids = ids + [tok.eos_token_id]
-            else:
-                ids = [int(i) for i in c]
-            rtoks.append(ids)
-        model = self.ref_model_ if reference else self.model_
-        out = []
-        size = get_config()["eval_batch_size"]
-        for start in range(0, len(prompts), size):
-            sl = slice(start, start + size)
-            enc = pad_left(ptoks[sl], tok.pad_token_id)
-            ids, mask = pad_right(rtoks[sl], tok.pad_token_id)
-            enc = EncodedPrompts(enc.input_ids.to(self.device_), enc.attention_mask.to(self.device_))
-            lp = response_logprobs(model, enc, ids.to(self.device_), mask.to(self.device_),
-                                   temperature=self.temperature_, suppress_ids=self._suppress_ids)
-            out.append(lp.sum(1).cpu().double().numpy())
-        return np.concatenate(out)
-
     def score(self, X, y=None) -> float:
         """Mean reward of one sampled completion per prompt (larger is better).
 
@@ -546,14 +414,3 @@ class BasePolicy(BaseEstimator):
         reward = y if callable(y) else self.reward_model_
         completions = self.predict(prompts)
         return float(np.mean(check_rewards(reward(prompts, completions), len(prompts))))
-
-    def __sklearn_is_fitted__(self) -> bool:
-        return hasattr(self, "model_")
-
-    def __sklearn_tags__(self):
-        tags = super().__sklearn_tags__()
-        tags.target_tags.required = False
-        tags.input_tags.two_d_array = False
-        tags.input_tags.string = True
-        tags.non_deterministic = False
-        return tags

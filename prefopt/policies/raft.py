@@ -32,6 +32,8 @@ def best_of_k_mask(rewards: torch.Tensor, k: int) -> torch.Tensor:
     >>> best_of_k_mask(torch.tensor([0.1, 0.9, 0.5, 0.2]), k=2).tolist()
     [False, True, True, False]
     """
+    if k < 1 or rewards.shape[0] % k:
+        raise ValueError(f"{rewards.shape[0]} rewards do not split into groups of k={k}.")
     grouped = rewards.reshape(-1, k)
     best = grouped.argmax(1)
     mask = torch.zeros_like(grouped, dtype=torch.bool)
