@@ -7,13 +7,13 @@ known.
 
 from ._config import config_context, get_config, set_config
 from .kl import AdaptiveKLController, FixedKLController, kl_estimate
-from .policies import PPOPolicy, RAFTPolicy, ReinforcePolicy, RLOOPolicy
+from .policies import PPOPolicy, RAFTPolicy, ReinforcePolicy, RLOOPolicy, SFTPolicy
 from .rewards import NoisyReward, RewardModel
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AdaptiveKLController", "FixedKLController", "NoisyReward", "PPOPolicy", "RAFTPolicy",
-    "RLOOPolicy", "ReinforcePolicy", "RewardModel", "config_context", "get_config",
+    "RLOOPolicy", "ReinforcePolicy", "RewardModel", "SFTPolicy", "config_context", "get_config",
     "kl_estimate", "set_config", "__version__",
 ]

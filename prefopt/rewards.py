@@ -7,7 +7,7 @@ the Bradley-Terry loss.
 
 from __future__ import annotations
 
-from numbers import Real
+from numbers import Integral, Real
 
 import numpy as np
 from sklearn.base import BaseEstimator
@@ -69,39 +69,74 @@ class RewardModel(BaseEstimator):
 
     ``P(chosen > rejected) = sigmoid(r(x, chosen) - r(x, rejected))``.
 
+    With a language model (``model`` given), the reward is the SFT model's trunk
+    with a linear head whose weights are drawn with std 1/sqrt(d_model + 1)
+    (the original code; the paper misprints the std), trained for one epoch;
+    the score is read at the last real token (the EOS) of the right-padded
+    prompt + response. After training it is normalised to mean 0 and std 1 on
+    responses sampled from the starting policy, so beta keeps its meaning
+    (Ziegler et al.), and, when ``references`` are passed to ``fit``, shifted
+    so that reference responses score 0 on average (Huang et al.).
+
     With ``model=None`` the reward is linear in features of the response,
     ``r(x, y) = w . f(x, y)``, fitted by logistic regression on feature
-    differences (each pair is also added mirrored, so no intercept is needed).
-    The features come from ``features`` or from the comparisons (the exact
-    worlds attach theirs).
+    differences (each pair also mirrored, so no intercept is needed); the
+    features come from ``features`` or from the comparisons (the exact worlds
+    attach theirs).
 
     Parameters
     ----------
-    model : None, default=None
-        ``None`` fits the linear feature reward.
+    model : None, str, transformers config, torch module or fitted SFTPolicy, default=None
+        The starting language model (copied), or ``None`` for the linear
+        feature reward. A fitted :class:`SFTPolicy` is the usual choice.
+    tokenizer : str or tokenizer, default=None
+        ``None`` takes the model's.
     features : callable, default=None
-        ``features(prompts, completions) -> ndarray (n, d)``. ``None`` takes the
-        featurizer carried by the comparisons.
+        Linear reward only: ``features(prompts, completions) -> ndarray (n, d)``.
     alpha : float, default=0.0
-        L2 penalty on the linear weights (0 is plain maximum likelihood).
+        Linear reward only: L2 penalty on the weights (0 is maximum likelihood).
+    learning_rate : float, default=None
+        ``None`` means 1e-3 for models under 10M parameters, else 1e-5.
+    n_epochs : int, default=1
+    batch_size : int, default=8
+        Comparisons per gradient step.
+    normalize : bool, default=True
+        Normalise to mean 0, std 1 on samples from the starting policy.
+    normalize_samples : int, default=256
+        Responses sampled for the normalisation (the original code's 256).
+    temperature, max_new_tokens : float, int, default=None
+        Sampling settings for the normalisation samples; ``None`` reads the
+        model's generation config, else 0.7 and 53.
+    head_std : float, default=None
+        Std of the head's initial weights; ``None`` means 1/sqrt(d_model + 1).
+    random_state : int, RandomState instance or None, default=None
+    verbose : int, default=0
 
     Attributes
     ----------
     coef_ : ndarray of shape (n_features,)
-        Weights of the linear reward.
+        Linear reward only: the weights.
     featurizer_ : callable
-        The feature function used to score responses.
+        Linear reward only: the feature function.
+    model_ : ScalarHeadModel
+        Language-model reward only: trunk plus head.
+    tokenizer_ : tokenizer
+    gain_, bias_ : float
+        Affine normalisation applied to the head's raw output.
+    history_ : list of dict
+        ``loss/reward`` and ``reward/accuracy`` per step.
     n_comparisons_ : int
         Comparisons seen in ``fit``.
 
     See Also
     --------
-    prefopt.worlds.PreferenceWorld.comparisons
+    SFTPolicy, PPOPolicy
 
     References
     ----------
     R. A. Bradley and M. E. Terry, "Rank analysis of incomplete block designs",
     Biometrika, 1952.
+    D. M. Ziegler et al., "Fine-Tuning Language Models from Human Preferences", 2019.
 
     Examples
     --------
@@ -116,17 +151,42 @@ class RewardModel(BaseEstimator):
     """
 
     _parameter_constraints = {
-        "model": [None],
+        "model": "no_validation",
+        "tokenizer": "no_validation",
         "features": [callable, None],
         "alpha": [Interval(Real, 0, None, closed="left")],
+        "learning_rate": [Interval(Real, 0, None, closed="neither"), None],
+        "n_epochs": [Interval(Integral, 1, None, closed="left")],
+        "batch_size": [Interval(Integral, 1, None, closed="left")],
+        "normalize": ["boolean"],
+        "normalize_samples": [Interval(Integral, 2, None, closed="left")],
+        "temperature": [Interval(Real, 0, None, closed="neither"), None],
+        "max_new_tokens": [Interval(Integral, 1, None, closed="left"), None],
+        "head_std": [Interval(Real, 0, None, closed="left"), None],
+        "random_state": ["random_state"],
+        "verbose": ["verbose"],
     }
 
-    def __init__(self, *, model=None, features=None, alpha: float = 0.0):
+    def __init__(self, *, model=None, tokenizer=None, features=None, alpha: float = 0.0,
+                 learning_rate=None, n_epochs=1, batch_size=8, normalize=True,
+                 normalize_samples=256, temperature=None, max_new_tokens=None, head_std=None,
+                 random_state=None, verbose=0):
         self.model = model
+        self.tokenizer = tokenizer
         self.features = features
         self.alpha = alpha
+        self.learning_rate = learning_rate
+        self.n_epochs = n_epochs
+        self.batch_size = batch_size
+        self.normalize = normalize
+        self.normalize_samples = normalize_samples
+        self.temperature = temperature
+        self.max_new_tokens = max_new_tokens
+        self.head_std = head_std
+        self.random_state = random_state
+        self.verbose = verbose
 
-    def fit(self, X, y=None):
+    def fit(self, X, y=None, *, references=None):
         """Fit the reward on comparisons.
 
         Parameters
@@ -135,6 +195,9 @@ class RewardModel(BaseEstimator):
             Comparisons with ``prompt``, ``chosen`` and ``rejected``.
         y : None
             Ignored.
+        references : demonstrations, default=None
+            Language-model reward only: (prompt, completion) rows; the reward is
+            shifted so that they score 0 on average.
 
         Returns
         -------
@@ -142,12 +205,25 @@ class RewardModel(BaseEstimator):
         """
         self._validate_params()
         data = check_comparisons(X)
+        for attr in ("coef_", "featurizer_", "model_", "tokenizer_"):
+            self.__dict__.pop(attr, None)
+        if self.model is None:
+            self._fit_linear(data)
+        else:
+            from ._reward_lm import fit_lm_reward
+
+            fit_lm_reward(self, data, references)
+        self.n_comparisons_ = len(data)
+        return self
+
+    def _fit_linear(self, data) -> None:
         featurizer = self.features if self.features is not None else data.featurizer
         if featurizer is None:
             raise ValueError(
                 "RewardModel(model=None) fits a linear reward on features, but these "
                 "comparisons carry no featurizer; pass features=callable(prompts, "
-                "completions) -> (n, d) array, or comparisons from a prefopt world.")
+                "completions) -> (n, d) array, model= a language model, or comparisons "
+                "from a prefopt world.")
         f_chosen = self._features(featurizer, data.prompt, data.chosen)
         f_rejected = self._features(featurizer, data.prompt, data.rejected)
         diff = f_chosen - f_rejected
@@ -157,8 +233,7 @@ class RewardModel(BaseEstimator):
         logreg = LogisticRegression(C=C, fit_intercept=False, max_iter=1000).fit(X_bt, y_bt)
         self.coef_ = logreg.coef_.ravel().copy()
         self.featurizer_ = featurizer
-        self.n_comparisons_ = len(data)
-        return self
+        self.gain_, self.bias_ = 1.0, 0.0
 
     @staticmethod
     def _features(featurizer, prompts, completions) -> np.ndarray:
@@ -174,7 +249,8 @@ class RewardModel(BaseEstimator):
         Parameters
         ----------
         prompts, completions : list of str
-            Equal-length lists.
+            Equal-length lists. A language-model reward appends EOS to each
+            completion, as the policies' finished responses end with it.
 
         Returns
         -------
@@ -188,7 +264,30 @@ class RewardModel(BaseEstimator):
                              "pass one prompt per completion.")
         if not prompts:
             return np.zeros(0)
-        return self._features(self.featurizer_, prompts, completions) @ self.coef_
+        if hasattr(self, "coef_"):
+            return self._features(self.featurizer_, prompts, completions) @ self.coef_
+        from ._reward_lm import predict_text
+
+        return predict_text(self, prompts, completions)
+
+    def score_tokens(self, prompts, response_ids, response_mask):
+        """Rewards of token-id responses, without decoding (what the RL loop calls).
+
+        Parameters
+        ----------
+        prompts : EncodedPrompts
+            Left-padded prompt ids.
+        response_ids, response_mask : torch.Tensor of shape (n, length)
+
+        Returns
+        -------
+        rewards : torch.Tensor of shape (n,)
+        """
+        check_is_fitted(self)
+        from ._reward_lm import score_token_rows
+        from .backend import unpad
+
+        return score_token_rows(self, *unpad(prompts, response_ids, response_mask))
 
     def __call__(self, prompts, completions) -> np.ndarray:
         return self.predict(prompts, completions)
@@ -210,6 +309,9 @@ class RewardModel(BaseEstimator):
         r_chosen = self.predict(data.prompt, data.chosen)
         r_rejected = self.predict(data.prompt, data.rejected)
         return float(np.mean(r_chosen > r_rejected))
+
+    def __sklearn_is_fitted__(self) -> bool:
+        return hasattr(self, "coef_") or hasattr(self, "model_")
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()

@@ -12,20 +12,22 @@ from .generation import (
     sequence_values,
     truncate_after_eos,
 )
+from .scoring import join_right_padded, score_sequences, unpad
 from .models import (
     ScalarHeadModel,
     TokenValueTable,
     disable_dropout,
     ensure_pad_token,
+    default_learning_rate,
     frozen_copy,
     load_causal_lm,
     model_vocab_size,
 )
 
 __all__ = [
-    "EncodedPrompts", "ScalarHeadModel", "TokenValueTable", "autocast", "disable_dropout",
+    "EncodedPrompts", "ScalarHeadModel", "TokenValueTable", "autocast", "default_learning_rate", "disable_dropout",
     "encode_prompts", "ensure_pad_token", "frozen_copy", "load_causal_lm", "local_seed", "make_generator",
     "model_vocab_size", "pad_left", "pad_right", "position_ids_from_mask",
     "response_logprobs", "resolve_device", "sample", "sequence_values",
-    "truncate_after_eos",
+    "truncate_after_eos", "join_right_padded", "score_sequences", "unpad",
 ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 
 import torch
 from torch import nn
@@ -187,7 +188,8 @@ def load_causal_lm(model, tokenizer=None, *, seed: int = 0):
     ----------
     model : str, PretrainedConfig, torch.nn.Module or fitted prefopt policy
         A local path or name (``AutoModelForCausalLM.from_pretrained``), a config
-        (a fresh model built from it with ``seed``), a module called like a
+        (a fresh model built from it with ``seed``; its tokenizer is loaded from
+        ``config.name_or_path`` when that is a local folder), a module called like a
         causal LM (copied: ``fit`` never mutates a parameter), or a fitted
         prefopt policy (its ``model_`` and ``tokenizer_`` are copied).
     tokenizer : str or tokenizer, default=None
@@ -219,6 +221,10 @@ def load_causal_lm(model, tokenizer=None, *, seed: int = 0):
         with local_seed(seed):
             module = AutoModelForCausalLM.from_config(model)
         tok = None
+        source = getattr(model, "name_or_path", "")
+        if tokenizer is None and source and os.path.isdir(source):
+            # A config saved beside its tokenizer (as the worlds do) brings it along.
+            tok = AutoTokenizer.from_pretrained(source)
     elif isinstance(model, nn.Module):
         module, tok = copy.deepcopy(model), getattr(model, "tokenizer", None)
     elif hasattr(model, "model_"):
@@ -236,3 +242,23 @@ def load_causal_lm(model, tokenizer=None, *, seed: int = 0):
                          "tokenizer.eos_token (e.g. tokenizer.add_special_tokens({'eos_token': "
                          "'</s>'})) and make sure the model knows it.")
     return module, tok
+
+
+SMALL_MODEL_PARAMETERS = 10_000_000
+
+
+def default_learning_rate(model: nn.Module, large: float) -> float:
+    """The learning rate used when an estimator's ``learning_rate`` is None.
+
+    Models under 10M parameters (the tiny models built from a config for tests,
+    worlds and demos, trained nearly from scratch) get 1e-3; larger, pretrained
+    models get ``large``, the value the papers use for that stage.
+
+    Examples
+    --------
+    >>> from torch import nn
+    >>> default_learning_rate(nn.Linear(4, 4), large=1e-5)
+    0.001
+    """
+    n = sum(p.numel() for p in model.parameters())
+    return 1e-3 if n < SMALL_MODEL_PARAMETERS else large

@@ -5,6 +5,7 @@ from .ppo import PPOPolicy
 from .raft import RAFTPolicy
 from .reinforce import ReinforcePolicy
 from .rloo import RLOOPolicy
+from .sft import SFTPolicy
 
 __all__ = ["BasePolicy", "RolloutBatch", "PPOPolicy", "RLOOPolicy", "ReinforcePolicy",
-           "RAFTPolicy"]
+           "RAFTPolicy", "SFTPolicy"]

@@ -181,7 +181,7 @@ class BasePolicy(GenerativeEstimator):
         return getattr(self, "k", 1)
 
     # ----- fit ----------------------------------------------------------------------
-    def fit(self, X, y=None, *, reward_model=None):
+    def fit(self, X, y=None, *, reward_model=None, callback=None):
         """Optimise the policy against a reward on the prompts ``X``.
 
         Parameters
@@ -193,6 +193,10 @@ class BasePolicy(GenerativeEstimator):
             ``reward(prompts, completions) -> array (n,)``.
         reward_model : callable, default=None
             The same, as a fit parameter (what ``GridSearchCV`` passes).
+        callback : callable, default=None
+            ``callback(policy, row)`` after every step, with that step's
+            ``history_`` row; returning ``True`` stops the run early. Use it to
+            track exact metrics along a run or to stop on a condition.
 
         Returns
         -------
@@ -219,7 +223,7 @@ class BasePolicy(GenerativeEstimator):
         self._prompts = prompts
         self._prompt_tokens = self._tokenize_prompts(prompts)
         self._stream = np.zeros(0, dtype=int)
-        self._run(self.n_steps)
+        self._run(self.n_steps, callback)
         return self
 
     def _check_algorithm_params(self) -> None:
@@ -263,7 +267,7 @@ class BasePolicy(GenerativeEstimator):
         return EncodedPrompts(enc.input_ids.to(self.device_), enc.attention_mask.to(self.device_))
 
     # ----- one step -----------------------------------------------------------------
-    def _run(self, n_steps: int) -> None:
+    def _run(self, n_steps: int, callback=None) -> None:
         total = self.n_iter_ + n_steps
         show = get_config()["show_progress_bar"]
         bar = tqdm(range(n_steps), desc=type(self).__name__, disable=not show, leave=False)
@@ -297,6 +301,9 @@ class BasePolicy(GenerativeEstimator):
             if self.verbose and (self.n_iter_ % 10 == 0 or self.n_iter_ == total):
                 logger.info("%s step %d: reward %.4f kl %.4f beta %.4g", type(self).__name__,
                             self.n_iter_, row["objective/reward"], mean_kl, batch.beta)
+            if callback is not None and callback(self, row) is True:
+                break
+        bar.close()
 
     def _set_learning_rate(self, total: int) -> None:
         if self.lr_schedule == "linear":  # annealed linearly to 0 (implementation detail 28)

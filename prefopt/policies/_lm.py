@@ -60,9 +60,9 @@ class GenerativeEstimator(BaseEstimator):
         # Never sample the pad token (the original code slices logits to n_vocab).
         self._suppress_ids = (pad,) if vocab is not None and pad < vocab else ()
 
-    def _tokenize_prompts(self, prompts) -> list[list[int]]:
+    def _tokenize_prompts(self, prompts, check_length: bool = True) -> list[list[int]]:
         context = context_length(self.model_)
-        limit = None if context is None else context - self.max_new_tokens_
+        limit = None if context is None or not check_length else context - self.max_new_tokens_
         rows = []
         for i, p in enumerate(prompts):
             ids = self.tokenizer_(p, add_special_tokens=False)["input_ids"]

@@ -1,0 +1,49 @@
+"""Scoring (prompt, response) token sequences with a scalar-head model.
+
+Sequences are right-padded for scoring (the reward model is trained on
+right-padded input) and the score is read at the last real token, which is the
+EOS of a finished response (implementation details 6 and 12).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._torch import autocast
+from .generation import EncodedPrompts, pad_right, position_ids_from_mask
+
+
+def join_right_padded(prompt_rows, response_rows, pad_token_id: int):
+    """Concatenate prompt and response token lists and pad them on the right.
+
+    Returns
+    -------
+    input_ids, attention_mask : torch.Tensor of shape (n, width)
+    last_index : torch.Tensor of shape (n,)
+        Index of each row's last real token.
+
+    Examples
+    --------
+    >>> ids, mask, last = join_right_padded([[5, 6], [7]], [[8, 2], [9]], pad_token_id=0)
+    >>> ids.tolist(), last.tolist()
+    ([[5, 6, 8, 2], [7, 9, 0, 0]], [3, 1])
+    """
+    rows = [list(p) + list(r) for p, r in zip(prompt_rows, response_rows)]
+    ids, mask = pad_right(rows, pad_token_id)
+    return ids, mask, mask.sum(1) - 1
+
+
+def unpad(prompts: EncodedPrompts, response_ids, response_mask):
+    """Token lists of left-padded prompts and masked responses (for re-padding)."""
+    p = [r[m.bool()].tolist() for r, m in zip(prompts.input_ids.cpu(), prompts.attention_mask.cpu())]
+    q = [r[m.bool()].tolist() for r, m in zip(response_ids.cpu(), response_mask.cpu())]
+    return p, q
+
+
+def score_sequences(model, input_ids, attention_mask, last_index) -> torch.Tensor:
+    """Run a scalar-head model and read its output at ``last_index`` of each row."""
+    ids = input_ids.masked_fill(attention_mask == 0, 0)
+    with autocast(ids.device):
+        values = model(input_ids=ids, attention_mask=attention_mask,
+                       position_ids=position_ids_from_mask(attention_mask))
+    return values.float()[torch.arange(ids.shape[0], device=ids.device), last_index]
