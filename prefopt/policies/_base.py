@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 
 from .._config import get_config
 from ..backend import (
+    default_learning_rate,
     EncodedPrompts,
     disable_dropout,
     frozen_copy,
@@ -64,7 +65,7 @@ def masked_whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True,
     --------
     >>> import torch
     >>> masked_whiten(torch.tensor([[1.0, 3.0, 100.0]]), torch.tensor([[1, 1, 0]]))
-    tensor([[-1.0000,  1.0000,  0.0000]])
+    tensor([[-1.,  1.,  0.]])
     """
     mean = masked_mean(x, mask)
     var = masked_mean((x - mean) ** 2, mask)
@@ -139,7 +140,7 @@ _COMMON_CONSTRAINTS = {
     "beta": [Interval(Real, 0, None, closed="left")],
     "kl": [_KLController, None],
     "kl_estimator": [StrOptions({"k1", "k2", "k3"})],
-    "learning_rate": [Interval(Real, 0, None, closed="neither")],
+    "learning_rate": [Interval(Real, 0, None, closed="neither"), None],
     "optimizer": [StrOptions({"adam", "sgd"})],
     "lr_schedule": [StrOptions({"constant", "linear"})],
     "max_grad_norm": [Interval(Real, 0, None, closed="neither"), None],
@@ -240,15 +241,17 @@ class BasePolicy(GenerativeEstimator):
             self.device_).eval()
         self.kl_ = clone(self.kl) if self.kl is not None else FixedKLController()
         self.kl_.start(self.beta)
+        self.learning_rate_ = float(self.learning_rate) if self.learning_rate is not None else \
+            default_learning_rate(model, large=3e-6)
         params = [p for p in model.parameters() if p.requires_grad]
         if self.value_model_ is not None:
             params += [p for p in self.value_model_.parameters() if p.requires_grad]
         if self.optimizer == "adam":
             # eps=1e-5 as in the original code (implementation details 1A, 12).
-            self.optimizer_ = torch.optim.AdamW(params, lr=self.learning_rate, eps=1e-5,
+            self.optimizer_ = torch.optim.AdamW(params, lr=self.learning_rate_, eps=1e-5,
                                                 weight_decay=0.0)
         else:
-            self.optimizer_ = torch.optim.SGD(params, lr=self.learning_rate)
+            self.optimizer_ = torch.optim.SGD(params, lr=self.learning_rate_)
         self._generator = make_generator(int(seeds[1]))
         self._rng = np.random.RandomState(int(seeds[2]))
         self.history_ = []
@@ -311,7 +314,7 @@ class BasePolicy(GenerativeEstimator):
         else:
             frac = 1.0
         for group in self.optimizer_.param_groups:
-            group["lr"] = frac * self.learning_rate
+            group["lr"] = frac * self.learning_rate_
 
     @torch.no_grad()
     def _rollout(self, prompt_rows: np.ndarray) -> RolloutBatch:

@@ -14,7 +14,9 @@ COMMON_PARAMETERS = """model : str, transformers config, torch module or fitted 
         ``beta=None`` starts from this estimator's ``beta``.
     kl_estimator : {{"k1", "k2", "k3"}}, default="k1"
         Per-token KL estimator placed in the reward (k1 as in the seeds).
-    learning_rate : float, default={learning_rate}
+    learning_rate : float, default=None
+        ``None`` means 1e-3 for models under 10M parameters (tiny models built
+        from a config) and 3e-6 otherwise (Huang et al.'s PPO value).
     optimizer : {{"adam", "sgd"}}, default="adam"
         Adam uses eps=1e-5 and no weight decay, as the original code.
     lr_schedule : {{"linear", "constant"}}, default="linear"

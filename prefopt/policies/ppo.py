@@ -108,9 +108,10 @@ def clipped_value_loss(values, old_values, returns, mask, clip_coef: float = 0.2
     --------
     >>> import torch
     >>> m = torch.ones(1, 1)
-    >>> clipped_value_loss(torch.tensor([[1.0]]), torch.tensor([[0.0]]),
-    ...                    torch.tensor([[1.0]]), m).item()   # clipped to 0.2: 0.5 * 0.64
-    0.32000002264976501
+    >>> loss = clipped_value_loss(torch.tensor([[1.0]]), torch.tensor([[0.0]]),
+    ...                           torch.tensor([[1.0]]), m)   # clipped to 0.2: 0.5 * 0.8^2
+    >>> round(loss.item(), 6)
+    0.32
     """
     unclipped = (values - returns) ** 2
     if not clip:
@@ -203,7 +204,7 @@ class PPOPolicy(BasePolicy):
     _uses_value_model = True
 
     def __init__(self, *, model=None, tokenizer=None, beta=0.05, kl=None, kl_estimator="k1",
-                 learning_rate=1e-5, optimizer="adam", lr_schedule="linear", max_grad_norm=None,
+                 learning_rate=None, optimizer="adam", lr_schedule="linear", max_grad_norm=None,
                  n_steps=100, batch_size=64, n_epochs=4, n_minibatches=1, temperature=None,
                  max_new_tokens=None, missing_eos_reward=-1.0, clip_coef=0.2, vf_coef=0.1,
                  vf_clip_coef=0.2, gamma=1.0, gae_lambda=0.95, whiten_rewards=False,
@@ -289,5 +290,5 @@ def _vocab(model) -> int:
     return model_vocab_size(model) or 0
 
 
-PPOPolicy.__doc__ = fill(PPOPolicy.__doc__, beta=0.05, learning_rate="1e-5", n_epochs=4,
+PPOPolicy.__doc__ = fill(PPOPolicy.__doc__, beta=0.05, learning_rate="None", n_epochs=4,
                          n_minibatches=1)

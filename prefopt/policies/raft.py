@@ -96,7 +96,7 @@ class RAFTPolicy(BasePolicy):
     }
 
     def __init__(self, *, model=None, tokenizer=None, beta=0.05, k=4, rank_by="score", kl=None,
-                 kl_estimator="k1", learning_rate=1e-5, optimizer="adam", lr_schedule="linear",
+                 kl_estimator="k1", learning_rate=None, optimizer="adam", lr_schedule="linear",
                  max_grad_norm=None, n_steps=100, batch_size=64, n_epochs=1, n_minibatches=1,
                  temperature=None, max_new_tokens=None, missing_eos_reward=-1.0,
                  random_state=None, verbose=0, warm_start=False):
@@ -135,5 +135,5 @@ class RAFTPolicy(BasePolicy):
         return loss, {"loss/policy": loss.item()}
 
 
-RAFTPolicy.__doc__ = fill(RAFTPolicy.__doc__, beta=0.05, learning_rate="1e-5", n_epochs=1,
+RAFTPolicy.__doc__ = fill(RAFTPolicy.__doc__, beta=0.05, learning_rate="None", n_epochs=1,
                           n_minibatches=1)

@@ -86,7 +86,7 @@ class ReinforcePolicy(BasePolicy):
     """
 
     def __init__(self, *, model=None, tokenizer=None, beta=0.05, kl=None, kl_estimator="k1",
-                 learning_rate=1e-5, optimizer="adam", lr_schedule="linear", max_grad_norm=None,
+                 learning_rate=None, optimizer="adam", lr_schedule="linear", max_grad_norm=None,
                  n_steps=100, batch_size=64, n_epochs=1, n_minibatches=2, temperature=None,
                  max_new_tokens=None, missing_eos_reward=-1.0, random_state=None, verbose=0,
                  warm_start=False):
@@ -126,5 +126,5 @@ class ReinforcePolicy(BasePolicy):
         self.baseline_.add(batch.sequence_rewards)
 
 
-ReinforcePolicy.__doc__ = fill(ReinforcePolicy.__doc__, beta=0.05, learning_rate="1e-5",
+ReinforcePolicy.__doc__ = fill(ReinforcePolicy.__doc__, beta=0.05, learning_rate="None",
                                n_epochs=1, n_minibatches=2)

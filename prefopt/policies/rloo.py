@@ -97,7 +97,7 @@ class RLOOPolicy(BasePolicy):
     }
 
     def __init__(self, *, model=None, tokenizer=None, beta=0.05, k=4, kl=None,
-                 kl_estimator="k1", learning_rate=1e-5, optimizer="adam", lr_schedule="linear",
+                 kl_estimator="k1", learning_rate=None, optimizer="adam", lr_schedule="linear",
                  max_grad_norm=None, n_steps=100, batch_size=64, n_epochs=1, n_minibatches=2,
                  temperature=None, max_new_tokens=None, missing_eos_reward=-1.0,
                  random_state=None, verbose=0, warm_start=False):
@@ -131,5 +131,5 @@ class RLOOPolicy(BasePolicy):
         return loss, {"loss/policy": loss.item()}
 
 
-RLOOPolicy.__doc__ = fill(RLOOPolicy.__doc__, beta=0.05, learning_rate="1e-5", n_epochs=1,
+RLOOPolicy.__doc__ = fill(RLOOPolicy.__doc__, beta=0.05, learning_rate="None", n_epochs=1,
                           n_minibatches=2)

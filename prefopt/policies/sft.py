@@ -19,7 +19,7 @@ from sklearn.utils.validation import check_is_fitted
 from tqdm.auto import tqdm
 
 from .._config import get_config
-from ..backend import EncodedPrompts, make_generator, pad_left, pad_right, response_logprobs
+from ..backend import EncodedPrompts, default_learning_rate, make_generator, pad_left, pad_right, response_logprobs
 from ..data import check_demonstrations
 from ._base import masked_mean
 from ._lm import GenerativeEstimator, context_length
@@ -45,8 +45,8 @@ class SFTPolicy(GenerativeEstimator):
         ``None`` takes it from the model. A pad token distinct from EOS is added
         when missing.
     learning_rate : float, default=None
-        ``None`` means 1e-3 for a model built from a config (training from
-        scratch) and 2e-5 otherwise (fine-tuning, the RLOO paper's SFT value).
+        ``None`` means 1e-3 for models under 10M parameters (tiny models built
+        from a config) and 2e-5 otherwise (the RLOO paper's SFT value).
     n_epochs : int, default=1
         Passes over the demonstrations.
     batch_size : int, default=16
@@ -141,8 +141,6 @@ class SFTPolicy(GenerativeEstimator):
         -------
         self : SFTPolicy
         """
-        from transformers import PretrainedConfig
-
         self._validate_params()
         prompts, completions = check_demonstrations(X)
         rng = check_random_state(self.random_state)
@@ -151,10 +149,8 @@ class SFTPolicy(GenerativeEstimator):
             self._init_model(self.model, self.tokenizer, seed=int(seeds[0]))
             self.history_ = []
             self.n_iter_ = 0
-        if self.learning_rate is not None:
-            self.learning_rate_ = float(self.learning_rate)
-        else:
-            self.learning_rate_ = 1e-3 if isinstance(self.model, PretrainedConfig) else 2e-5
+        self.learning_rate_ = float(self.learning_rate) if self.learning_rate is not None else \
+            default_learning_rate(self.model_, large=2e-5)
         ptoks = self._tokenize_prompts(prompts, check_length=False)
         ctoks = self._completion_tokens(completions, add_eos=True)
         context = context_length(self.model_)
