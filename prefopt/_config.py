@@ -17,12 +17,15 @@ _DEFAULTS = {
     "show_progress_bar": True,
     "eval_batch_size": 64,
 }
+_global_config = dict(_DEFAULTS)
 _local = threading.local()
 
 
 def _get_threadlocal() -> dict:
+    # A new thread (a joblib worker thread, say) starts from the process-wide settings,
+    # so set_config before a search reaches its workers; config_context stays local.
     if not hasattr(_local, "config"):
-        _local.config = dict(_DEFAULTS)
+        _local.config = dict(_global_config)
     return _local.config
 
 
@@ -54,7 +57,12 @@ def set_config(
     show_progress_bar: bool | None = None,
     eval_batch_size: int | None = None,
 ) -> None:
-    """Set prefopt's global configuration.
+    """Set prefopt's configuration for this process.
+
+    New threads start from these settings; :func:`config_context` changes them
+    only inside its block and thread. Worker *processes* (joblib's loky backend)
+    start from the defaults: set the configuration inside the worker, or use
+    ``n_jobs`` with a threading backend.
 
     Parameters
     ----------
@@ -82,6 +90,11 @@ def set_config(
     >>> prefopt.set_config(show_progress_bar=True)
     """
     config = _get_threadlocal()
+    _set(config, device, dtype, show_progress_bar, eval_batch_size)
+    _set(_global_config, device, dtype, show_progress_bar, eval_batch_size)
+
+
+def _set(config, device, dtype, show_progress_bar, eval_batch_size) -> None:
     if device is not None:
         if not isinstance(device, str) or not (
             device in ("auto", "cpu", "cuda", "mps") or device.startswith("cuda:")
@@ -125,7 +138,9 @@ def config_context(**new_config) -> Iterator[None]:
     False
     """
     old = get_config()
-    set_config(**new_config)
+    _set(_get_threadlocal(), **{k: new_config.pop(k, None) for k in list(_DEFAULTS)})
+    if new_config:
+        raise TypeError(f"Unknown configuration keys {sorted(new_config)}.")
     try:
         yield
     finally:

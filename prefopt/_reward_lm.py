@@ -32,6 +32,8 @@ from .data import check_demonstrations
 
 def _load(rm, seed: int):
     model = rm.model
+    if type(model).__name__ == "FrozenEstimator":
+        model = model.estimator
     if hasattr(model, "model_") and hasattr(model, "tokenizer_"):  # a fitted SFTPolicy
         lm, tok = copy.deepcopy(model.model_), model.tokenizer_
         if rm.tokenizer is not None:

@@ -3,6 +3,9 @@
 import pytest
 
 import prefopt
+import torch
+
+torch.set_num_threads(1)  # doctest models are tiny
 
 
 @pytest.fixture(autouse=True)

@@ -98,6 +98,12 @@ class _KLController(BaseEstimator):
     def __sklearn_is_fitted__(self) -> bool:
         return hasattr(self, "beta_")
 
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.no_validation = True  # a controller takes no data
+        tags.target_tags.required = False
+        return tags
+
 
 class FixedKLController(_KLController):
     """Keep the KL coefficient beta constant.

@@ -105,7 +105,8 @@ def position_ids_from_mask(mask: torch.Tensor) -> torch.Tensor:
 def _forward_logits(model, input_ids, attention_mask, position_ids, **kwargs):
     # Pad ids may lie outside the embedding matrix (the pad token is added without
     # resizing, implementation detail 1B); they are masked, so any valid id will do.
-    ids = input_ids.masked_fill(attention_mask == 0, 0)
+    # With a KV cache the mask covers the whole sequence but the ids only the new tokens.
+    ids = input_ids.masked_fill(attention_mask[:, -input_ids.shape[1]:] == 0, 0)
     with autocast(ids.device):
         return model(input_ids=ids, attention_mask=attention_mask,
                      position_ids=position_ids, **kwargs)

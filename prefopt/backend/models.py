@@ -208,6 +208,8 @@ def load_causal_lm(model, tokenizer=None, *, seed: int = 0):
     if model is None:
         raise ValueError("No model was given: pass model= a path, a transformers config, a "
                          "torch module or a fitted prefopt policy.")
+    if type(model).__name__ == "FrozenEstimator":
+        model = model.estimator
     if hasattr(model, "model_") and hasattr(model, "tokenizer_"):
         module, tok = copy.deepcopy(model.model_), model.tokenizer_
     elif isinstance(model, str):
@@ -227,8 +229,12 @@ def load_causal_lm(model, tokenizer=None, *, seed: int = 0):
             tok = AutoTokenizer.from_pretrained(source)
     elif isinstance(model, nn.Module):
         module, tok = copy.deepcopy(model), getattr(model, "tokenizer", None)
-    elif hasattr(model, "model_"):
-        raise ValueError(f"{type(model).__name__} is not a fitted policy with a tokenizer.")
+    elif hasattr(model, "get_params") and hasattr(model, "fit"):
+        raise ValueError(
+            f"model is an unfitted {type(model).__name__}. A fitted estimator used as a "
+            "starting point is reset by sklearn.base.clone (as GridSearchCV does for every "
+            "candidate); wrap it in sklearn.frozen.FrozenEstimator(fitted) so it survives "
+            "cloning without its weights being copied.")
     else:
         raise TypeError(f"model must be a path, a transformers config, a torch module or a "
                         f"fitted prefopt policy; got {type(model).__name__}.")

@@ -240,7 +240,7 @@ class BasePolicy(GenerativeEstimator):
         self.value_model_ = None if value_model is None else disable_dropout(value_model).to(
             self.device_).eval()
         self.kl_ = clone(self.kl) if self.kl is not None else FixedKLController()
-        self.kl_.start(self.beta)
+        self.beta_ = self.kl_.start(self.beta).beta_
         self.learning_rate_ = float(self.learning_rate) if self.learning_rate is not None else \
             default_learning_rate(model, large=3e-6)
         params = [p for p in model.parameters() if p.requires_grad]
@@ -282,7 +282,7 @@ class BasePolicy(GenerativeEstimator):
             stats = self._update(batch)
             self._after_update(batch)
             mean_kl = float(batch.kl.sum(1).mean())
-            self.kl_.update(mean_kl, n_episodes=len(batch))
+            self.beta_ = self.kl_.update(mean_kl, n_episodes=len(batch))
             self.n_iter_ += 1
             self.n_episodes_ += len(batch)
             elapsed = time.perf_counter() - start

@@ -46,7 +46,8 @@ COMMON_PARAMETERS = """model : str, transformers config, torch module or fitted 
         Log a line every 10 steps through the ``prefopt`` logger.
     warm_start : bool, default=False
         Continue from the fitted state (model, reference, optimiser, beta,
-        history) instead of starting over."""
+        history) for ``n_steps`` more steps instead of starting over; a linear
+        schedule anneals again over those steps."""
 
 COMMON_ATTRIBUTES = """model_ : torch.nn.Module
         The trained policy.
@@ -57,7 +58,9 @@ COMMON_ATTRIBUTES = """model_ : torch.nn.Module
     reward_model_ : callable
         The reward given to ``fit``; ``score`` uses it.
     kl_ : KL controller
-        Fitted controller; ``kl_.beta_`` is the current coefficient.
+        The fitted controller.
+    beta_ : float
+        The current KL coefficient (after the last step's controller update).
     temperature_, max_new_tokens_ : float, int
         Resolved sampling settings.
     n_iter_, n_episodes_ : int

@@ -1,0 +1,44 @@
+"""Tiny language models and tokenizers built in-process for the tests."""
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+
+WORDS = ["the", "movie", "was", "good", "bad", "great", "awful", "plot", "."]
+
+
+def word_tokenizer(pad=True, eos="</s>"):
+    vocab = {"[UNK]": 0}
+    if pad:
+        vocab["[PAD]"] = len(vocab)
+    if eos is not None:
+        vocab[eos] = len(vocab)
+    for w in WORDS:
+        vocab[w] = len(vocab)
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)
+    kwargs = {"unk_token": "[UNK]"}
+    if pad:
+        kwargs["pad_token"] = "[PAD]"
+    if eos is not None:
+        kwargs["eos_token"] = eos
+    return PreTrainedTokenizerFast(tokenizer_object=tok, **kwargs)
+
+
+def tiny_config(tokenizer, **overrides):
+    params = dict(vocab_size=len(tokenizer), n_positions=32, n_embd=32, n_layer=2, n_head=2,
+                  bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id)
+    params.update(overrides)
+    return GPT2Config(**params)
+
+
+def tiny_lm(seed=0, **overrides):
+    """A seeded tiny GPT-2 with its tokenizer attached as ``model.tokenizer``."""
+    import torch
+
+    tok = word_tokenizer()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = GPT2LMHeadModel(tiny_config(tok, **overrides))
+    model.tokenizer = tok
+    return model
