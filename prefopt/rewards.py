@@ -292,6 +292,16 @@ class RewardModel(BaseEstimator):
     def __call__(self, prompts, completions) -> np.ndarray:
         return self.predict(prompts, completions)
 
+    def __getstate__(self):
+        from .backend.serialization import dump_state
+
+        return dump_state(self)
+
+    def __setstate__(self, state):
+        from .backend.serialization import restore_state
+
+        restore_state(self, state)
+
     def score(self, X, y=None) -> float:
         """Pairwise accuracy: the share of comparisons whose chosen response scores higher.
 

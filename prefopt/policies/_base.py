@@ -12,6 +12,7 @@ minibatches, epochs, the KL controller, ``history_`` and progress live here.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from numbers import Integral, Real
@@ -40,6 +41,8 @@ from ..backend import (
 from ..data import check_prompts
 from ..kl import FixedKLController, _KLController, kl_estimate
 from ..rewards import check_rewards
+from ..backend.serialization import dump_state, restore_state
+from ._checkpoint import _fingerprint, load_checkpoint, save_checkpoint
 from ._lm import GenerativeEstimator
 
 logger = logging.getLogger("prefopt")
@@ -154,6 +157,8 @@ _COMMON_CONSTRAINTS = {
     "random_state": ["random_state"],
     "verbose": ["verbose"],
     "warm_start": ["boolean"],
+    "checkpoint_dir": [str, os.PathLike, None],
+    "checkpoint_every": [Interval(Integral, 1, None, closed="left")],
 }
 
 
@@ -217,14 +222,17 @@ class BasePolicy(GenerativeEstimator):
         if self.batch_size % self._k:
             raise ValueError(f"batch_size={self.batch_size} must be a multiple of k={self._k} "
                              "(k samples are drawn for each prompt).")
-        warm = self.warm_start and hasattr(self, "model_")
-        if not warm:
-            self._setup(reward)
+        prompts_key = _fingerprint(prompts)
+        if not load_checkpoint(self, prompts_key):
+            if not (self.warm_start and hasattr(self, "model_")):
+                self._setup(reward)
+            self._run_start = self.n_iter_
+            self._stream = np.zeros(0, dtype=int)
+            self._prompts_key = prompts_key
         self.reward_model_ = reward
         self._prompts = prompts
         self._prompt_tokens = self._tokenize_prompts(prompts)
-        self._stream = np.zeros(0, dtype=int)
-        self._run(self.n_steps, callback)
+        self._run(self._run_start + self.n_steps - self.n_iter_, callback)
         return self
 
     def _check_algorithm_params(self) -> None:
@@ -243,20 +251,27 @@ class BasePolicy(GenerativeEstimator):
         self.beta_ = self.kl_.start(self.beta).beta_
         self.learning_rate_ = float(self.learning_rate) if self.learning_rate is not None else \
             default_learning_rate(model, large=3e-6)
-        params = [p for p in model.parameters() if p.requires_grad]
-        if self.value_model_ is not None:
-            params += [p for p in self.value_model_.parameters() if p.requires_grad]
-        if self.optimizer == "adam":
-            # eps=1e-5 as in the original code (implementation details 1A, 12).
-            self.optimizer_ = torch.optim.AdamW(params, lr=self.learning_rate_, eps=1e-5,
-                                                weight_decay=0.0)
-        else:
-            self.optimizer_ = torch.optim.SGD(params, lr=self.learning_rate_)
+        self.optimizer_ = self._make_optimizer()
         self._generator = make_generator(int(seeds[1]))
         self._rng = np.random.RandomState(int(seeds[2]))
         self.history_ = []
         self.n_iter_ = 0
         self.n_episodes_ = 0
+
+    def _make_optimizer(self) -> torch.optim.Optimizer:
+        params = [p for p in self.model_.parameters() if p.requires_grad]
+        if self.value_model_ is not None:
+            params += [p for p in self.value_model_.parameters() if p.requires_grad]
+        if self.optimizer == "adam":
+            # eps=1e-5 as in the original code (implementation details 1A, 12).
+            return torch.optim.AdamW(params, lr=self.learning_rate_, eps=1e-5, weight_decay=0.0)
+        return torch.optim.SGD(params, lr=self.learning_rate_)
+
+    def __getstate__(self):
+        return dump_state(self)
+
+    def __setstate__(self, state):
+        restore_state(self, state, make_optimizer=type(self)._make_optimizer)
 
     def _next_prompts(self, n: int) -> np.ndarray:
         # An endless, reshuffled stream over the prompts (implementation detail 1B).
@@ -275,7 +290,7 @@ class BasePolicy(GenerativeEstimator):
         show = get_config()["show_progress_bar"]
         bar = tqdm(range(n_steps), desc=type(self).__name__, disable=not show, leave=False)
         for _ in bar:
-            self._set_learning_rate(total)
+            self._set_learning_rate()
             start = time.perf_counter()
             batch = self._rollout(self._next_prompts(self.batch_size // self._k))
             self._advantages(batch)
@@ -304,13 +319,16 @@ class BasePolicy(GenerativeEstimator):
             if self.verbose and (self.n_iter_ % 10 == 0 or self.n_iter_ == total):
                 logger.info("%s step %d: reward %.4f kl %.4f beta %.4g", type(self).__name__,
                             self.n_iter_, row["objective/reward"], mean_kl, batch.beta)
+            if self.checkpoint_dir is not None and (
+                    self.n_iter_ % self.checkpoint_every == 0 or self.n_iter_ == total):
+                save_checkpoint(self)
             if callback is not None and callback(self, row) is True:
                 break
         bar.close()
 
-    def _set_learning_rate(self, total: int) -> None:
+    def _set_learning_rate(self) -> None:
         if self.lr_schedule == "linear":  # annealed linearly to 0 (implementation detail 28)
-            frac = 1.0 - self.n_iter_ / max(total, 1)
+            frac = 1.0 - (self.n_iter_ - self._run_start) / self.n_steps
         else:
             frac = 1.0
         for group in self.optimizer_.param_groups:

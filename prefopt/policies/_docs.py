@@ -47,7 +47,14 @@ COMMON_PARAMETERS = """model : str, transformers config, torch module or fitted 
     warm_start : bool, default=False
         Continue from the fitted state (model, reference, optimiser, beta,
         history) for ``n_steps`` more steps instead of starting over; a linear
-        schedule anneals again over those steps."""
+        schedule anneals again over those steps.
+    checkpoint_dir : str or path, default=None
+        Save the run every ``checkpoint_every`` steps (and at the end) to this
+        folder, atomically (write, then rename). ``fit`` with the same folder
+        and prompts resumes from the checkpoint and ends as the uninterrupted
+        run would, weights and ``history_`` included.
+    checkpoint_every : int, default=10
+        Steps between checkpoints."""
 
 COMMON_ATTRIBUTES = """model_ : torch.nn.Module
         The trained policy.

@@ -27,6 +27,7 @@ from ..backend import (
     sample,
     truncate_after_eos,
 )
+from ..backend.serialization import dump_state, restore_state
 from ..data import check_prompts
 
 DEFAULT_TEMPERATURE = 0.7   # seeds: sampling temperature 0.7
@@ -41,6 +42,12 @@ def context_length(model) -> int | None:
 
 class GenerativeEstimator(BaseEstimator):
     """Base of estimators whose fitted state is a causal LM ``model_`` and ``tokenizer_``."""
+
+    def __getstate__(self):
+        return dump_state(self)
+
+    def __setstate__(self, state):
+        restore_state(self, state)
 
     def _init_model(self, model, tokenizer, *, seed: int) -> None:
         self.device_ = resolve_device()

@@ -209,7 +209,8 @@ class PPOPolicy(BasePolicy):
                  max_new_tokens=None, missing_eos_reward=-1.0, clip_coef=0.2, vf_coef=0.1,
                  vf_clip_coef=0.2, gamma=1.0, gae_lambda=0.95, whiten_rewards=False,
                  whiten_advantages=True, clip=True, use_ratio=True, value_model=None,
-                 random_state=None, verbose=0, warm_start=False):
+                 random_state=None, verbose=0, warm_start=False, checkpoint_dir=None,
+                 checkpoint_every=10):
         self.model = model
         self.tokenizer = tokenizer
         self.beta = beta
@@ -239,6 +240,8 @@ class PPOPolicy(BasePolicy):
         self.random_state = random_state
         self.verbose = verbose
         self.warm_start = warm_start
+        self.checkpoint_dir = checkpoint_dir
+        self.checkpoint_every = checkpoint_every
 
     def _make_value_model(self, model, reward):
         if self.value_model is not None:

@@ -99,7 +99,8 @@ class RAFTPolicy(BasePolicy):
                  kl_estimator="k1", learning_rate=None, optimizer="adam", lr_schedule="linear",
                  max_grad_norm=None, n_steps=100, batch_size=64, n_epochs=1, n_minibatches=1,
                  temperature=None, max_new_tokens=None, missing_eos_reward=-1.0,
-                 random_state=None, verbose=0, warm_start=False):
+                 random_state=None, verbose=0, warm_start=False, checkpoint_dir=None,
+                 checkpoint_every=10):
         self.model = model
         self.tokenizer = tokenizer
         self.beta = beta
@@ -121,6 +122,8 @@ class RAFTPolicy(BasePolicy):
         self.random_state = random_state
         self.verbose = verbose
         self.warm_start = warm_start
+        self.checkpoint_dir = checkpoint_dir
+        self.checkpoint_every = checkpoint_every
 
     def _advantages(self, batch) -> None:
         ranking = batch.scores if self.rank_by == "score" else batch.sequence_rewards

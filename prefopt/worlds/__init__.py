@@ -1,5 +1,7 @@
-"""Exact testbeds: worlds whose closed-form optimum is known."""
+"""Exact testbeds and tasks: worlds whose answer is known or whose gold reward is independent."""
 
 from .preference import PreferenceWorld
+from .review import ReviewWorld
+from .tiny_lm import TinyLMWorld
 
-__all__ = ["PreferenceWorld"]
+__all__ = ["PreferenceWorld", "ReviewWorld", "TinyLMWorld"]

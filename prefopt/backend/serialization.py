@@ -1,0 +1,165 @@
+"""Saving estimators without pickled tensors: weights as safetensors, structure as data.
+
+A fitted estimator's ``__getstate__`` replaces each torch module by
+:func:`dump_module` (the weights as safetensors bytes, the structure as a
+config or a tensor-free skeleton) and each optimizer or generator by its state;
+``__setstate__`` rebuilds them. ``joblib.dump`` / ``joblib.load`` and
+checkpoints use this path. Optimizer states are stored with ``torch.save`` and
+read back with ``torch.load(weights_only=True)``.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import io
+
+import torch
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+from torch import nn
+
+FORMAT_VERSION = 1
+_MODULE_KEY = "__prefopt_module__"
+_OPTIMIZER_KEY = "__prefopt_optimizer__"
+_GENERATOR_KEY = "__prefopt_generator__"
+
+
+def _import(path: str):
+    module, _, name = path.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+def _qualname(obj) -> str:
+    cls = obj if isinstance(obj, type) else type(obj)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _tensors(module: nn.Module) -> dict:
+    named = dict(module.named_parameters())
+    named.update({f"buffer::{k}": v for k, v in module.named_buffers()})
+    # safetensors refuses shared storage; tied weights are re-tied on load.
+    return {k: v.detach().cpu().contiguous().clone() for k, v in named.items()}
+
+
+def dump_module(module: nn.Module) -> dict:
+    """A tensor-free description of ``module`` plus its weights as safetensors bytes.
+
+    Hugging Face models are stored as (class, config, generation config,
+    weights) and rebuilt with their class, so tied weights stay tied. Other
+    modules are stored as a skeleton on the ``meta`` device plus their
+    parameters and buffers.
+
+    Examples
+    --------
+    >>> from torch import nn
+    >>> m = nn.Linear(2, 1)
+    >>> m2 = load_module(dump_module(m))
+    >>> bool((m2.weight == m.weight).all())
+    True
+    """
+    from transformers import PreTrainedModel
+
+    device = next((p.device for p in module.parameters()), torch.device("cpu"))
+    weights = st_save(_tensors(module))
+    if isinstance(module, PreTrainedModel):
+        generation = getattr(module, "generation_config", None)
+        extra = {k: v for k, v in vars(module).items()
+                 if k == "tokenizer" or k == "fixed_length"}
+        return {"kind": "transformers", "class": _qualname(module),
+                "config_class": _qualname(module.config), "config": module.config.to_dict(),
+                "generation_config": None if generation is None else generation.to_dict(),
+                "extra": extra, "weights": weights, "device": str(device)}
+    skeleton = copy.deepcopy(module).to("meta")
+    # Submodules that are transformers models keep their own route (tied weights, config).
+    return {"kind": "skeleton", "skeleton": skeleton, "weights": weights, "device": str(device)}
+
+
+def load_module(state: dict, device=None) -> nn.Module:
+    """Rebuild a module written by :func:`dump_module`."""
+    tensors = st_load(state["weights"])
+    if state["kind"] == "transformers":
+        from transformers import GenerationConfig
+
+        config = _import(state["config_class"]).from_dict(state["config"])
+        module = _import(state["class"])(config)
+        if state.get("generation_config") is not None:
+            module.generation_config = GenerationConfig.from_dict(state["generation_config"])
+        for k, v in state.get("extra", {}).items():
+            setattr(module, k, v)
+    elif state["kind"] == "skeleton":
+        module = state["skeleton"].to_empty(device="cpu")
+    else:
+        raise ValueError(f"Unknown module format {state['kind']!r}; this file was written by "
+                         "another prefopt version.")
+    params = dict(module.named_parameters())
+    buffers = dict(module.named_buffers())
+    with torch.no_grad():
+        for name, value in tensors.items():
+            if name.startswith("buffer::"):
+                target = buffers.get(name[len("buffer::"):])
+            else:
+                target = params.get(name)
+            if target is None:
+                raise ValueError(f"Saved tensor {name!r} has no place in {type(module).__name__}.")
+            target.copy_(value)
+    module.eval()
+    return module.to(device or state.get("device", "cpu"))
+
+
+def dump_optimizer(optimizer: torch.optim.Optimizer) -> dict:
+    buffer = io.BytesIO()
+    torch.save(optimizer.state_dict(), buffer)
+    return {"class": _qualname(optimizer), "state": buffer.getvalue()}
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict) -> None:
+    loaded = torch.load(io.BytesIO(state["state"]), weights_only=True)
+    optimizer.load_state_dict(loaded)
+
+
+def dump_state(obj) -> dict:
+    """``obj.__dict__`` with modules, optimizers and generators replaced by data."""
+    out = {"__prefopt_format__": FORMAT_VERSION}
+    for key, value in obj.__dict__.items():
+        if isinstance(value, nn.Module):
+            out[key] = {_MODULE_KEY: dump_module(value)}
+        elif isinstance(value, torch.optim.Optimizer):
+            out[key] = {_OPTIMIZER_KEY: dump_optimizer(value)}
+        elif isinstance(value, torch.Generator):
+            out[key] = {_GENERATOR_KEY: value.get_state().numpy().tobytes(),
+                        "device": str(value.device)}
+        else:
+            out[key] = value
+    return out
+
+
+def restore_state(obj, state: dict, make_optimizer=None) -> None:
+    """Inverse of :func:`dump_state`; ``make_optimizer(obj)`` rebuilds optimizers."""
+    version = state.get("__prefopt_format__")
+    if version != FORMAT_VERSION:
+        raise ValueError(
+            f"This {type(obj).__name__} was saved in prefopt format {version!r}, but this "
+            f"prefopt reads format {FORMAT_VERSION}; load it with the prefopt version that "
+            "wrote it, or refit.")
+    optimizers = {}
+    for key, value in state.items():
+        if key == "__prefopt_format__":
+            continue
+        if isinstance(value, dict) and _MODULE_KEY in value:
+            value = load_module(value[_MODULE_KEY])
+        elif isinstance(value, dict) and _OPTIMIZER_KEY in value:
+            optimizers[key] = value[_OPTIMIZER_KEY]
+            continue
+        elif isinstance(value, dict) and _GENERATOR_KEY in value:
+            generator = torch.Generator(device=value["device"])
+            generator.set_state(torch.frombuffer(bytearray(value[_GENERATOR_KEY]),
+                                                 dtype=torch.uint8))
+            value = generator
+        obj.__dict__[key] = value
+    for key, saved in optimizers.items():
+        if make_optimizer is None:
+            raise ValueError(f"Cannot rebuild the optimizer {key!r} of {type(obj).__name__}.")
+        optimizer = make_optimizer(obj)
+        load_optimizer_state(optimizer, saved)
+        obj.__dict__[key] = optimizer

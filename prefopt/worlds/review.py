@@ -1,0 +1,424 @@
+"""The review world: a sentiment task built locally, with VADER as the gold reward.
+
+A mock of the seeds' sentiment task that needs no download. A seeded grammar
+writes short movie and product reviews ("the movie was great and the acting
+was wonderful ."); each splits into a prompt (its first 2-4 words) and a
+completion. A word-level tokenizer is trained on the corpus and a tiny GPT-2
+config sized to it, so an :class:`~prefopt.policies.SFTPolicy` learns the
+reviews in about a minute on a CPU.
+
+The gold ("true") reward is VADER's compound sentiment score of the completion,
+a fixed lexicon that no estimator trains on. Simulated raters compare two
+samples of a policy by Bradley-Terry on the gold reward, plus a bias towards
+longer completions and Gaussian noise, so a reward model fitted to their
+labels is a proxy that RL can over-optimise: past some KL its reward keeps
+rising while the gold reward stalls or falls (Gao et al., 2023).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import shutil
+import tempfile
+from numbers import Integral, Real
+
+import numpy as np
+import pandas as pd
+from sklearn.utils import check_random_state
+
+from ..data import Comparisons
+from ._review_grammar import generate_review
+
+__all__ = ["ReviewWorld"]
+
+PAD, UNK, EOS = "[PAD]", "[UNK]", "</s>"
+
+# Enough redraws that a policy repeating itself half the time still yields n
+# pairs; a policy that (nearly) always repeats itself gets an error instead.
+_MAX_ROUNDS = 50
+
+
+@functools.lru_cache(maxsize=1)
+def _analyzer():
+    from vaderSentiment.vaderSentiment import SentimentIntensityAnalyzer
+
+    return SentimentIntensityAnalyzer()
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _compound(text: str) -> float:
+    # RL scores the same completions again and again; VADER is pure Python.
+    return float(_analyzer().polarity_scores(text)["compound"])
+
+
+def _word_tokenizer(texts):
+    """A WordLevel tokenizer trained on ``texts``, wrapped for transformers.
+
+    Ids 0, 1, 2 are ``[PAD]``, ``[UNK]`` and ``</s>``: the pad token differs from
+    EOS, so supervised training never masks the end of a review (implementation
+    detail 1). Words are split on whitespace and decoded joined by spaces.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel(unk_token=UNK))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    # WordPiece without "##" pieces joins tokens with a space; cleanup=False keeps
+    # the " ." that ends every review instead of gluing it to the last word.
+    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)
+    trainer = trainers.WordLevelTrainer(special_tokens=[PAD, UNK, EOS], show_progress=False)
+    tok.train_from_iterator(texts, trainer=trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, unk_token=UNK,
+                                   eos_token=EOS, clean_up_tokenization_spaces=False)
+
+
+def _check_texts(prompts, completions) -> tuple[list, list]:
+    for name, values in (("prompts", prompts), ("completions", completions)):
+        if isinstance(values, str):
+            raise TypeError(f"{name} must be a list of strings, not one string; wrap it: "
+                            f"[{values!r}].")
+    prompts, completions = list(prompts), list(completions)
+    if len(prompts) != len(completions):
+        raise ValueError(f"Got {len(prompts)} prompts and {len(completions)} completions; "
+                         "pass one prompt per completion.")
+    for i, c in enumerate(completions):
+        if not isinstance(c, str):
+            raise TypeError(f"completion at row {i} is {type(c).__name__} ({c!r}); every "
+                            "completion must be a string.")
+    return prompts, completions
+
+
+class ReviewWorld:
+    """A review-writing task built locally, with VADER sentiment as the gold reward.
+
+    Parameters
+    ----------
+    n_reviews : int, default=2000
+        Reviews in the corpus (at most 5000). Every review is one demonstration.
+    rater_temperature : float, default=0.25
+        Raters prefer completion a to b with probability
+        ``sigmoid((gold_a - gold_b) / rater_temperature
+        + length_bias * (words_a - words_b) / 10 + noise)``; the gold reward lies
+        in [-1, 1], so 0.25 makes a clear sentiment gap decisive.
+    rater_noise : float, default=0.5
+        Standard deviation of the Gaussian noise added to each rater's logit.
+    length_bias : float, default=1.0
+        Logit added per 10 extra words: raters over-rate long completions, so a
+        reward model fitted to them rewards length that the gold reward ignores.
+    cache_dir : str, default=None
+        Folder under which :meth:`model_config` saves the tokenizer;
+        ``None`` is the system's temporary folder.
+    random_state : int, RandomState instance or None, default=None
+        Seed of the corpus, and default seed of :meth:`comparisons`.
+
+    Attributes
+    ----------
+    corpus : list of str
+        The reviews, each ending with " .".
+    demonstrations : pandas.DataFrame
+        Columns ``prompt`` and ``completion``, one row per review, with
+        ``prompt + completion`` the review. Completions start with a space
+        (the tokenizer splits on whitespace, so it changes no token) and carry
+        no EOS: supervised fine-tuning appends it.
+    prompts : list of str
+        The distinct prompts, in order of first appearance: the RL prompts.
+    references : pandas.DataFrame
+        One reference completion per prompt (the first review with it), rows in
+        the order of ``prompts``: for shifting a reward and for win rates.
+    tokenizer : transformers.PreTrainedTokenizerFast
+        Word-level; ``[PAD]`` (id 0), ``[UNK]`` (1) and ``</s>`` (2, EOS).
+    max_new_tokens : int
+        Tokens of the longest completion plus one for EOS: enough new tokens
+        to sample any review.
+
+    See Also
+    --------
+    prefopt.worlds.PreferenceWorld : an exactly solvable world.
+
+    Notes
+    -----
+    The gold reward scores the completion alone. Prompts are cut inside each
+    review's opener, whose words VADER does not score, so a prompt never
+    carries sentiment that its completion would be judged without.
+
+    References
+    ----------
+    C. J. Hutto and E. Gilbert, "VADER: A parsimonious rule-based model for
+    sentiment analysis of social media text", ICWSM, 2014.
+
+    D. M. Ziegler et al., "Fine-tuning language models from human
+    preferences", arXiv:1909.08593, 2019 (the mock sentiment task).
+
+    L. Gao, J. Schulman and J. Hilton, "Scaling laws for reward model
+    overoptimization", ICML, 2023.
+
+    Examples
+    --------
+    >>> from prefopt.worlds.review import ReviewWorld
+    >>> world = ReviewWorld(n_reviews=200, random_state=0)
+    >>> world.demonstrations.columns.tolist()
+    ['prompt', 'completion']
+    >>> world.gold_reward(["the movie was"] * 2, [" great .", " awful ."]).round(3)
+    array([ 0.625, -0.459])
+    >>> config = world.model_config()
+    >>> config.vocab_size == len(world.tokenizer)
+    True
+    """
+
+    def __init__(self, *, n_reviews: int = 2000, rater_temperature: float = 0.25,
+                 rater_noise: float = 0.5, length_bias: float = 1.0,
+                 cache_dir: str | None = None, random_state=None):
+        if isinstance(n_reviews, bool) or not isinstance(n_reviews, Integral) \
+                or not 1 <= n_reviews <= 5000:
+            raise ValueError(f"n_reviews must be an integer between 1 and 5000; got "
+                             f"{n_reviews!r}.")
+        checks = (("rater_temperature", rater_temperature, lambda v: v > 0, ", > 0"),
+                  ("rater_noise", rater_noise, lambda v: v >= 0, ", >= 0"),
+                  ("length_bias", length_bias, lambda v: True, ""))
+        for name, value, ok, need in checks:
+            if not (isinstance(value, Real) and np.isfinite(value) and ok(value)):
+                raise ValueError(f"{name} must be a finite number{need}; got {value!r}.")
+        if cache_dir is not None and not isinstance(cache_dir, (str, os.PathLike)):
+            raise TypeError(f"cache_dir must be a path or None; got {type(cache_dir).__name__}.")
+        self.n_reviews = n_reviews
+        self.rater_temperature = float(rater_temperature)
+        self.rater_noise = float(rater_noise)
+        self.length_bias = float(length_bias)
+        self.cache_dir = cache_dir
+        self.random_state = random_state
+
+        rng = check_random_state(random_state)
+        pairs = [generate_review(rng) for _ in range(n_reviews)]
+        self.corpus = [p + c for p, c in pairs]
+        self.demonstrations = pd.DataFrame(pairs, columns=["prompt", "completion"])
+        first = self.demonstrations.drop_duplicates("prompt", keep="first")
+        self.prompts = first["prompt"].tolist()
+        self.references = first.reset_index(drop=True)
+        self.tokenizer = _word_tokenizer(self.corpus)
+        self.max_new_tokens = 1 + max(len(c.split()) for _, c in pairs)
+        self._longest_review = max(len(r.split()) for r in self.corpus)
+
+    def __repr__(self) -> str:
+        return (f"ReviewWorld(n_reviews={self.n_reviews}, rater_temperature="
+                f"{self.rater_temperature}, rater_noise={self.rater_noise}, length_bias="
+                f"{self.length_bias}, random_state={self.random_state!r})")
+
+    # ----- rewards -----------------------------------------------------------------
+    def gold_reward(self, prompts, completions) -> np.ndarray:
+        """The gold reward: VADER's compound sentiment of each completion, in [-1, 1].
+
+        Parameters
+        ----------
+        prompts : list of str
+            One per completion; checked for length, not scored (see Notes of
+            :class:`ReviewWorld`).
+        completions : list of str
+
+        Returns
+        -------
+        rewards : ndarray of shape (n,)
+
+        Examples
+        --------
+        >>> world = ReviewWorld(n_reviews=50, random_state=0)
+        >>> world.gold_reward(["the film"], [" was not good ."]).round(3)
+        array([-0.341])
+        """
+        _, completions = _check_texts(prompts, completions)
+        return np.array([_compound(c) for c in completions], dtype=np.float64)
+
+    def features(self, prompts, completions) -> np.ndarray:
+        """Bag-of-words counts of each completion over the vocabulary, shape (n, vocab).
+
+        The featurizer attached to :meth:`comparisons`, so that
+        ``RewardModel()`` (a linear reward, no language model) can be fitted in
+        this world too. Counts sum to the length in words, so a linear reward on
+        them can learn the raters' length bias as well as sentiment.
+
+        Examples
+        --------
+        >>> world = ReviewWorld(n_reviews=50, random_state=0)
+        >>> float(world.features(["the movie"], [" was good and good ."]).sum())
+        5.0
+        """
+        _, completions = _check_texts(prompts, completions)
+        out = np.zeros((len(completions), len(self.tokenizer)), dtype=np.float64)
+        if completions:
+            ids = self.tokenizer(completions, add_special_tokens=False)["input_ids"]
+            for row, seq in enumerate(ids):
+                np.add.at(out[row], seq, 1.0)
+        return out
+
+    def comparisons(self, policy, n: int, random_state=None) -> Comparisons:
+        """Label ``n`` pairs of a policy's samples with the simulated raters.
+
+        For each comparison a prompt is drawn uniformly from :attr:`prompts` and
+        ``policy.sample(prompts, n=2, random_state=...)`` gives two completions;
+        pairs whose completions are identical carry no preference and are
+        redrawn. The rater prefers a to b with probability
+        ``sigmoid((gold_a - gold_b) / rater_temperature
+        + length_bias * (words_a - words_b) / 10 + eps)``, ``eps ~ N(0, rater_noise^2)``.
+
+        Parameters
+        ----------
+        policy : object with ``sample(prompts, n, *, random_state)``
+            A fitted prefopt policy (e.g. an ``SFTPolicy``), returning two
+            completions per prompt.
+        n : int
+            Number of comparisons.
+        random_state : int, RandomState instance or None, default=None
+            ``None`` uses the world's ``random_state``.
+
+        Returns
+        -------
+        comparisons : Comparisons
+            With :meth:`features` attached as the featurizer.
+
+        Examples
+        --------
+        >>> class TwoReviews:
+        ...     def sample(self, prompts, n=2, *, random_state=None):
+        ...         return [[" was great .", " was awful ."] for _ in prompts]
+        >>> world = ReviewWorld(n_reviews=50, random_state=0)
+        >>> data = world.comparisons(TwoReviews(), 100, random_state=0)
+        >>> len(data), sum(c == " was great ." for c in data.chosen) > 90
+        (100, True)
+        """
+        if not isinstance(n, Integral) or n < 1:
+            raise ValueError(f"n must be a positive integer; got {n!r}.")
+        if not callable(getattr(policy, "sample", None)):
+            raise TypeError(f"policy must have a sample(prompts, n, random_state=...) method, "
+                            f"e.g. a fitted SFTPolicy; got {type(policy).__name__}.")
+        rng = check_random_state(self.random_state if random_state is None else random_state)
+        prompt, first, second = [], [], []
+        drawn = 0
+        for _ in range(_MAX_ROUNDS):
+            need = n - len(prompt)
+            if need == 0:
+                break
+            draw = [self.prompts[i] for i in rng.randint(len(self.prompts), size=need)]
+            pairs = policy.sample(draw, n=2, random_state=int(rng.randint(2**31 - 1)))
+            self._check_pairs(pairs, len(draw), policy)
+            drawn += need
+            before = len(prompt)
+            for p, (a, b) in zip(draw, pairs):
+                if a != b:
+                    prompt.append(p)
+                    first.append(a)
+                    second.append(b)
+            if need >= 10 and len(prompt) == before:
+                break  # (nearly) deterministic: more rounds would only cost samples
+        if len(prompt) < n:
+            raise ValueError(
+                f"{type(policy).__name__} gave two identical completions in "
+                f"{drawn - len(prompt)} of {drawn} pairs, so only {len(prompt)} of the {n} "
+                "comparisons could be drawn; sample at a higher temperature or from a less "
+                "deterministic policy.")
+        gold_a = self.gold_reward(prompt, first)
+        gold_b = self.gold_reward(prompt, second)
+        extra_words = np.array([len(a.split()) - len(b.split()) for a, b in zip(first, second)],
+                               dtype=np.float64)
+        logit = ((gold_a - gold_b) / self.rater_temperature
+                 + self.length_bias * extra_words / 10.0
+                 + rng.normal(0.0, self.rater_noise, size=n))
+        a_wins = rng.uniform(size=n) < 1.0 / (1.0 + np.exp(-logit))
+        chosen = [a if w else b for a, b, w in zip(first, second, a_wins)]
+        rejected = [b if w else a for a, b, w in zip(first, second, a_wins)]
+        return Comparisons(prompt, chosen, rejected, featurizer=self.features)
+
+    @staticmethod
+    def _check_pairs(pairs, n_prompts: int, policy) -> None:
+        name = type(policy).__name__
+        if not isinstance(pairs, (list, tuple)) or len(pairs) != n_prompts:
+            got = len(pairs) if isinstance(pairs, (list, tuple)) else type(pairs).__name__
+            raise ValueError(f"{name}.sample(prompts, n=2) must return a list with one list of "
+                             f"two completions per prompt; got {got} for {n_prompts} prompts.")
+        for i, pair in enumerate(pairs):
+            if len(pair) != 2 or not all(isinstance(c, str) for c in pair):
+                raise ValueError(f"{name}.sample(prompts, n=2) returned {pair!r} for prompt "
+                                 f"{i}; it must be two completion strings.")
+
+    # ----- the model ---------------------------------------------------------------
+    def model_config(self, **overrides):
+        """A tiny GPT-2 config for this world's tokenizer, which it knows how to find.
+
+        The tokenizer (and the default config) are saved once to a folder named
+        by a hash of the tokenizer, under ``cache_dir`` or the system's temporary
+        folder, and the config's ``name_or_path`` points there, so
+        ``AutoTokenizer.from_pretrained(config.name_or_path)`` loads this world's
+        tokenizer and a prefopt estimator given only the config finds it.
+
+        Parameters
+        ----------
+        **overrides
+            ``transformers.GPT2Config`` parameters replacing the defaults
+            (``n_layer=2, n_head=4, n_embd=64, n_positions=64``, no dropout,
+            ``vocab_size=len(tokenizer)``, BOS and EOS ``</s>``, pad ``[PAD]``).
+
+        Returns
+        -------
+        config : transformers.GPT2Config
+
+        Examples
+        --------
+        >>> from transformers import AutoTokenizer
+        >>> world = ReviewWorld(n_reviews=50, random_state=0)
+        >>> config = world.model_config(n_layer=1)
+        >>> config.n_layer, config.pad_token_id != config.eos_token_id
+        (1, True)
+        >>> tok = AutoTokenizer.from_pretrained(config.name_or_path)
+        >>> tok.get_vocab() == world.tokenizer.get_vocab()
+        True
+        """
+        from transformers import GPT2Config
+
+        tok = self.tokenizer
+        params = {"vocab_size": len(tok), "n_positions": 64, "n_embd": 64, "n_layer": 2,
+                  "n_head": 4, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
+                  "bos_token_id": tok.eos_token_id, "eos_token_id": tok.eos_token_id,
+                  "pad_token_id": tok.pad_token_id}
+        known = set(GPT2Config().to_dict()) | {"attn_implementation"}
+        unknown = sorted(set(overrides) - known)
+        if unknown:
+            raise TypeError(f"Unknown GPT2Config parameter(s) {unknown}.")
+        if overrides.get("vocab_size", len(tok)) < len(tok):
+            raise ValueError(f"vocab_size={overrides['vocab_size']} is smaller than the "
+                             f"tokenizer's {len(tok)} tokens.")
+        # A review plus its EOS must fit in the context, or SFT cannot learn to stop.
+        need = self._longest_review + 1
+        if overrides.get("n_positions", need) < need:
+            raise ValueError(f"n_positions={overrides['n_positions']} cannot hold the longest "
+                             f"review and its EOS ({need} tokens).")
+        default = GPT2Config(**params)
+        path = self._save(default)
+        config = GPT2Config(**{**params, **overrides})
+        config.name_or_path = path
+        return config
+
+    def _save(self, config) -> str:
+        """Save the tokenizer and ``config`` once, to a folder named by their hash."""
+        text = self.tokenizer.backend_tokenizer.to_str() + config.to_json_string()
+        digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+        base = os.fspath(self.cache_dir) if self.cache_dir is not None else tempfile.gettempdir()
+        path = os.path.join(base, f"prefopt-review-world-{digest}")
+        files = ("tokenizer.json", "tokenizer_config.json", "config.json")
+        if all(os.path.isfile(os.path.join(path, f)) for f in files):
+            return path
+        os.makedirs(base, exist_ok=True)
+        # Write into a private folder and rename it into place, so processes
+        # building the same world at once (pytest-xdist, joblib) never read half
+        # a tokenizer.
+        tmp = tempfile.mkdtemp(prefix=".prefopt-review-world-", dir=base)
+        try:
+            self.tokenizer.save_pretrained(tmp)
+            config.save_pretrained(tmp)
+            os.chmod(tmp, 0o755)  # mkdtemp makes it private; the cache is shared
+            os.rename(tmp, path)
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)  # another process got there first
+        if not all(os.path.isfile(os.path.join(path, f)) for f in files):
+            raise OSError(f"Could not save the review world's tokenizer to {path}; pass "
+                          "cache_dir= a writable folder.")
+        return path
