@@ -1,0 +1,430 @@
+"""An exactly solvable token-level world: a tiny transformer over a few tokens.
+
+The vocabulary is a few content tokens ("a", "b", "c"), an EOS token and a pad
+token; the prompts are one or two content tokens; the policy is a small
+``transformers.GPT2LMHeadModel`` that samples exactly ``max_len`` tokens at
+temperature 1, as prefopt's loop does. Responses are truncated after their
+first EOS, and a response with no EOS has its reward *replaced* by
+``missing_eos_reward`` (the EOS trick of the seed text). So the response space
+is finite:
+
+* every sequence of 0 .. max_len - 1 content tokens followed by EOS, and
+* every sequence of exactly max_len content tokens (no EOS),
+
+``sum_{l < L} V^l + V^L`` responses for V content tokens and L = max_len. The
+text of a response (EOS dropped) names it uniquely: a text of L tokens never
+ended, a shorter one did. pi(y|x) of any policy is read exactly from its
+per-token log-probs, so the expected reward, the sequence-level KL to the
+reference and the closed-form optimum
+pi*(y|x) = pi_ref(y|x) exp(r(x, y)/beta) / Z(x) are all exact.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+
+import numpy as np
+import torch
+from sklearn.utils import check_random_state
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import (
+    GenerationConfig,
+    GPT2Config,
+    GPT2LMHeadModel,
+    PreTrainedTokenizerFast,
+)
+
+from .._config import config_context
+from ..backend import EncodedPrompts, local_seed, pad_left, pad_right, response_logprobs
+from ..rewards import check_rewards
+from ._exact import check_probs, exact_metrics, tilt
+
+__all__ = ["TinyLMWorld"]
+
+PAD, EOS = "[PAD]", "</s>"
+LENGTH_COST = 0.5  # gold reward: +1 per topic token, -0.5 per token of length
+
+# The reference is a few exact cross-entropy steps towards a random target, so
+# pi_ref depends on the prompt and is far from uniform, while every response keeps
+# a probability that float32 log-probs resolve (above 1e-5 for seeds 0-5).
+_PRETRAIN_STEPS = 40
+_PRETRAIN_LR = 1e-2
+_TARGET_LOGIT_STD = 1.0
+_TARGET_TOPIC_BONUS = 1.0
+_REFERENCE_WEIGHTS: dict = {}  # (vocab, max_len, n_prompts, seed) -> pre-trained state dict
+
+
+def _tokenizer(vocab) -> PreTrainedTokenizerFast:
+    """Whitespace-split word-level tokenizer: id 0 pad, id 1 EOS, then ``vocab``.
+
+    There is deliberately no unknown token: every id the model can emit (all but
+    pad) is EOS or a content token, so the enumerated responses are the whole
+    support of the policy. Text outside the vocabulary raises an error.
+    """
+    ids = {PAD: 0, EOS: 1}
+    for word in vocab:
+        ids[word] = len(ids)
+    tok = Tokenizer(models.WordLevel(ids, unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, eos_token=EOS)
+
+
+def _prompt_words(i: int, vocab) -> list[str]:
+    # Alternate one- and two-token prompts so a batch needs left padding; for
+    # i < 2 V the singles and the pairs' first words are all distinct.
+    n, j = len(vocab), i // 2
+    return [vocab[j]] if i % 2 == 0 else [vocab[(j + 1) % n], vocab[(j + 2) % n]]
+
+
+class TinyLMWorld:
+    """A tiny language-model world whose every response can be enumerated.
+
+    Parameters
+    ----------
+    vocab : tuple of str, default=("a", "b", "c")
+        The content tokens (distinct words without whitespace).
+    max_len : int, default=3
+        Tokens sampled per response (``max_new_tokens`` of the policy), so a
+        response has at most ``max_len - 1`` content tokens before its EOS, or
+        ``max_len`` content tokens and no EOS.
+    n_prompts : int, default=2
+        Number of prompts, at most ``2 * len(vocab)``: one-word and two-word
+        prompts alternate (``"a"``, ``"b c"``, ``"b"``, ``"c a"``, ...).
+    random_state : int, RandomState instance or None, default=0
+        Seeds the reference model's weights and its pre-training target.
+
+    Attributes
+    ----------
+    prompts : list of str
+        The prompts.
+    responses : list of str
+        Text of every response (EOS dropped), shortest first.
+    response_ids : list of tuple of int
+        Token ids of every response, with the EOS id when it ended.
+    ended_ : ndarray of bool, shape (n_responses,)
+        Whether each response contains an EOS.
+    tokenizer : PreTrainedTokenizerFast
+        Pad id 0, EOS id 1, then the content tokens; whitespace-split.
+    reference_model_ : GPT2LMHeadModel
+        The reference policy; :meth:`policy_model` returns copies of it.
+
+    See Also
+    --------
+    PreferenceWorld : the one-token world of the plate.
+
+    Notes
+    -----
+    The built-in gold reward :meth:`reward` is ``+1`` per occurrence of the
+    prompt's first word (its *topic*) minus ``0.5`` per content token, so for
+    ``max_len=3`` the best response to ``"a"`` is ``"a a"`` then EOS: neither
+    the empty nor the longest response (a response with no EOS scores
+    ``missing_eos_reward``).
+
+    The reference is a two-layer GPT-2 of width 32, trained for a few exact
+    cross-entropy steps towards a random next-token distribution at every node
+    of the response tree (slightly favouring the topic), so pi_ref depends on
+    the prompt, is far from uniform, and gives no-EOS responses a sizeable
+    share. Worlds built with the same integer ``random_state`` are identical;
+    their weights are computed once per process.
+
+    Examples
+    --------
+    >>> from prefopt.worlds.tiny_lm import TinyLMWorld
+    >>> world = TinyLMWorld(random_state=0)
+    >>> world.prompts
+    ['a', 'b c']
+    >>> len(world.responses)       # 1 + 3 + 9 ended, 27 without EOS
+    40
+    >>> world.reference_probs().sum(1).round(6).tolist()
+    [1.0, 1.0]
+    >>> best = world.optimum(world.reward, beta=0.2)
+    >>> best["objective"] > world.evaluate(world.reference_probs(), world.reward, 0.2)["objective"]
+    True
+    """
+
+    def __init__(self, *, vocab=("a", "b", "c"), max_len: int = 3, n_prompts: int = 2,
+                 random_state=0):
+        vocab = tuple(vocab)
+        if len(vocab) < 1 or len(set(vocab)) != len(vocab) or \
+                any(not isinstance(w, str) or not w or w.split() != [w] or w in (PAD, EOS)
+                    for w in vocab):
+            raise ValueError(f"vocab must be distinct non-empty words without whitespace; "
+                             f"got {vocab!r}.")
+        if int(max_len) != max_len or max_len < 1:
+            raise ValueError(f"max_len must be a positive integer; got {max_len!r}.")
+        if not 1 <= n_prompts <= 2 * len(vocab):
+            raise ValueError(f"n_prompts must be between 1 and {2 * len(vocab)}; "
+                             f"got {n_prompts!r}.")
+        self.vocab = vocab
+        self.max_len = int(max_len)
+        self.n_prompts = n_prompts
+        self.random_state = random_state
+        self.tokenizer = _tokenizer(vocab)
+        self.prompts = [" ".join(_prompt_words(i, vocab)) for i in range(n_prompts)]
+        self._prompt_ids = [self.tokenizer(p, add_special_tokens=False)["input_ids"]
+                            for p in self.prompts]
+        content = list(range(2, 2 + len(vocab)))
+        eos = self.tokenizer.eos_token_id
+        ids = [seq + (eos,) for n in range(self.max_len)
+               for seq in itertools.product(content, repeat=n)]
+        ids += list(itertools.product(content, repeat=self.max_len))
+        self.response_ids = ids
+        self.ended_ = np.array([len(r) > 0 and r[-1] == eos for r in ids])
+        self.responses = self.tokenizer.batch_decode([list(r) for r in ids],
+                                                     skip_special_tokens=True)
+        self.reference_model_ = self._reference(random_state)
+        self._ref = self.model_probs(self.reference_model_)
+
+    # ----- the reference policy ----------------------------------------------------
+    def _new_model(self, seed: int) -> GPT2LMHeadModel:
+        longest_prompt = max(len(p) for p in self._prompt_ids)
+        config = GPT2Config(
+            vocab_size=len(self.tokenizer), n_positions=longest_prompt + self.max_len + 1,
+            n_embd=32, n_layer=2, n_head=2, n_inner=64, resid_pdrop=0.0, embd_pdrop=0.0,
+            attn_pdrop=0.0, bos_token_id=self.tokenizer.eos_token_id,
+            eos_token_id=self.tokenizer.eos_token_id, pad_token_id=self.tokenizer.pad_token_id)
+        with local_seed(seed):
+            model = GPT2LMHeadModel(config)
+        model.eval()
+        # What prefopt's loop reads: load_causal_lm takes the module's tokenizer, and
+        # _setup takes temperature 1 and max_new_tokens = max_len from here, so the
+        # sampled distribution is the one enumerated.
+        model.tokenizer = self.tokenizer
+        model.generation_config = GenerationConfig(
+            do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=self.max_len,
+            eos_token_id=self.tokenizer.eos_token_id, pad_token_id=self.tokenizer.pad_token_id)
+        return model
+
+    def _reference(self, random_state) -> GPT2LMHeadModel:
+        # An integer seed defines the world, so its pre-trained weights are built once
+        # per process: tests and doctests construct the same worlds many times.
+        if not isinstance(random_state, (int, np.integer)):
+            return self._pretrained_reference(check_random_state(random_state))
+        key = (self.vocab, self.max_len, self.n_prompts, int(random_state))
+        if key not in _REFERENCE_WEIGHTS:
+            model = self._pretrained_reference(check_random_state(int(random_state)))
+            _REFERENCE_WEIGHTS[key] = {k: v.clone() for k, v in model.state_dict().items()}
+            return model
+        model = self._new_model(0)
+        model.load_state_dict(_REFERENCE_WEIGHTS[key])
+        return model
+
+    def _pretrained_reference(self, rng) -> GPT2LMHeadModel:
+        model = self._new_model(int(rng.randint(np.iinfo(np.int32).max)))
+        # Target: at every node of the response tree (prompt, content prefix) a random
+        # next-token distribution over EOS and the content tokens; its sequence
+        # probabilities are products along each response.
+        n_next = len(self.vocab) + 1
+        topics = [ids[0] - 1 for ids in self._prompt_ids]
+        target = np.ones((self.n_prompts, len(self.response_ids)))
+        nodes = {}
+        for x in range(self.n_prompts):
+            for j, resp in enumerate(self.response_ids):
+                for t, token in enumerate(resp):
+                    key = (x, resp[:t])
+                    if key not in nodes:
+                        logits = rng.normal(0.0, _TARGET_LOGIT_STD, size=n_next)
+                        logits[topics[x]] += _TARGET_TOPIC_BONUS
+                        nodes[key] = np.exp(logits) / np.exp(logits).sum()
+                    target[x, j] *= nodes[key][token - 1]  # ids 1 (EOS) .. V map to 0 .. V-1
+        prompts, responses, mask = self._grid()
+        weights = torch.as_tensor(target.reshape(-1), dtype=torch.float32)
+        optimizer = torch.optim.Adam(model.parameters(), lr=_PRETRAIN_LR)
+        # Exact cross-entropy sum_y target(y|x) log pi(y|x): no sampling noise.
+        for _ in range(_PRETRAIN_STEPS):
+            logp = response_logprobs(model, prompts, responses, mask, temperature=1.0,
+                                     suppress_ids=(self.tokenizer.pad_token_id,)).sum(1)
+            loss = -(weights * logp).sum() / self.n_prompts
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+        return model
+
+    def policy_model(self) -> GPT2LMHeadModel:
+        """A fresh copy of the reference policy, to pass as a policy's ``model``.
+
+        It carries ``tokenizer`` (this world's) and a ``generation_config`` with
+        ``do_sample=True``, ``temperature=1.0`` and ``max_new_tokens=max_len``.
+        """
+        model = copy.deepcopy(self.reference_model_)
+        model.tokenizer = self.tokenizer  # shared, not copied
+        return model
+
+    # ----- exact probabilities -----------------------------------------------------
+    def _grid(self):
+        """Every (prompt, response) pair, prompt-major, as padded tensors."""
+        n = len(self.response_ids)
+        prompts = pad_left([p for p in self._prompt_ids for _ in range(n)],
+                           self.tokenizer.pad_token_id)
+        ids, mask = pad_right([list(r) for r in self.response_ids] * self.n_prompts,
+                              self.tokenizer.pad_token_id)
+        return prompts, ids, mask
+
+    @torch.no_grad()
+    def model_probs(self, model) -> np.ndarray:
+        """pi(y|x) of a policy model at temperature 1, shape (n_prompts, n_responses).
+
+        Parameters
+        ----------
+        model : torch.nn.Module
+            Called like a causal LM over this world's token ids.
+
+        Returns
+        -------
+        probs : ndarray of shape (n_prompts, n_responses)
+        """
+        prompts, ids, mask = self._grid()
+        device = next(model.parameters()).device
+        prompts = EncodedPrompts(prompts.input_ids.to(device), prompts.attention_mask.to(device))
+        with config_context(dtype="float32"):  # exact, even where training uses bfloat16
+            logp = response_logprobs(model, prompts, ids.to(device), mask.to(device),
+                                     temperature=1.0, suppress_ids=(self.tokenizer.pad_token_id,))
+        logp = logp.sum(1).double().cpu().numpy()
+        return check_probs(np.exp(logp).reshape(self.n_prompts, -1))
+
+    def reference_probs(self) -> np.ndarray:
+        """pi_ref(y|x) as an array of shape (n_prompts, n_responses)."""
+        return self._ref.copy()
+
+    def policy_probs(self, policy) -> np.ndarray:
+        """pi(y|x) of a fitted prefopt policy, read from its ``log_prob``, exactly.
+
+        The policy must sample as the world does: temperature 1 and
+        ``max_new_tokens == max_len`` (the defaults of :meth:`policy_model`).
+        """
+        temperature = getattr(policy, "temperature_", 1.0)
+        length = getattr(policy, "max_new_tokens_", self.max_len)
+        if temperature != 1.0 or length != self.max_len:
+            raise ValueError(
+                f"The policy samples {length} tokens at temperature {temperature}; this world's "
+                f"responses are {self.max_len} tokens at temperature 1. Leave temperature and "
+                "max_new_tokens at None so the policy model's generation config sets them.")
+        prompts = [p for p in self.prompts for _ in self.response_ids]
+        completions = [list(r) for r in self.response_ids] * self.n_prompts
+        # In float32 even where training uses bfloat16 autocast: the rows that share a
+        # prefix must see the same next-token distribution for the sum over y to be 1.
+        with config_context(dtype="float32"):
+            logp = np.asarray(policy.log_prob(prompts, completions), dtype=np.float64)
+        return check_probs(np.exp(logp).reshape(self.n_prompts, -1))
+
+    def _probs(self, policy) -> np.ndarray:
+        if isinstance(policy, np.ndarray):
+            probs = check_probs(policy)
+            if probs.shape != self._ref.shape:
+                raise ValueError(f"Expected probabilities of shape {self._ref.shape}; "
+                                 f"got {probs.shape}.")
+            return probs
+        if isinstance(policy, torch.nn.Module):
+            return self.model_probs(policy)
+        return self.policy_probs(policy)
+
+    # ----- rewards -----------------------------------------------------------------
+    def reward(self, prompts, completions) -> np.ndarray:
+        """The gold reward: +1 per topic word in the completion, -0.5 per word.
+
+        The topic of a prompt is its first word. Completions are text (EOS
+        dropped), as prefopt's loop passes them.
+
+        Parameters
+        ----------
+        prompts, completions : list of str
+
+        Returns
+        -------
+        rewards : ndarray of shape (n,)
+
+        Examples
+        --------
+        >>> from prefopt.worlds.tiny_lm import TinyLMWorld
+        >>> TinyLMWorld().reward(["a", "b c"], ["a a", "b c c"]).tolist()
+        [1.0, -0.5]
+        """
+        prompts, completions = list(prompts), list(completions)
+        if len(prompts) != len(completions):
+            raise ValueError(f"Got {len(prompts)} prompts and {len(completions)} completions.")
+        out = np.empty(len(prompts))
+        for i, (p, c) in enumerate(zip(prompts, completions)):
+            words, topic = c.split(), p.split()[:1]
+            out[i] = sum(w in topic for w in words) - LENGTH_COST * len(words)
+        return out
+
+    def true_quality(self, prompts, completions) -> np.ndarray:
+        """Alias of :meth:`reward`, the name :class:`PreferenceWorld` uses."""
+        return self.reward(prompts, completions)
+
+    def rewards(self, reward, missing_eos_reward: float | None = -1.0) -> np.ndarray:
+        """Effective r(x, y) for every prompt and response, shape (n_prompts, n_responses).
+
+        ``reward`` scores the texts; a response with no EOS then gets
+        ``missing_eos_reward`` instead, as in prefopt's loop (``None`` keeps
+        the reward's own score).
+        """
+        prompts = [p for p in self.prompts for _ in self.responses]
+        completions = list(self.responses) * self.n_prompts
+        r = check_rewards(reward(prompts, completions), len(prompts), "the reward")
+        r = r.reshape(self.n_prompts, len(self.responses))
+        if missing_eos_reward is not None:
+            r = np.where(self.ended_[None, :], r, float(missing_eos_reward))
+        return r
+
+    # ----- exact evaluation --------------------------------------------------------
+    def evaluate(self, policy, reward, beta: float, missing_eos_reward: float | None = -1.0
+                 ) -> dict:
+        """Exact expected reward, KL and objective of a policy.
+
+        Parameters
+        ----------
+        policy : fitted prefopt policy, torch.nn.Module or ndarray
+            A fitted estimator (its ``log_prob`` is read for every response), a
+            policy model, or probabilities of shape (n_prompts, n_responses).
+        reward : callable
+            ``reward(prompts, completions) -> array`` on text.
+        beta : float
+            KL coefficient of the objective E[r] - beta KL.
+        missing_eos_reward : float or None, default=-1.0
+            Reward of a response with no EOS; match the policy's parameter.
+
+        Returns
+        -------
+        metrics : dict
+            ``reward``, ``true_quality`` (the expected gold :meth:`reward`, with
+            the same missing-EOS rule), ``kl`` (nats, the sequence-level
+            KL(pi || pi_ref)) and ``objective``, each averaged over prompts.
+        """
+        probs = self._probs(policy)
+        gold = self.rewards(self.reward, missing_eos_reward)
+        return exact_metrics(probs, self._ref, self.rewards(reward, missing_eos_reward), gold,
+                             beta)
+
+    def optimal_probs(self, reward, beta: float, missing_eos_reward: float | None = -1.0
+                      ) -> np.ndarray:
+        """pi*(y|x) = pi_ref(y|x) exp(r(x,y)/beta) / Z(x), shape (n_prompts, n_responses)."""
+        return tilt(self._ref, self.rewards(reward, missing_eos_reward), beta)
+
+    def optimum(self, reward, beta: float, missing_eos_reward: float | None = -1.0) -> dict:
+        """The closed-form optimum's metrics, with the keys of :meth:`evaluate`."""
+        return self.evaluate(self.optimal_probs(reward, beta, missing_eos_reward), reward, beta,
+                             missing_eos_reward)
+
+    def objective_share(self, policy, reward, beta: float,
+                        missing_eos_reward: float | None = -1.0) -> float:
+        """Share of the achievable objective a policy reached: 0 at pi_ref, 1 at pi*.
+
+        ``(J(pi) - J(pi_ref)) / (J(pi*) - J(pi_ref))`` with
+        ``J = E[r] - beta KL(pi || pi_ref)``, all exact.
+
+        Examples
+        --------
+        >>> from prefopt.worlds.tiny_lm import TinyLMWorld
+        >>> world = TinyLMWorld()
+        >>> round(world.objective_share(world.reference_probs(), world.reward, 0.2), 6)
+        0.0
+        """
+        j = self.evaluate(policy, reward, beta, missing_eos_reward)["objective"]
+        j_ref = self.evaluate(self._ref, reward, beta, missing_eos_reward)["objective"]
+        j_best = self.optimum(reward, beta, missing_eos_reward)["objective"]
+        if j_best - j_ref <= 0:
+            raise ValueError("The reference is already optimal for this reward and beta; the "
+                             "share of the achievable objective is undefined.")
+        return float((j - j_ref) / (j_best - j_ref))
