@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 import time
 from dataclasses import dataclass, field
 from numbers import Integral, Real
@@ -159,6 +160,10 @@ _COMMON_CONSTRAINTS = {
     "warm_start": ["boolean"],
     "checkpoint_dir": [str, os.PathLike, None],
     "checkpoint_every": [Interval(Integral, 1, None, closed="left")],
+    "truncate_prompts": ["boolean"],
+    "max_kl": [Interval(Real, 0, None, closed="neither"), None],
+    "max_kl_action": [StrOptions({"warn", "raise"})],
+    "min_eos_share": [Interval(Real, 0, 1, closed="both"), None],
 }
 
 
@@ -230,6 +235,7 @@ class BasePolicy(GenerativeEstimator):
             self._stream = np.zeros(0, dtype=int)
             self._prompts_key = prompts_key
         self.reward_model_ = reward
+        self._eos_warned = False
         self._prompts = prompts
         self._prompt_tokens = self._tokenize_prompts(prompts)
         self._run(self._run_start + self.n_steps - self.n_iter_, callback)
@@ -315,6 +321,7 @@ class BasePolicy(GenerativeEstimator):
                 "time/episodes_per_s": len(batch) / elapsed,
             }
             self.history_.append(row)
+            self._check_health(row)
             bar.set_postfix(reward=f"{row['objective/reward']:.3f}", kl=f"{mean_kl:.3f}")
             if self.verbose and (self.n_iter_ % 10 == 0 or self.n_iter_ == total):
                 logger.info("%s step %d: reward %.4f kl %.4f beta %.4g", type(self).__name__,
@@ -325,6 +332,24 @@ class BasePolicy(GenerativeEstimator):
             if callback is not None and callback(self, row) is True:
                 break
         bar.close()
+
+    def _check_health(self, row: dict) -> None:
+        step, kl, eos = row["step"], row["objective/kl"], row["response/eos_share"]
+        if self.max_kl is not None and kl > self.max_kl:
+            message = (f"{type(self).__name__}: the KL to the reference reached {kl:.3g} nats at "
+                       f"step {step}, beyond max_kl={self.max_kl}; raise beta, use an adaptive "
+                       "KL controller or lower learning_rate.")
+            if self.max_kl_action == "raise":
+                raise RuntimeError(message + " The last checkpoint (if any) is intact.")
+            warnings.warn(message, RuntimeWarning, stacklevel=3)
+        if (self.min_eos_share is not None and self.tokenizer_.eos_token_id is not None
+                and self.missing_eos_reward is not None and eos < self.min_eos_share
+                and not self._eos_warned):
+            self._eos_warned = True
+            warnings.warn(f"{type(self).__name__}: only {eos:.0%} of responses ended with EOS at "
+                          f"step {step}; the fixed missing_eos_reward={self.missing_eos_reward} "
+                          "then dominates the reward. Raise max_new_tokens or fine-tune the "
+                          "model to stop (SFTPolicy).", RuntimeWarning, stacklevel=3)
 
     def _set_learning_rate(self) -> None:
         if self.lr_schedule == "linear":  # annealed linearly to 0 (implementation detail 28)
@@ -374,7 +399,8 @@ class BasePolicy(GenerativeEstimator):
                                       response_mask.cpu())
         else:
             raw = reward(prompts, self._decode(response_ids, response_mask))
-        scores = torch.as_tensor(check_rewards(raw, len(prompts), "the reward model"),
+        source = f"the reward model (step {self.n_iter_ + 1})"
+        scores = torch.as_tensor(check_rewards(raw, len(prompts), source),
                                  dtype=torch.float32, device=response_ids.device)
         if self.missing_eos_reward is not None and self.tokenizer_.eos_token_id is not None:
             # The EOS trick: the score of a response with no EOS is *replaced* by a fixed

@@ -54,7 +54,19 @@ COMMON_PARAMETERS = """model : str, transformers config, torch module or fitted 
         and prompts resumes from the checkpoint and ends as the uninterrupted
         run would, weights and ``history_`` included.
     checkpoint_every : int, default=10
-        Steps between checkpoints."""
+        Steps between checkpoints.
+    truncate_prompts : bool, default=False
+        A prompt longer than the context minus ``max_new_tokens`` raises an
+        error; with True it is cut at the last paragraph (else sentence)
+        boundary that fits, keeping its beginning, as the seeds' reproduction
+        does. Put any instruction that must survive at the start.
+    max_kl : float, default=None
+        A step whose mean KL to the reference exceeds this warns or stops the
+        run (``max_kl_action``); the last checkpoint stays intact.
+    max_kl_action : {{"warn", "raise"}}, default="warn"
+    min_eos_share : float or None, default=0.5
+        Warn when fewer responses than this end with EOS: the fixed
+        ``missing_eos_reward`` then dominates the reward."""
 
 COMMON_ATTRIBUTES = """model_ : torch.nn.Module
         The trained policy.

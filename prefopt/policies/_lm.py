@@ -7,6 +7,8 @@ the sampling settings, sampling completions and scoring their log-probs.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import torch
 from sklearn.base import BaseEstimator
@@ -49,6 +51,25 @@ class GenerativeEstimator(BaseEstimator):
     def __setstate__(self, state):
         restore_state(self, state)
 
+    def save_pretrained(self, directory) -> None:
+        """Write the fitted model and tokenizer so plain ``transformers`` loads them.
+
+        Weights are written as safetensors; ``AutoModelForCausalLM.from_pretrained``
+        and ``AutoTokenizer.from_pretrained`` read the folder back.
+
+        Parameters
+        ----------
+        directory : str or path
+        """
+        from transformers import PreTrainedModel
+
+        check_is_fitted(self)
+        if not isinstance(self.model_, PreTrainedModel):
+            raise TypeError(f"save_pretrained needs a transformers model; this policy's model is "
+                            f"a {type(self.model_).__name__}. Use joblib.dump for it instead.")
+        self.model_.save_pretrained(directory, safe_serialization=True)
+        self.tokenizer_.save_pretrained(directory)
+
     def _init_model(self, model, tokenizer, *, seed: int) -> None:
         self.device_ = resolve_device()
         module, tok = load_causal_lm(model, tokenizer, seed=seed)
@@ -76,12 +97,32 @@ class GenerativeEstimator(BaseEstimator):
             if not ids:
                 raise ValueError(f"Prompt at row {i} ({p!r}) has no tokens.")
             if limit is not None and len(ids) > limit:
-                raise ValueError(
-                    f"Prompt at row {i} has {len(ids)} tokens, more than the {limit} that fit "
-                    f"in the model's context ({context}) with max_new_tokens="
-                    f"{self.max_new_tokens_}; shorten it or lower max_new_tokens.")
+                if getattr(self, "truncate_prompts", False):
+                    ids = self._truncated(p, limit, i)
+                else:
+                    raise ValueError(
+                        f"Prompt at row {i} has {len(ids)} tokens, more than the {limit} that "
+                        f"fit in the model's context ({context}) with max_new_tokens="
+                        f"{self.max_new_tokens_}; shorten it, lower max_new_tokens, or pass "
+                        "truncate_prompts=True.")
             rows.append(ids)
         return rows
+
+    def _truncated(self, prompt: str, limit: int, row: int) -> list[int]:
+        """Cut a prompt at the last paragraph, else sentence, boundary that fits.
+
+        The beginning is kept, as in the seeds' reproduction (the post is cut at the
+        last newline that fits the 512-token budget).
+        """
+        encode = lambda text: self.tokenizer_(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+        for pattern in (r"\n\s*\n", r"\n", r"(?<=[.!?])\s+"):
+            cuts = [m.start() for m in re.finditer(pattern, prompt)]
+            for cut in reversed(cuts):
+                ids = encode(prompt[:cut].rstrip())
+                if ids and len(ids) <= limit:
+                    return ids
+        raise ValueError(f"Prompt at row {row} has no paragraph or sentence boundary within the "
+                         f"first {limit} tokens, so it cannot be truncated; shorten it.")
 
     def _decode(self, response_ids, response_mask) -> list[str]:
         ids = [r[m.bool()].tolist() for r, m in zip(response_ids.cpu(), response_mask.cpu())]

@@ -210,7 +210,8 @@ class PPOPolicy(BasePolicy):
                  vf_clip_coef=0.2, gamma=1.0, gae_lambda=0.95, whiten_rewards=False,
                  whiten_advantages=True, clip=True, use_ratio=True, value_model=None,
                  random_state=None, verbose=0, warm_start=False, checkpoint_dir=None,
-                 checkpoint_every=10):
+                 checkpoint_every=10, truncate_prompts=False, max_kl=None, max_kl_action="warn",
+                 min_eos_share=0.5):
         self.model = model
         self.tokenizer = tokenizer
         self.beta = beta
@@ -242,6 +243,10 @@ class PPOPolicy(BasePolicy):
         self.warm_start = warm_start
         self.checkpoint_dir = checkpoint_dir
         self.checkpoint_every = checkpoint_every
+        self.truncate_prompts = truncate_prompts
+        self.max_kl = max_kl
+        self.max_kl_action = max_kl_action
+        self.min_eos_share = min_eos_share
 
     def _make_value_model(self, model, reward):
         if self.value_model is not None:

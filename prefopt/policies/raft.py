@@ -100,7 +100,8 @@ class RAFTPolicy(BasePolicy):
                  max_grad_norm=None, n_steps=100, batch_size=64, n_epochs=1, n_minibatches=1,
                  temperature=None, max_new_tokens=None, missing_eos_reward=-1.0,
                  random_state=None, verbose=0, warm_start=False, checkpoint_dir=None,
-                 checkpoint_every=10):
+                 checkpoint_every=10, truncate_prompts=False, max_kl=None, max_kl_action="warn",
+                 min_eos_share=0.5):
         self.model = model
         self.tokenizer = tokenizer
         self.beta = beta
@@ -124,6 +125,10 @@ class RAFTPolicy(BasePolicy):
         self.warm_start = warm_start
         self.checkpoint_dir = checkpoint_dir
         self.checkpoint_every = checkpoint_every
+        self.truncate_prompts = truncate_prompts
+        self.max_kl = max_kl
+        self.max_kl_action = max_kl_action
+        self.min_eos_share = min_eos_share
 
     def _advantages(self, batch) -> None:
         ranking = batch.scores if self.rank_by == "score" else batch.sequence_rewards

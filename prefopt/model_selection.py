@@ -1,0 +1,518 @@
+"""Seed-aware model selection: searches and comparisons that report spread, not the best seed.
+
+An RL run is a random variable: the same algorithm and parameters give another
+policy under another seed. :class:`SeedSearchCV` fits every candidate once per
+seed (and per fold, when ``cv`` is given) and ranks candidates by their *mean*
+over seeds, with the standard deviation and a Student-t confidence interval
+beside it; :func:`compare` fits several algorithms on the same seeds and
+prompts and compares each with a baseline by a paired t-test over seeds.
+
+Both run their fits through joblib, so ``n_jobs`` and any joblib backend
+(``with joblib.parallel_backend("ray")`` after ``ray.util.joblib.register_ray()``,
+or Dask) parallelise them unchanged.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import dataclass, field
+from numbers import Integral, Real
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+from sklearn.base import clone
+from sklearn.metrics import check_scoring
+from sklearn.model_selection import ParameterGrid
+from sklearn.model_selection._search import BaseSearchCV, _yield_masked_array_for_each_param
+from sklearn.utils._param_validation import Interval
+from sklearn.utils.parallel import Parallel, delayed
+from sklearn.utils.validation import check_is_fitted
+
+from ._config import config_context, get_config
+from .data import check_prompts
+
+__all__ = ["Comparison", "SeedSearchCV", "compare", "t_interval"]
+
+
+def t_interval(values, confidence: float = 0.95, axis: int = -1):
+    """Mean, sample standard deviation and Student-t confidence interval over seeds.
+
+    Parameters
+    ----------
+    values : array-like
+        Scores, one per seed along ``axis``.
+    confidence : float, default=0.95
+        Coverage of the interval.
+    axis : int, default=-1
+        The seed axis.
+
+    Returns
+    -------
+    mean, std, low, high : ndarray or float
+        ``std`` uses ``ddof=1`` (the unbiased variance of the seed-to-seed
+        spread, and the one the t interval is built from); the interval is
+        ``mean +- t_{(1+confidence)/2, n-1} std / sqrt(n)``. With one seed
+        ``std``, ``low`` and ``high`` are NaN.
+
+    Examples
+    --------
+    >>> from prefopt.model_selection import t_interval
+    >>> mean, std, low, high = t_interval([1.0, 2.0, 3.0])
+    >>> float(mean), float(std)
+    (2.0, 1.0)
+    >>> round(float(low), 4), round(float(high), 4)  # 2 -+ 4.3027 / sqrt(3)
+    (-0.4841, 4.4841)
+    """
+    values = np.asarray(values, dtype=np.float64)
+    n = values.shape[axis]
+    mean = values.mean(axis=axis)
+    if n < 2:
+        nan = np.full_like(mean, np.nan)
+        return mean, nan, nan.copy(), nan.copy()
+    std = values.std(axis=axis, ddof=1)
+    half = stats.t.ppf(0.5 + confidence / 2, n - 1) * std / np.sqrt(n)
+    return mean, std, mean - half, mean + half
+
+
+def _check_seeds(seeds) -> list[int]:
+    if isinstance(seeds, Integral) and not isinstance(seeds, bool):
+        if seeds < 1:
+            raise ValueError(f"seeds must be >= 1 or a list of seeds; got {seeds!r}.")
+        return list(range(int(seeds)))
+    try:
+        out = [int(s) for s in seeds]
+    except TypeError:
+        raise TypeError(f"seeds must be an int n (seeds 0..n-1) or a list of int seeds; got "
+                        f"{type(seeds).__name__}.") from None
+    if not out or len(set(out)) != len(out):
+        raise ValueError(f"seeds must be a non-empty list of distinct seeds; got {seeds!r}.")
+    return out
+
+
+def _rank(means: np.ndarray) -> np.ndarray:
+    """1 for the best mean; a NaN mean (a failed fit) ties with the worst, as in scikit-learn."""
+    if np.isnan(means).all():
+        return np.ones(len(means), dtype=np.int32)
+    filled = np.where(np.isnan(means), np.nanmin(means) - 1, means)
+    return stats.rankdata(-filled, method="min").astype(np.int32)
+
+
+class _AllPrompts:
+    """A splitter with one split: train on all prompts, score on the same prompts.
+
+    An RL policy is usually judged on the prompts it was trained on, and seeds,
+    not folds, are the replicates; ``SeedSearchCV(cv=None)`` uses this.
+    """
+
+    def split(self, X, y=None, groups=None):
+        idx = np.arange(len(X))
+        yield idx, idx
+
+    def get_n_splits(self, X=None, y=None, groups=None):
+        return 1
+
+    def __repr__(self) -> str:
+        return "AllPrompts()"
+
+
+class SeedSearchCV(BaseSearchCV):
+    """Grid search that fits every candidate under several seeds and reports their spread.
+
+    Each candidate of ``param_grid`` is fitted once per seed, the seed set as
+    the estimator's ``random_state`` (``seed_param``), and, when ``cv`` is
+    given, once per fold of the prompts. A seed's score is its mean over
+    folds; the candidate's ``mean``, ``std`` and confidence interval are taken
+    over its seeds, and candidates are ranked by the mean, never by the best
+    seed.
+
+    Parameters
+    ----------
+    estimator : estimator
+        A policy (or a ``Pipeline`` ending in one, with ``seed_param`` naming
+        its step's ``random_state``).
+    param_grid : dict or list of dict
+        As in ``GridSearchCV``; must not contain ``seed_param``.
+    seeds : int or list of int, default=5
+        ``n`` means seeds ``0, ..., n-1``; a list gives the seeds themselves.
+    cv : int, cross-validation generator, iterable or None, default=None
+        ``None`` trains and scores on all the prompts (one "split"); otherwise
+        as in ``GridSearchCV`` (folds of the prompts: score on held-out ones).
+    scoring : str, callable, list, tuple, dict or None, default=None
+        As in ``GridSearchCV``; ``None`` uses the estimator's ``score``
+        (the mean reward of one sample per prompt). See :mod:`prefopt.metrics`
+        and ``world.scorer(...)`` for others.
+    n_jobs : int, default=None
+        Fits run in parallel through joblib (seeds x folds x candidates).
+    refit : bool, str or callable, default=True
+        Refit the best candidate on all prompts with the **first** seed, as
+        ``best_estimator_``; with a dict ``scoring``, the name of the metric
+        that picks the best. With ``cv=None`` the refit repeats that seed's
+        fit exactly.
+    confidence : float, default=0.95
+        Coverage of the Student-t interval over seeds.
+    verbose : int, default=0
+        Passed to the fits' joblib loop.
+    pre_dispatch : int or str, default="2*n_jobs"
+        As in ``GridSearchCV``.
+    error_score : "raise" or float, default=np.nan
+        The score of a failed fit (a diverged run raises ``FloatingPointError``);
+        a NaN seed makes the candidate's mean NaN, ranked last.
+    return_train_score : bool, default=False
+        Also aggregate training-fold scores (``train`` in place of ``test``).
+    seed_param : str, default="random_state"
+        The parameter the seed is set on.
+
+    Attributes
+    ----------
+    cv_results_ : dict of ndarray
+        One entry per candidate (seeds aggregated): ``params``,
+        ``param_<name>``; for each metric ``<m>`` (``score`` for a single
+        one) ``seed<j>_test_<m>`` (the j-th seed's score), with ``cv``
+        also ``split<i>_seed<j>_test_<m>``; ``mean_test_<m>``,
+        ``std_test_<m>`` (over seeds, ``ddof=1``, unlike ``GridSearchCV``'s
+        ``ddof=0`` over folds: seeds are a sample, and this std is the one
+        the interval uses), ``ci_low_test_<m>``, ``ci_high_test_<m>`` and
+        ``rank_test_<m>`` (by the mean); ``mean_fit_time``, ``std_fit_time``,
+        ``mean_score_time``, ``std_score_time`` over all of a candidate's fits.
+    seeds_ : list of int
+        The seeds; ``seed<j>`` in ``cv_results_`` is ``seeds_[j]``.
+    best_estimator_ : estimator
+        The best candidate refitted on all prompts with ``seeds_[0]``.
+    best_index_ : int
+    best_params_ : dict
+        Without the seed.
+    best_score_ : float
+        The best candidate's mean score over seeds.
+    n_splits_ : int
+        Folds (1 when ``cv=None``).
+    refit_time_ : float
+    scorer_ : callable or dict
+    multimetric_ : bool
+
+    See Also
+    --------
+    compare : several algorithms on the same seeds, with paired tests.
+
+    Notes
+    -----
+    The interval treats the seeds as independent draws and the seed's score
+    (a mean over folds) as one measurement, so it covers the seed-to-seed
+    variability of training *and* of the scorer's sampling. With few seeds it
+    is wide: the t quantile is 4.30 for 3 seeds and 2.78 for 5.
+
+    Examples
+    --------
+    >>> import prefopt
+    >>> from prefopt import RewardModel, RLOOPolicy
+    >>> from prefopt.model_selection import SeedSearchCV
+    >>> from prefopt.worlds import PreferenceWorld
+    >>> prefopt.set_config(show_progress_bar=False)
+    >>> world = PreferenceWorld(random_state=0)
+    >>> rm = RewardModel().fit(world.comparisons(500, random_state=0))
+    >>> policy = RLOOPolicy(model=world.policy_model(), learning_rate=2.0, optimizer="sgd",
+    ...                     n_steps=3, batch_size=16)
+    >>> search = SeedSearchCV(policy, {"beta": [0.1, 1.0]}, seeds=2,
+    ...                       scoring=world.scorer("objective"))
+    >>> search = search.fit(world.prompts, reward_model=rm)
+    >>> sorted(k for k in search.cv_results_ if "test_score" in k)
+    ['ci_high_test_score', 'ci_low_test_score', 'mean_test_score', 'rank_test_score', 'seed0_test_score', 'seed1_test_score', 'std_test_score']
+    >>> search.best_estimator_.random_state  # refit with the first seed
+    0
+    """
+
+    _parameter_constraints: dict = {
+        **BaseSearchCV._parameter_constraints,
+        "param_grid": [dict, list],
+        "seeds": [Interval(Integral, 1, None, closed="left"), list, tuple, np.ndarray],
+        "confidence": [Interval(Real, 0, 1, closed="neither")],
+        "seed_param": [str],
+    }
+
+    def __init__(self, estimator, param_grid, *, seeds=5, cv=None, scoring=None, n_jobs=None,
+                 refit=True, confidence=0.95, verbose=0, pre_dispatch="2*n_jobs",
+                 error_score=np.nan, return_train_score=False, seed_param="random_state"):
+        super().__init__(estimator=estimator, scoring=scoring, n_jobs=n_jobs, refit=refit, cv=cv,
+                         verbose=verbose, pre_dispatch=pre_dispatch, error_score=error_score,
+                         return_train_score=return_train_score)
+        self.param_grid = param_grid
+        self.seeds = seeds
+        self.confidence = confidence
+        self.seed_param = seed_param
+
+    def fit(self, X, y=None, **params):
+        """Fit every candidate under every seed (and fold), then refit the best.
+
+        Parameters
+        ----------
+        X : list of str or table with a ``prompt`` column
+            Prompts.
+        y : callable, default=None
+            Unused by policies inside a search; give the reward as a fit
+            parameter.
+        **params : dict
+            Passed to every fit, e.g. ``reward_model=rm``.
+
+        Returns
+        -------
+        self : object
+        """
+        self._validate_params()
+        self.seeds_ = _check_seeds(self.seeds)
+        for grid in ParameterGrid(self.param_grid).param_grid:
+            if self.seed_param in grid:
+                raise ValueError(f"param_grid sets {self.seed_param!r}, which SeedSearchCV sets "
+                                 "to each seed; give the seeds as seeds=[...].")
+        if self.seed_param not in self.estimator.get_params():
+            raise ValueError(f"{type(self.estimator).__name__} has no parameter "
+                             f"{self.seed_param!r} to set the seed on; name it with seed_param=.")
+        # BaseSearchCV reads self.estimator (refit) and self.cv: for the duration of the fit
+        # the template carries the first seed, so the refit uses it (every candidate sets its
+        # own), and cv=None becomes the all-prompts split.
+        estimator, cv = self.estimator, self.cv
+        self.estimator = clone(estimator).set_params(**{self.seed_param: self.seeds_[0]})
+        if cv is None:
+            self.cv = _AllPrompts()
+        try:
+            super().fit(X, y, **params)
+        finally:
+            self.estimator, self.cv = estimator, cv
+        return self
+
+    def _run_search(self, evaluate_candidates):
+        # Seeds vary fastest: candidate g under seed j is entry g * n_seeds + j.
+        evaluate_candidates([{**params, self.seed_param: seed}
+                             for params in ParameterGrid(self.param_grid) for seed in self.seeds_])
+
+    def _format_results(self, candidate_params, n_splits, out, more_results=None):
+        n_seeds = len(self.seeds_)
+        n_candidates = len(candidate_params) // n_seeds
+        params = [{k: v for k, v in p.items() if k != self.seed_param}
+                  for p in candidate_params[::n_seeds]]
+
+        def cells(values):  # (candidate, seed, split)
+            return np.asarray(values, dtype=np.float64).reshape(n_candidates, n_seeds, n_splits)
+
+        results = {key: np.asarray(value) for key, value in (more_results or {}).items()}
+        for key in ("fit_time", "score_time"):
+            times = cells([o[key] for o in out])
+            results[f"mean_{key}"] = times.mean(axis=(1, 2))
+            results[f"std_{key}"] = times.std(axis=(1, 2))
+        for name, masked in _yield_masked_array_for_each_param(params):
+            results[name] = masked
+        results["params"] = params
+        sets = ["test"] + (["train"] if self.return_train_score else [])
+        for which in sets:
+            for metric, values in _by_metric([o[f"{which}_scores"] for o in out]).items():
+                self._store(results, f"{which}_{metric}", cells(values), rank=which == "test")
+        return results
+
+    def _store(self, results: dict, key: str, scores: np.ndarray, rank: bool) -> None:
+        if not isinstance(self.cv, _AllPrompts):
+            for j in range(scores.shape[1]):
+                for i in range(scores.shape[2]):
+                    results[f"split{i}_seed{j}_{key}"] = scores[:, j, i]
+        per_seed = scores.mean(axis=2)  # a seed's score is its mean over folds
+        for j in range(per_seed.shape[1]):
+            results[f"seed{j}_{key}"] = per_seed[:, j]
+        mean, std, low, high = t_interval(per_seed, self.confidence, axis=1)
+        results[f"mean_{key}"] = mean
+        results[f"std_{key}"] = std
+        results[f"ci_low_{key}"] = low
+        results[f"ci_high_{key}"] = high
+        if rank:
+            results[f"rank_{key}"] = _rank(mean)
+
+    def sample(self, X, n: int = 1, **kwargs):
+        """``best_estimator_.sample``: ``n`` completions per prompt."""
+        check_is_fitted(self, "best_estimator_")
+        return self.best_estimator_.sample(X, n, **kwargs)
+
+    def log_prob(self, prompts, completions, **kwargs):
+        """``best_estimator_.log_prob``."""
+        check_is_fitted(self, "best_estimator_")
+        return self.best_estimator_.log_prob(prompts, completions, **kwargs)
+
+
+def _by_metric(scores: list) -> dict:
+    """A list of floats or of dicts (one per fit) -> {metric: list of floats}."""
+    if scores and isinstance(scores[0], dict):
+        return {name: [s[name] for s in scores] for name in scores[0]}
+    return {"score": list(scores)}
+
+
+# ----- comparing algorithms ---------------------------------------------------------------
+
+@dataclass
+class Comparison:
+    """What :func:`compare` returns.
+
+    Attributes
+    ----------
+    results : pandas.DataFrame
+        Tidy: one row per (``algorithm``, ``seed``, ``metric``) with its ``value``.
+    summary : pandas.DataFrame
+        One row per (``algorithm``, ``metric``): ``n_seeds``, ``mean``, ``std``
+        (``ddof=1``), ``ci_low``, ``ci_high``; with a baseline also
+        ``diff_mean`` (algorithm minus baseline, paired by seed),
+        ``diff_ci_low``, ``diff_ci_high`` (the paired-t interval) and
+        ``p_value`` (``scipy.stats.ttest_rel``, two-sided), NaN on the
+        baseline's own rows.
+    seeds : list of int
+    confidence : float
+    baseline : str or None
+    fit_times : pandas.DataFrame
+        Seconds per fit: ``algorithm``, ``seed``, ``fit_time``.
+    estimators : dict of str to list, or None
+        The fitted estimators, one per seed, when ``return_estimators=True``.
+    """
+
+    results: pd.DataFrame
+    summary: pd.DataFrame
+    seeds: list
+    confidence: float
+    baseline: str | None = None
+    fit_times: pd.DataFrame | None = field(default=None, repr=False)
+    estimators: dict | None = field(default=None, repr=False)
+
+
+def _fit_and_score_seed(estimator, prompts, fit_params, seed_param, seed, scorer, keep, config):
+    # The caller's prefopt configuration travels with the task, so worker processes
+    # (loky, Ray) use the same device and progress-bar settings as the caller.
+    with config_context(**config):
+        estimator = clone(estimator).set_params(**{seed_param: seed})
+        start = time.perf_counter()
+        estimator.fit(prompts, **fit_params)
+        fit_time = time.perf_counter() - start
+        scores = scorer(estimator, prompts)
+    scores = dict(scores) if isinstance(scores, dict) else {"score": scores}
+    return {k: float(v) for k, v in scores.items()}, fit_time, estimator if keep else None
+
+
+def compare(estimators: dict, prompts, *, reward_model, seeds=5, scoring=None, baseline=None,
+            n_jobs=None, confidence: float = 0.95, seed_param: str = "random_state",
+            return_estimators: bool = False) -> Comparison:
+    """Fit several algorithms on the same seeds and prompts and compare them.
+
+    Every estimator is cloned, given each seed as its ``random_state`` and
+    fitted with ``fit(prompts, reward_model=reward_model)``, then scored on
+    ``prompts``. Because every algorithm runs under the same seeds, the
+    comparison with a baseline is paired by seed.
+
+    Parameters
+    ----------
+    estimators : dict of str to estimator
+        Names (used as ``algorithm``) and unfitted estimators.
+    prompts : list of str or table with a ``prompt`` column
+        Training prompts; scores are taken on them too.
+    reward_model : callable or None
+        The reward every estimator is fitted against (``None``: fit with the
+        prompts only).
+    seeds : int or list of int, default=5
+        ``n`` means seeds ``0, ..., n-1``.
+    scoring : str, callable, list, tuple, dict or None, default=None
+        As in :class:`SeedSearchCV`; ``None`` uses each estimator's ``score``.
+    baseline : str, default=None
+        Name of the algorithm every other one is compared with.
+    n_jobs : int, default=None
+        (algorithm, seed) fits run in parallel through joblib.
+    confidence : float, default=0.95
+        Coverage of the intervals.
+    seed_param : str, default="random_state"
+        The parameter the seed is set on.
+    return_estimators : bool, default=False
+        Keep the fitted estimators (``Comparison.estimators``).
+
+    Returns
+    -------
+    comparison : Comparison
+        ``results`` (tidy: algorithm, seed, metric, value) and ``summary``.
+
+    See Also
+    --------
+    SeedSearchCV, prefopt.plotting.plot_comparison
+
+    Examples
+    --------
+    >>> import prefopt
+    >>> from prefopt import RAFTPolicy, RewardModel, RLOOPolicy
+    >>> from prefopt.model_selection import compare
+    >>> from prefopt.worlds import PreferenceWorld
+    >>> prefopt.set_config(show_progress_bar=False)
+    >>> world = PreferenceWorld(random_state=0)
+    >>> rm = RewardModel().fit(world.comparisons(500, random_state=0))
+    >>> small = dict(beta=0.3, optimizer="sgd", n_steps=3, batch_size=16)
+    >>> algorithms = {
+    ...     "RLOO": RLOOPolicy(model=world.policy_model(), learning_rate=2.0, **small),
+    ...     "RAFT": RAFTPolicy(model=world.policy_model(), learning_rate=0.3, **small)}
+    >>> result = compare(algorithms, world.prompts, reward_model=rm, seeds=2, baseline="RLOO",
+    ...                  scoring={"kl": world.scorer("kl")})
+    >>> result.results.shape  # 2 algorithms x 2 seeds x 1 metric
+    (4, 4)
+    >>> result.summary[["algorithm", "metric", "n_seeds"]].values.tolist()
+    [['RLOO', 'kl', 2], ['RAFT', 'kl', 2]]
+    """
+    if not isinstance(estimators, dict) or not estimators:
+        raise TypeError("estimators must be a non-empty dict of name -> estimator.")
+    if baseline is not None and baseline not in estimators:
+        raise ValueError(f"baseline {baseline!r} is not one of the estimators "
+                         f"{list(estimators)}.")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1); got {confidence!r}.")
+    seeds = _check_seeds(seeds)
+    prompts = check_prompts(prompts)
+    fit_params = {} if reward_model is None else {"reward_model": reward_model}
+    for name, est in estimators.items():
+        if seed_param not in est.get_params():
+            raise ValueError(f"{name}: {type(est).__name__} has no parameter {seed_param!r} to "
+                             "set the seed on; name it with seed_param=.")
+    scorers = {name: check_scoring(est, scoring) for name, est in estimators.items()}
+    jobs = [(name, seed) for name in estimators for seed in seeds]
+    out = Parallel(n_jobs=n_jobs)(
+        delayed(_fit_and_score_seed)(estimators[name], prompts, fit_params, seed_param, seed,
+                                     scorers[name], return_estimators, get_config())
+        for name, seed in jobs)
+
+    rows = [{"algorithm": name, "seed": seed, "metric": metric, "value": value}
+            for (name, seed), (scores, _, _) in zip(jobs, out) for metric, value in scores.items()]
+    results = pd.DataFrame(rows, columns=["algorithm", "seed", "metric", "value"])
+    fit_times = pd.DataFrame([{"algorithm": name, "seed": seed, "fit_time": t}
+                              for (name, seed), (_, t, _) in zip(jobs, out)])
+    kept = None
+    if return_estimators:
+        kept = {name: [est for (n, _), (_, _, est) in zip(jobs, out) if n == name]
+                for name in estimators}
+    summary = _summarise(results, list(estimators), seeds, baseline, confidence)
+    return Comparison(results=results, summary=summary, seeds=seeds, confidence=confidence,
+                      baseline=baseline, fit_times=fit_times, estimators=kept)
+
+
+def _summarise(results, names, seeds, baseline, confidence) -> pd.DataFrame:
+    table = results.pivot_table(index=["algorithm", "metric"], columns="seed", values="value",
+                                aggfunc="first")[seeds]
+    metrics = list(dict.fromkeys(results["metric"]))
+    rows = []
+    for name in names:
+        for metric in metrics:
+            if (name, metric) not in table.index:
+                continue
+            values = table.loc[(name, metric)].to_numpy(dtype=np.float64)
+            mean, std, low, high = t_interval(values, confidence)
+            row = {"algorithm": name, "metric": metric, "n_seeds": len(values),
+                   "mean": float(mean), "std": float(std), "ci_low": float(low),
+                   "ci_high": float(high)}
+            if baseline is not None:
+                row.update(diff_mean=np.nan, diff_ci_low=np.nan, diff_ci_high=np.nan,
+                           p_value=np.nan)
+                if name != baseline and (baseline, metric) in table.index:
+                    base = table.loc[(baseline, metric)].to_numpy(dtype=np.float64)
+                    diff_mean, _, diff_low, diff_high = t_interval(values - base, confidence)
+                    with warnings.catch_warnings():  # identical runs: p is NaN, say nothing
+                        warnings.simplefilter("ignore", RuntimeWarning)
+                        p_value = stats.ttest_rel(values, base).pvalue if len(values) > 1 \
+                            else np.nan
+                    row.update(diff_mean=float(diff_mean), diff_ci_low=float(diff_low),
+                               diff_ci_high=float(diff_high), p_value=float(p_value))
+            rows.append(row)
+    return pd.DataFrame(rows)
