@@ -139,15 +139,14 @@ def main(argv=None):
     fig, axes = plt.subplots(1, 4, figsize=(17, 3.8))
     trained = {k: v for k, v in policies.items()}
     for ax, key in zip(axes[:3], ("objective/reward", "objective/kl", "response/length")):
-        for name, policy in trained.items():
-            plot_history(policy, keys=(key,), ax=ax)
-            ax.lines[-1].set_label(name)
+        for i, (name, policy) in enumerate(trained.items()):
+            plot_history(policy, keys=(key,), ax=ax, color=f"C{i}", label=name)
         ax.set_title(key)
         ax.legend(fontsize=7)
     if overopt_path:
         steps, proxy, gold = zip(*overopt_path)
-        axes[3].plot(steps, proxy, marker="o", label="proxy (learned reward)")
-        axes[3].plot(steps, gold, marker="o", label="gold (VADER)")
+        axes[3].plot(steps, proxy, marker="o", color="C2", label="proxy (learned reward)")
+        axes[3].plot(steps, gold, marker="o", color="k", label="gold (VADER)")
         axes[3].set_title("beta = 0: over-optimisation")
         axes[3].set_xlabel("step")
         axes[3].legend(fontsize=7)

@@ -30,16 +30,9 @@ from .backend import (
 from .data import check_demonstrations
 
 
-def _load(rm, seed: int):
-    model = rm.model
-    if type(model).__name__ == "FrozenEstimator":
-        model = model.estimator
-    if hasattr(model, "model_") and hasattr(model, "tokenizer_"):  # a fitted SFTPolicy
-        lm, tok = copy.deepcopy(model.model_), model.tokenizer_
-        if rm.tokenizer is not None:
-            raise ValueError("Pass tokenizer= only with a path or config, not with a fitted policy.")
-    else:
-        lm, tok = load_causal_lm(model, rm.tokenizer, seed=seed)
+def _load(rm, model, seed: int):
+    # A path, a config, a module, or a fitted (possibly frozen) SFTPolicy, copied.
+    lm, tok = load_causal_lm(model, rm.tokenizer, seed=seed)
     trunk = getattr(lm, "base_model", None)
     if trunk is None or trunk is lm or not hasattr(trunk, "config"):
         raise TypeError(f"RewardModel needs a transformers causal LM with a base model; got "
@@ -47,12 +40,12 @@ def _load(rm, seed: int):
     return disable_dropout(lm).eval(), ensure_pad_token(tok), trunk
 
 
-def fit_lm_reward(rm, data, references) -> None:
+def fit_lm_reward(rm, model, data, references) -> None:
     """Bradley-Terry training of a scalar head on the SFT trunk, then normalisation."""
     rng = check_random_state(rm.random_state)
     seeds = rng.randint(np.iinfo(np.int32).max, size=4)
     device = resolve_device()
-    lm, tok, trunk = _load(rm, int(seeds[0]))
+    lm, tok, trunk = _load(rm, model, int(seeds[0]))
     rm.tokenizer_ = tok
     rm.device_ = device
     # The head is drawn with std 1/sqrt(d_model + 1) from a local generator.

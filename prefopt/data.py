@@ -13,7 +13,8 @@ from typing import Callable, Sequence
 import numpy as np
 import pandas as pd
 
-__all__ = ["Comparisons", "check_prompts", "check_comparisons", "check_demonstrations"]
+__all__ = ["Comparisons", "PreferenceData", "check_prompts", "check_comparisons",
+           "check_demonstrations"]
 
 
 @dataclass(frozen=True)
@@ -210,3 +211,57 @@ def check_demonstrations(X) -> tuple[list[str], list[str]]:
         raise ValueError("No demonstrations were given; pass (prompt, completion) rows.")
     return (_check_text(cols["prompt"], "prompt", "Demonstrations"),
             _check_text(cols["completion"], "completion", "Demonstrations"))
+
+
+@dataclass
+class PreferenceData:
+    """One data bundle for a whole RLHF pipeline: SFT, reward model, policy.
+
+    ``make_pipeline(SFTPolicy(...), RewardModel(...), RLOOPolicy(...)).fit(data)``
+    passes it along: each step reads its part (demonstrations, comparisons,
+    prompts), and each fitted step is handed to the next (the SFT model starts
+    the reward model and the policy, the reward model scores the policy).
+
+    Parameters
+    ----------
+    prompts : list of str, default=None
+        Prompts for policy optimisation.
+    demonstrations : rows or table, default=None
+        (prompt, completion) rows for SFT.
+    comparisons : rows, table or Comparisons, default=None
+        (prompt, chosen, rejected) rows for the reward model.
+    references : rows or table, default=None
+        (prompt, completion) reference responses; the reward model is shifted so
+        they score 0 on average.
+    policy : fitted estimator, default=None
+        Set by a fitted SFT step for the steps after it.
+    reward_model : fitted estimator, default=None
+        Set by a fitted reward-model step for the steps after it.
+
+    Examples
+    --------
+    >>> data = PreferenceData(prompts=["the movie was"],
+    ...                       demonstrations=[("the movie was", " great .")])
+    >>> data.with_(policy="fitted").policy
+    'fitted'
+    """
+
+    prompts: Sequence[str] | None = None
+    demonstrations: object = None
+    comparisons: object = None
+    references: object = None
+    policy: object = None
+    reward_model: object = None
+
+    def with_(self, **changes) -> "PreferenceData":
+        """A copy with some fields replaced."""
+        from dataclasses import replace
+
+        return replace(self, **changes)
+
+    def require(self, field_name: str, step: str):
+        value = getattr(self, field_name)
+        if value is None:
+            raise ValueError(f"{step} needs PreferenceData.{field_name}, which is empty; fill it "
+                             "or fit this step on its own data.")
+        return value

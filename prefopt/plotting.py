@@ -48,7 +48,7 @@ def _curve(history: list[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 def plot_history(histories, keys: Sequence[str] = DEFAULT_HISTORY_KEYS, *, band: str = "std",
-                 ax=None):
+                 ax=None, color=None, label=None):
     """Training curves from one ``history_`` or from several (one per seed).
 
     One panel per key. With one history each panel shows its curve; with
@@ -71,6 +71,11 @@ def plot_history(histories, keys: Sequence[str] = DEFAULT_HISTORY_KEYS, *, band:
     ax : matplotlib Axes or sequence of Axes, default=None
         One Axes per plotted key; ``None`` makes a new figure with one row of
         panels.
+    color : matplotlib color, default=None
+        Line and band color (``None`` is "C0"); pass one per call to draw
+        several runs on the same Axes.
+    label : str, default=None
+        Legend label of the line.
 
     Returns
     -------
@@ -113,8 +118,9 @@ def plot_history(histories, keys: Sequence[str] = DEFAULT_HISTORY_KEYS, *, band:
         table = np.full((len(curves), len(steps)), np.nan)
         for i, (s, v) in enumerate(curves):
             table[i, np.searchsorted(steps, s)] = v
+        c = "C0" if color is None else color
         if len(runs) == 1:
-            a.plot(steps, table[0], color="C0")
+            a.plot(steps, table[0], color=c, label=label)
         else:
             with warnings.catch_warnings():  # a step no run recorded gives NaN, silently
                 warnings.simplefilter("ignore", RuntimeWarning)
@@ -124,10 +130,10 @@ def plot_history(histories, keys: Sequence[str] = DEFAULT_HISTORY_KEYS, *, band:
                     low, high = mean - spread, mean + spread
                 else:
                     low, high = np.nanmin(table, axis=0), np.nanmax(table, axis=0)
-            a.plot(steps, mean, color="C0", label=f"mean of {len(runs)} runs")
-            a.fill_between(steps, low, high, color="C0", alpha=0.25, linewidth=0,
-                           label="±1 std" if band == "std" else "min–max")
-            if a is axes[0]:  # one legend says it for every panel
+            a.plot(steps, mean, color=c, label=label or f"mean of {len(runs)} runs")
+            a.fill_between(steps, low, high, color=c, alpha=0.25, linewidth=0,
+                           label=None if label else ("±1 std" if band == "std" else "min–max"))
+            if a is axes[0] and label is None:  # one legend says it for every panel
                 a.legend(fontsize="small")
         a.set_title(key)
         a.set_xlabel("step")
@@ -325,6 +331,8 @@ def plot_search(search, param: str = "beta", group: str | None = "k", metric: st
     >>> ax.lines[0].get_ydata().tolist(), ax.get_xscale()
     ([1.0, 2.0], 'log')
     """
+    import re
+
     import matplotlib.pyplot as plt
 
     results = search if isinstance(search, Mapping) else search.cv_results_
@@ -342,9 +350,9 @@ def plot_search(search, param: str = "beta", group: str | None = "k", metric: st
     mean = np.asarray(results[f"mean_test_{metric}"], dtype=float)
     low = np.asarray(results[f"ci_low_test_{metric}"], dtype=float)
     high = np.asarray(results[f"ci_high_test_{metric}"], dtype=float)
-    seed_keys = sorted((k for k in results if k.startswith("seed")
-                        and k.endswith(f"_test_{metric}")),
-                       key=lambda k: int(k[len("seed"):k.index("_")]))
+    pattern = re.compile(rf"seed(\d+)_test_{re.escape(metric)}")
+    seed_keys = sorted((k for k in results if pattern.fullmatch(k)),
+                       key=lambda k: int(pattern.fullmatch(k).group(1)))
     seeds = np.array([np.asarray(results[k], dtype=float) for k in seed_keys]).reshape(
         len(seed_keys), len(mean))
     groups = [None] if group is None else sorted(set(_param_values(results, group)), key=repr)

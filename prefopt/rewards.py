@@ -16,7 +16,7 @@ from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval
 from sklearn.utils.validation import check_is_fitted
 
-from .data import check_comparisons
+from .data import PreferenceData, check_comparisons
 
 __all__ = ["RewardModel", "NoisyReward", "check_rewards"]
 
@@ -202,17 +202,28 @@ class RewardModel(BaseEstimator):
         Returns
         -------
         self : RewardModel
+
+        Notes
+        -----
+        Given a :class:`~prefopt.data.PreferenceData` (inside a ``Pipeline``),
+        the comparisons and references come from it, and ``model=None`` starts
+        from the policy fitted by the previous step.
         """
         self._validate_params()
+        model = self.model
+        if isinstance(X, PreferenceData):  # a step of a Pipeline
+            references = X.references if references is None else references
+            model = X.policy if model is None else model
+            X = X.require("comparisons", "RewardModel")
         data = check_comparisons(X)
         for attr in ("coef_", "featurizer_", "model_", "tokenizer_"):
             self.__dict__.pop(attr, None)
-        if self.model is None:
+        if model is None:
             self._fit_linear(data)
         else:
             from ._reward_lm import fit_lm_reward
 
-            fit_lm_reward(self, data, references)
+            fit_lm_reward(self, model, data, references)
         self.n_comparisons_ = len(data)
         return self
 
@@ -291,6 +302,11 @@ class RewardModel(BaseEstimator):
 
     def __call__(self, prompts, completions) -> np.ndarray:
         return self.predict(prompts, completions)
+
+    def transform(self, X):
+        """Pass data along a ``Pipeline``: a PreferenceData gets this fitted reward model."""
+        check_is_fitted(self)
+        return X.with_(reward_model=self) if isinstance(X, PreferenceData) else X
 
     def __getstate__(self):
         from .backend.serialization import dump_state

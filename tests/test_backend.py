@@ -114,7 +114,7 @@ def test_truncation_after_first_eos_in_rollouts():
 
 def _started(policy, reward):
     policy._validate_params()
-    policy._setup(reward)
+    policy._setup(reward, policy.model)
     policy.reward_model_ = reward
     policy._prompts = PROMPTS
     policy._prompt_tokens = policy._tokenize_prompts(PROMPTS)

@@ -39,7 +39,7 @@ from ..backend import (
     sequence_values,
     truncate_after_eos,
 )
-from ..data import check_prompts
+from ..data import PreferenceData, check_prompts
 from ..kl import FixedKLController, _KLController, kl_estimate
 from ..rewards import check_rewards
 from ..backend.serialization import dump_state, restore_state
@@ -197,8 +197,10 @@ class BasePolicy(GenerativeEstimator):
 
         Parameters
         ----------
-        X : list of str, pandas Series or DataFrame, or datasets.Dataset
-            Prompts (a ``prompt`` column for tables).
+        X : list of str, pandas Series or DataFrame, datasets.Dataset, or PreferenceData
+            Prompts (a ``prompt`` column for tables). In a ``Pipeline``, a
+            :class:`~prefopt.data.PreferenceData` whose fitted SFT policy starts
+            the run when ``model=None`` and whose reward model is the reward.
         y : callable, default=None
             The reward: a fitted :class:`~prefopt.RewardModel` or any callable
             ``reward(prompts, completions) -> array (n,)``.
@@ -216,6 +218,11 @@ class BasePolicy(GenerativeEstimator):
         """
         self._validate_params()
         self._check_algorithm_params()
+        start_model = self.model
+        if isinstance(X, PreferenceData):  # the last step of a Pipeline
+            reward_model = reward_model if reward_model is not None else X.reward_model
+            start_model = self.model if self.model is not None else X.policy
+            X = X.require("prompts", type(self).__name__)
         prompts = check_prompts(X)
         reward = reward_model if reward_model is not None else y
         if reward is None:
@@ -230,7 +237,7 @@ class BasePolicy(GenerativeEstimator):
         prompts_key = _fingerprint(prompts)
         if not load_checkpoint(self, prompts_key):
             if not (self.warm_start and hasattr(self, "model_")):
-                self._setup(reward)
+                self._setup(reward, start_model)
             self._run_start = self.n_iter_
             self._stream = np.zeros(0, dtype=int)
             self._prompts_key = prompts_key
@@ -244,10 +251,10 @@ class BasePolicy(GenerativeEstimator):
     def _check_algorithm_params(self) -> None:
         """Cross-parameter checks of an algorithm; raise ValueError."""
 
-    def _setup(self, reward) -> None:
+    def _setup(self, reward, start_model) -> None:
         rng = check_random_state(self.random_state)
         seeds = rng.randint(np.iinfo(np.int32).max, size=3)
-        self._init_model(self.model, self.tokenizer, seed=int(seeds[0]))
+        self._init_model(start_model, self.tokenizer, seed=int(seeds[0]))
         model = self.model_
         self.ref_model_ = frozen_copy(model)
         value_model = self._make_value_model(model, reward)

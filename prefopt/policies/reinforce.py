@@ -117,8 +117,8 @@ class ReinforcePolicy(BasePolicy):
         self.max_kl_action = max_kl_action
         self.min_eos_share = min_eos_share
 
-    def _setup(self, reward) -> None:
-        super()._setup(reward)
+    def _setup(self, reward, start_model) -> None:
+        super()._setup(reward, start_model)
         self.baseline_ = MovingAverageBaseline()
 
     def _advantages(self, batch) -> None:

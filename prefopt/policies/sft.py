@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 
 from .._config import get_config
 from ..backend import EncodedPrompts, default_learning_rate, make_generator, pad_left, pad_right, response_logprobs
-from ..data import check_demonstrations
+from ..data import PreferenceData, check_demonstrations
 from ._base import masked_mean
 from ._lm import GenerativeEstimator, context_length
 
@@ -142,6 +142,8 @@ class SFTPolicy(GenerativeEstimator):
         self : SFTPolicy
         """
         self._validate_params()
+        if isinstance(X, PreferenceData):  # a step of a Pipeline
+            X = X.require("demonstrations", "SFTPolicy")
         prompts, completions = check_demonstrations(X)
         rng = check_random_state(self.random_state)
         seeds = rng.randint(np.iinfo(np.int32).max, size=2)
@@ -213,6 +215,11 @@ class SFTPolicy(GenerativeEstimator):
                                      temperature=1.0, suppress_ids=self._suppress_ids)
         mask = mask.to(self.device_)
         return -masked_mean(logprobs, mask), int(mask.sum())
+
+    def transform(self, X):
+        """Pass data along a ``Pipeline``: a PreferenceData gets this fitted policy."""
+        check_is_fitted(self)
+        return X.with_(policy=self) if isinstance(X, PreferenceData) else X
 
     @torch.no_grad()
     def score(self, X, y=None) -> float:
