@@ -1,0 +1,68 @@
+"""No forward pass is done twice: forward calls per step, counted for every algorithm.
+
+Per step with T new tokens, E epochs and M minibatches: the policy runs T times to
+sample (the prompt, then one cached call per further token), once for the old
+log-probs and E*M times in the update; the reference runs once; PPO's value model
+once at rollout and E*M times in the update; a language-model reward model once.
+"""
+
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from prefopt import PPOPolicy, RAFTPolicy, ReinforcePolicy, RewardModel, RLOOPolicy, SFTPolicy
+from _tiny import tiny_lm
+
+PROMPTS = ["the movie was", "the plot was"]
+T = 4
+
+
+def _count(model):
+    calls = Counter()
+
+    def hook(module, args, kwargs, output):
+        calls[id(module)] += 1
+
+    handle = model.register_forward_hook(hook, with_kwargs=True)
+    return calls, handle
+
+
+TRUNK_CALLS = Counter()
+
+
+def _trunk_hook(module, args, kwargs, output):
+    TRUNK_CALLS[id(module)] += 1
+
+
+@pytest.mark.parametrize("cls, kwargs, epochs, minibatches", [
+    (PPOPolicy, {}, 4, 1),
+    (PPOPolicy, {"n_epochs": 2, "n_minibatches": 2}, 2, 2),
+    (RLOOPolicy, {"k": 2}, 1, 2),
+    (ReinforcePolicy, {}, 1, 2),
+    (RAFTPolicy, {"k": 2}, 1, 1),
+])
+def test_forward_calls_per_step(cls, kwargs, epochs, minibatches):
+    model = tiny_lm()
+    calls, handle = _count(model)  # deepcopies of the model keep the hook
+    # PPO's value model copies the policy's transformer trunk: hook the trunk too.
+    model.transformer.register_forward_hook(_trunk_hook, with_kwargs=True)
+    reward = lambda p, c: np.array([x.count("good") for x in c], dtype=float)  # noqa: E731
+    policy = cls(model=model, max_new_tokens=T, batch_size=8, n_steps=1, random_state=0,
+                 **kwargs).fit(PROMPTS, reward)
+    handle.remove()
+    assert calls[id(policy.model_)] == T + 1 + epochs * minibatches
+    assert calls[id(policy.ref_model_)] == 1
+    if cls is PPOPolicy:
+        assert TRUNK_CALLS[id(policy.value_model_.backbone)] == 1 + epochs * minibatches
+
+
+def test_language_model_reward_scores_a_batch_in_one_forward():
+    demos = [("the movie was", "good ."), ("the plot was", "bad .")] * 4
+    sft = SFTPolicy(model=tiny_lm(), learning_rate=1e-2, n_epochs=2, random_state=0).fit(demos)
+    rm = RewardModel(model=sft, normalize_samples=8, random_state=0).fit(
+        [("the movie was", "good .", "bad .")] * 8)
+    calls, handle = _count(rm.model_)
+    RLOOPolicy(model=sft, k=2, batch_size=8, n_steps=1, random_state=0).fit(PROMPTS, rm)
+    handle.remove()
+    assert sum(calls.values()) == 1
