@@ -13,6 +13,8 @@ from __future__ import annotations
 import copy
 import importlib
 import io
+import pickle
+import warnings
 
 import torch
 from safetensors.torch import load as st_load
@@ -70,9 +72,16 @@ def dump_module(module: nn.Module) -> dict:
                 "config_class": _qualname(module.config), "config": module.config.to_dict(),
                 "generation_config": None if generation is None else generation.to_dict(),
                 "extra": extra, "weights": weights, "device": str(device)}
+    # Tied (shared) parameters: remember which names alias which, to re-tie them on load.
+    first, aliases = {}, {}
+    for name, param in module.named_parameters(remove_duplicate=False):
+        if id(param) in first:
+            aliases[name] = first[id(param)]
+        else:
+            first[id(param)] = name
     skeleton = copy.deepcopy(module).to("meta")
-    # Submodules that are transformers models keep their own route (tied weights, config).
-    return {"kind": "skeleton", "skeleton": skeleton, "weights": weights, "device": str(device)}
+    return {"kind": "skeleton", "skeleton": skeleton, "weights": weights, "aliases": aliases,
+            "device": str(device)}
 
 
 def load_module(state: dict, device=None) -> nn.Module:
@@ -89,6 +98,9 @@ def load_module(state: dict, device=None) -> nn.Module:
             setattr(module, k, v)
     elif state["kind"] == "skeleton":
         module = state["skeleton"].to_empty(device="cpu")
+        for alias, name in state.get("aliases", {}).items():
+            owner, _, attr = alias.rpartition(".")
+            setattr(module.get_submodule(owner), attr, module.get_parameter(name))
     else:
         raise ValueError(f"Unknown module format {state['kind']!r}; this file was written by "
                          "another prefopt version.")
@@ -129,9 +141,27 @@ def dump_state(obj) -> dict:
         elif isinstance(value, torch.Generator):
             out[key] = {_GENERATOR_KEY: value.get_state().numpy().tobytes(),
                         "device": str(value.device)}
+        elif key == "reward_model_" and not _picklable(value):
+            warnings.warn(f"The reward given to {type(obj).__name__}.fit ({value!r}) cannot be "
+                          "pickled (a lambda or local function?); it is not saved. After "
+                          "loading, pass it again: score(X, y=reward) or fit(..., reward).",
+                          UserWarning, stacklevel=3)
+            out[key] = None
         else:
             out[key] = value
     return out
+
+
+def _picklable(value) -> bool:
+    from sklearn.base import BaseEstimator
+
+    if isinstance(value, BaseEstimator):
+        return True  # prefopt's own reward models pickle through this module
+    try:
+        pickle.dumps(value)
+    except Exception:  # noqa: BLE001 - any failure means "cannot be saved"
+        return False
+    return True
 
 
 def restore_state(obj, state: dict, make_optimizer=None) -> None:

@@ -11,6 +11,7 @@ minibatches, epochs, the KL controller, ``history_`` and progress live here.
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import warnings
@@ -164,7 +165,21 @@ _COMMON_CONSTRAINTS = {
     "max_kl": [Interval(Real, 0, None, closed="neither"), None],
     "max_kl_action": [StrOptions({"warn", "raise"})],
     "min_eos_share": [Interval(Real, 0, 1, closed="both"), None],
+    "lora": "no_validation",
 }
+
+
+def _with_lora(model, lora):
+    """Wrap a transformers model with a LoRA adapter (peft); only the adapter trains."""
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError:  # pragma: no cover - depends on the environment
+        raise ImportError("lora= needs the peft package: pip install 'prefopt[lora]'.") from None
+    config = LoraConfig(**lora) if isinstance(lora, dict) else lora
+    if not getattr(config, "target_modules", None):
+        raise ValueError("lora= needs target_modules, e.g. {'r': 8, 'target_modules': "
+                         "['c_attn']} for GPT-2.")
+    return get_peft_model(model, copy.deepcopy(config))
 
 
 class BasePolicy(GenerativeEstimator):
@@ -256,8 +271,13 @@ class BasePolicy(GenerativeEstimator):
         seeds = rng.randint(np.iinfo(np.int32).max, size=3)
         self._init_model(start_model, self.tokenizer, seed=int(seeds[0]))
         model = self.model_
-        self.ref_model_ = frozen_copy(model)
         value_model = self._make_value_model(model, reward)
+        if self.lora is not None:
+            # The reference is the frozen base with the adapter disabled: no second copy.
+            self.model_ = model = _with_lora(model, self.lora)
+            self.ref_model_ = None
+        else:
+            self.ref_model_ = frozen_copy(model)
         self.value_model_ = None if value_model is None else disable_dropout(value_model).to(
             self.device_).eval()
         self.kl_ = clone(self.kl) if self.kl is not None else FixedKLController()
@@ -380,8 +400,9 @@ class BasePolicy(GenerativeEstimator):
         # ratio is exactly 1 at the first epoch (implementation details 2, 3, 21).
         old = response_logprobs(self.model_, prompts, response_ids, response_mask,
                                 temperature=self.temperature_, suppress_ids=self._suppress_ids)
-        ref = response_logprobs(self.ref_model_, prompts, response_ids, response_mask,
-                                temperature=self.temperature_, suppress_ids=self._suppress_ids)
+        with self._reference() as reference:
+            ref = response_logprobs(reference, prompts, response_ids, response_mask,
+                                    temperature=self.temperature_, suppress_ids=self._suppress_ids)
         values = None
         if self.value_model_ is not None:
             values = sequence_values(self.value_model_, prompts, response_ids, response_mask)

@@ -66,12 +66,18 @@ COMMON_PARAMETERS = """model : str, transformers config, torch module or fitted 
     max_kl_action : {{"warn", "raise"}}, default="warn"
     min_eos_share : float or None, default=0.5
         Warn when fewer responses than this end with EOS: the fixed
-        ``missing_eos_reward`` then dominates the reward."""
+        ``missing_eos_reward`` then dominates the reward.
+    lora : dict or peft.LoraConfig, default=None
+        Train a LoRA adapter (peft) instead of all weights, e.g.
+        ``{{"r": 8, "lora_alpha": 16, "target_modules": ["c_attn"]}}``. The
+        reference is then the frozen base with the adapter disabled, so its
+        weights are not copied."""
 
 COMMON_ATTRIBUTES = """model_ : torch.nn.Module
         The trained policy.
-    ref_model_ : torch.nn.Module
-        The frozen reference (the starting policy), made once per fit.
+    ref_model_ : torch.nn.Module or None
+        The frozen reference (the starting policy), made once per fit; None
+        with ``lora``, where the reference is the base with the adapter off.
     tokenizer_ : tokenizer
         With a pad token distinct from EOS.
     reward_model_ : callable

@@ -8,6 +8,7 @@ the sampling settings, sampling completions and scoring their log-probs.
 from __future__ import annotations
 
 import re
+from contextlib import contextmanager, nullcontext
 
 import numpy as np
 import torch
@@ -214,18 +215,32 @@ class GenerativeEstimator(BaseEstimator):
         tok = self.tokenizer_
         ptoks = self._tokenize_prompts(prompts)
         rtoks = self._completion_tokens(completions, add_eos)
-        model = self.ref_model_ if reference else self.model_
         out = []
         size = get_config()["eval_batch_size"]
-        for start in range(0, len(prompts), size):
-            sl = slice(start, start + size)
-            enc = pad_left(ptoks[sl], tok.pad_token_id)
-            ids, mask = pad_right(rtoks[sl], tok.pad_token_id)
-            enc = EncodedPrompts(enc.input_ids.to(self.device_), enc.attention_mask.to(self.device_))
-            lp = response_logprobs(model, enc, ids.to(self.device_), mask.to(self.device_),
-                                   temperature=self.temperature_, suppress_ids=self._suppress_ids)
-            out.append(lp.sum(1).cpu().double().numpy())
+        with (self._reference() if reference else nullcontext(self.model_)) as model:
+            for start in range(0, len(prompts), size):
+                sl = slice(start, start + size)
+                enc = pad_left(ptoks[sl], tok.pad_token_id)
+                ids, mask = pad_right(rtoks[sl], tok.pad_token_id)
+                enc = EncodedPrompts(enc.input_ids.to(self.device_),
+                                     enc.attention_mask.to(self.device_))
+                lp = response_logprobs(model, enc, ids.to(self.device_), mask.to(self.device_),
+                                       temperature=self.temperature_,
+                                       suppress_ids=self._suppress_ids)
+                out.append(lp.sum(1).cpu().double().numpy())
         return np.concatenate(out)
+
+    @contextmanager
+    def _reference(self):
+        """The frozen reference: its own copy, or the LoRA policy with the adapter off."""
+        ref = getattr(self, "ref_model_", None)
+        if ref is not None:
+            yield ref
+        elif hasattr(self.model_, "disable_adapter"):
+            with self.model_.disable_adapter():
+                yield self.model_
+        else:
+            raise ValueError(f"{type(self).__name__} has no reference model.")
 
     def __sklearn_is_fitted__(self) -> bool:
         return hasattr(self, "model_")

@@ -211,7 +211,7 @@ class PPOPolicy(BasePolicy):
                  whiten_advantages=True, clip=True, use_ratio=True, value_model=None,
                  random_state=None, verbose=0, warm_start=False, checkpoint_dir=None,
                  checkpoint_every=10, truncate_prompts=False, max_kl=None, max_kl_action="warn",
-                 min_eos_share=0.5):
+                 min_eos_share=0.5, lora=None):
         self.model = model
         self.tokenizer = tokenizer
         self.beta = beta
@@ -247,6 +247,7 @@ class PPOPolicy(BasePolicy):
         self.max_kl = max_kl
         self.max_kl_action = max_kl_action
         self.min_eos_share = min_eos_share
+        self.lora = lora
 
     def _make_value_model(self, model, reward):
         if self.value_model is not None:

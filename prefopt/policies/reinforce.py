@@ -90,7 +90,8 @@ class ReinforcePolicy(BasePolicy):
                  n_steps=100, batch_size=64, n_epochs=1, n_minibatches=2, temperature=None,
                  max_new_tokens=None, missing_eos_reward=-1.0, random_state=None, verbose=0,
                  warm_start=False, checkpoint_dir=None, checkpoint_every=10,
-                 truncate_prompts=False, max_kl=None, max_kl_action="warn", min_eos_share=0.5):
+                 truncate_prompts=False, max_kl=None, max_kl_action="warn", min_eos_share=0.5,
+                 lora=None):
         self.model = model
         self.tokenizer = tokenizer
         self.beta = beta
@@ -116,6 +117,7 @@ class ReinforcePolicy(BasePolicy):
         self.max_kl = max_kl
         self.max_kl_action = max_kl_action
         self.min_eos_share = min_eos_share
+        self.lora = lora
 
     def _setup(self, reward, start_model) -> None:
         super()._setup(reward, start_model)

@@ -102,7 +102,7 @@ class RLOOPolicy(BasePolicy):
                  temperature=None, max_new_tokens=None, missing_eos_reward=-1.0,
                  random_state=None, verbose=0, warm_start=False, checkpoint_dir=None,
                  checkpoint_every=10, truncate_prompts=False, max_kl=None, max_kl_action="warn",
-                 min_eos_share=0.5):
+                 min_eos_share=0.5, lora=None):
         self.model = model
         self.tokenizer = tokenizer
         self.beta = beta
@@ -129,6 +129,7 @@ class RLOOPolicy(BasePolicy):
         self.max_kl = max_kl
         self.max_kl_action = max_kl_action
         self.min_eos_share = min_eos_share
+        self.lora = lora
 
     def _advantages(self, batch) -> None:
         batch.advantages = leave_one_out_advantages(batch.sequence_rewards, self.k)
