@@ -59,3 +59,22 @@ def test_lora_needs_target_modules():
     with pytest.raises(ValueError, match="target_modules"):
         RLOOPolicy(model=tiny_lm(), k=2, batch_size=4, n_steps=1, lora={"r": 4}).fit(
             PROMPTS, reward)
+
+
+def test_shared_value_trunk_is_the_policy_trunk_and_round_trips(tmp_path):
+    import joblib
+    import torch
+
+    kwargs = dict(model=tiny_lm(), batch_size=8, max_new_tokens=4, n_steps=2,
+                  learning_rate=1e-2, random_state=0)
+    shared = PPOPolicy(value_model="shared", **kwargs).fit(PROMPTS, reward)
+    assert shared.value_model_.backbone is shared.model_.transformer
+    separate = PPOPolicy(**kwargs).fit(PROMPTS, reward)
+    assert _storage_bytes(shared.model_, shared.ref_model_, shared.value_model_) < 0.75 * \
+        _storage_bytes(separate.model_, separate.ref_model_, separate.value_model_)
+    shared.reward_model_ = None  # the test's reward is a plain function
+    joblib.dump(shared, tmp_path / "ppo.joblib")
+    loaded = joblib.load(tmp_path / "ppo.joblib")
+    assert loaded.value_model_.backbone is loaded.model_.transformer
+    assert torch.equal(loaded.value_model_.head.weight, shared.value_model_.head.weight)
+    assert loaded.sample(PROMPTS, n=2) == shared.sample(PROMPTS, n=2)

@@ -292,9 +292,7 @@ class BasePolicy(GenerativeEstimator):
         self.n_episodes_ = 0
 
     def _make_optimizer(self) -> torch.optim.Optimizer:
-        params = [p for p in self.model_.parameters() if p.requires_grad]
-        if self.value_model_ is not None:
-            params += [p for p in self.value_model_.parameters() if p.requires_grad]
+        params = self._trainable_parameters()
         if self.optimizer == "adam":
             # eps=1e-5 as in the original code (implementation details 1A, 12).
             return torch.optim.AdamW(params, lr=self.learning_rate_, eps=1e-5, weight_decay=0.0)
@@ -305,6 +303,16 @@ class BasePolicy(GenerativeEstimator):
 
     def __setstate__(self, state):
         restore_state(self, state, make_optimizer=type(self)._make_optimizer)
+
+    def _trainable_parameters(self) -> list:
+        """Parameters of the policy and the value model, each once (a trunk may be shared)."""
+        seen, params = set(), []
+        for module in (self.model_, self.value_model_):
+            for p in ([] if module is None else module.parameters()):
+                if p.requires_grad and id(p) not in seen:
+                    seen.add(id(p))
+                    params.append(p)
+        return params
 
     def _next_prompts(self, n: int) -> np.ndarray:
         # An endless, reshuffled stream over the prompts (implementation detail 1B).

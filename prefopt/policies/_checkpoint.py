@@ -16,7 +16,7 @@ import os
 
 import joblib
 
-from ..backend.serialization import FORMAT_VERSION, dump_state, restore_state
+from ..backend.serialization import FORMAT_VERSION
 
 CHECKPOINT = "checkpoint.joblib"
 _NOT_STORED = ("reward_model_", "_prompts", "_prompt_tokens")
@@ -30,7 +30,7 @@ def save_checkpoint(policy) -> str:
     """Write ``policy``'s state to ``checkpoint_dir`` atomically; return the path."""
     directory = os.fspath(policy.checkpoint_dir)
     os.makedirs(directory, exist_ok=True)
-    state = {k: v for k, v in dump_state(policy).items() if k not in _NOT_STORED}
+    state = {k: v for k, v in policy.__getstate__().items() if k not in _NOT_STORED}
     state["__prefopt_class__"] = type(policy).__name__
     path = os.path.join(directory, CHECKPOINT)
     tmp = f"{path}.tmp-{os.getpid()}"
@@ -61,5 +61,5 @@ def load_checkpoint(policy, prompts_key: str) -> bool:
     if state.get("_prompts_key") != prompts_key:
         raise ValueError(f"The checkpoint {path} was written for other prompts; resume with "
                          "the same prompts, or use another checkpoint_dir.")
-    restore_state(policy, state, make_optimizer=type(policy)._make_optimizer)
+    policy.__setstate__(state)
     return True

@@ -14,6 +14,7 @@ import torch
 from sklearn.utils._param_validation import Interval
 
 from ..backend import ScalarHeadModel, TokenValueTable
+from ..backend.serialization import restore_state
 from ._base import BasePolicy, RolloutBatch, masked_mean, masked_whiten
 from ._docs import fill
 
@@ -155,8 +156,11 @@ class PPOPolicy(BasePolicy):
     use_ratio : bool, default=True
         ``False`` drops the probability ratio (loss -A log pi); with
         ``gae_lambda=1`` and ``clip=False`` this is vanilla policy gradient.
-    value_model : torch.nn.Module, default=None
-        A value model ``(input_ids, attention_mask, position_ids) -> (n, length)``.
+    value_model : torch.nn.Module or "shared", default=None
+        A value model ``(input_ids, attention_mask, position_ids) -> (n, length)``,
+        or ``"shared"``: a zero-initialised head on the policy's own trunk, as in
+        the original code (no third copy of the weights; the value loss then
+        also trains the trunk).
 
     Attributes
     ----------
@@ -250,6 +254,11 @@ class PPOPolicy(BasePolicy):
         self.lora = lora
 
     def _make_value_model(self, model, reward):
+        if isinstance(self.value_model, str):
+            if self.value_model != "shared":
+                raise ValueError(f"value_model must be a module, None or 'shared'; got "
+                                 f"{self.value_model!r}.")
+            return _shared_value_model(model)
         if self.value_model is not None:
             return copy.deepcopy(self.value_model)
         reward_lm = getattr(reward, "model_", None)
@@ -260,6 +269,32 @@ class PPOPolicy(BasePolicy):
             value = ScalarHeadModel(copy.deepcopy(base), head_std=0.0)  # OAI: zero value head
             return value
         return TokenValueTable(max(len(self.tokenizer_), _vocab(model)))
+
+    def __getstate__(self):
+        value = getattr(self, "value_model_", None)
+        if self.value_model != "shared" or value is None:
+            return super().__getstate__()
+        # The shared trunk is the policy's: store only the value head.
+        self.value_model_ = None
+        try:
+            state = super().__getstate__()
+        finally:
+            self.value_model_ = value
+        state["_shared_value_head"] = {k: v.detach().cpu().clone()
+                                       for k, v in value.head.state_dict().items()}
+        return state
+
+    def __setstate__(self, state):
+        head = state.pop("_shared_value_head", None)
+        if head is None:
+            return super().__setstate__(state)
+
+        def make_optimizer(policy):
+            policy.value_model_ = _shared_value_model(policy.model_).to(policy.device_)
+            policy.value_model_.head.load_state_dict(head)
+            return type(policy)._make_optimizer(policy)
+
+        restore_state(self, state, make_optimizer=make_optimizer)
 
     def _advantages(self, batch: RolloutBatch) -> None:
         mask = batch.response_mask
@@ -291,6 +326,15 @@ class PPOPolicy(BasePolicy):
             "val/explained_variance": explained.item(),
         }
         return pg_loss + self.vf_coef * vf_loss, stats
+
+
+def _shared_value_model(model):
+    """A value head on the policy's own trunk (no copy): the OAI code's shared network."""
+    base = getattr(model, "get_base_model", lambda: model)()
+    trunk = getattr(base, "base_model", None)
+    if trunk is None or trunk is base or not hasattr(trunk, "config"):
+        raise ValueError("value_model='shared' needs a transformers policy with a base model.")
+    return ScalarHeadModel(trunk, head_std=0.0)  # zero-initialised head, as OAI
 
 
 def _vocab(model) -> int:
