@@ -169,6 +169,13 @@ _COMMON_CONSTRAINTS = {
 }
 
 
+def store_params(estimator, params: dict) -> None:
+    """Store ``__init__``'s arguments verbatim, as scikit-learn requires (no validation)."""
+    for name, value in params.items():
+        if name not in ("self", "__class__"):
+            setattr(estimator, name, value)
+
+
 def _with_lora(model, lora):
     """Wrap a transformers model with a LoRA adapter (peft); only the adapter trains."""
     try:

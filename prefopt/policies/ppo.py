@@ -15,7 +15,7 @@ from sklearn.utils._param_validation import Interval
 
 from ..backend import ScalarHeadModel, TokenValueTable
 from ..backend.serialization import restore_state
-from ._base import BasePolicy, RolloutBatch, masked_mean, masked_whiten
+from ._base import BasePolicy, RolloutBatch, masked_mean, masked_whiten, store_params
 from ._docs import fill
 
 __all__ = ["PPOPolicy", "gae"]
@@ -216,42 +216,7 @@ class PPOPolicy(BasePolicy):
                  random_state=None, verbose=0, warm_start=False, checkpoint_dir=None,
                  checkpoint_every=10, truncate_prompts=False, max_kl=None, max_kl_action="warn",
                  min_eos_share=0.5, lora=None):
-        self.model = model
-        self.tokenizer = tokenizer
-        self.beta = beta
-        self.kl = kl
-        self.kl_estimator = kl_estimator
-        self.learning_rate = learning_rate
-        self.optimizer = optimizer
-        self.lr_schedule = lr_schedule
-        self.max_grad_norm = max_grad_norm
-        self.n_steps = n_steps
-        self.batch_size = batch_size
-        self.n_epochs = n_epochs
-        self.n_minibatches = n_minibatches
-        self.temperature = temperature
-        self.max_new_tokens = max_new_tokens
-        self.missing_eos_reward = missing_eos_reward
-        self.clip_coef = clip_coef
-        self.vf_coef = vf_coef
-        self.vf_clip_coef = vf_clip_coef
-        self.gamma = gamma
-        self.gae_lambda = gae_lambda
-        self.whiten_rewards = whiten_rewards
-        self.whiten_advantages = whiten_advantages
-        self.clip = clip
-        self.use_ratio = use_ratio
-        self.value_model = value_model
-        self.random_state = random_state
-        self.verbose = verbose
-        self.warm_start = warm_start
-        self.checkpoint_dir = checkpoint_dir
-        self.checkpoint_every = checkpoint_every
-        self.truncate_prompts = truncate_prompts
-        self.max_kl = max_kl
-        self.max_kl_action = max_kl_action
-        self.min_eos_share = min_eos_share
-        self.lora = lora
+        store_params(self, locals())
 
     def _make_value_model(self, model, reward):
         if isinstance(self.value_model, str):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ._base import BasePolicy
+from ._base import BasePolicy, store_params
 from ._docs import fill
 from .rloo import sequence_policy_gradient_loss
 
@@ -92,32 +92,7 @@ class ReinforcePolicy(BasePolicy):
                  warm_start=False, checkpoint_dir=None, checkpoint_every=10,
                  truncate_prompts=False, max_kl=None, max_kl_action="warn", min_eos_share=0.5,
                  lora=None):
-        self.model = model
-        self.tokenizer = tokenizer
-        self.beta = beta
-        self.kl = kl
-        self.kl_estimator = kl_estimator
-        self.learning_rate = learning_rate
-        self.optimizer = optimizer
-        self.lr_schedule = lr_schedule
-        self.max_grad_norm = max_grad_norm
-        self.n_steps = n_steps
-        self.batch_size = batch_size
-        self.n_epochs = n_epochs
-        self.n_minibatches = n_minibatches
-        self.temperature = temperature
-        self.max_new_tokens = max_new_tokens
-        self.missing_eos_reward = missing_eos_reward
-        self.random_state = random_state
-        self.verbose = verbose
-        self.warm_start = warm_start
-        self.checkpoint_dir = checkpoint_dir
-        self.checkpoint_every = checkpoint_every
-        self.truncate_prompts = truncate_prompts
-        self.max_kl = max_kl
-        self.max_kl_action = max_kl_action
-        self.min_eos_share = min_eos_share
-        self.lora = lora
+        store_params(self, locals())
 
     def _setup(self, reward, start_model) -> None:
         super()._setup(reward, start_model)
