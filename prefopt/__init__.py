@@ -6,14 +6,18 @@ known.
 """
 
 from ._config import config_context, get_config, set_config
+from . import metrics
+from .data import PreferenceData
 from .kl import AdaptiveKLController, FixedKLController, kl_estimate
+from .model_selection import SeedSearchCV, compare
 from .policies import PPOPolicy, RAFTPolicy, ReinforcePolicy, RLOOPolicy, SFTPolicy
 from .rewards import NoisyReward, RewardModel
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "AdaptiveKLController", "FixedKLController", "NoisyReward", "PPOPolicy", "RAFTPolicy",
+    "AdaptiveKLController", "FixedKLController", "NoisyReward", "PPOPolicy", "PreferenceData",
+    "RAFTPolicy", "SeedSearchCV", "compare", "metrics",
     "RLOOPolicy", "ReinforcePolicy", "RewardModel", "SFTPolicy", "config_context", "get_config",
     "kl_estimate", "set_config", "__version__",
 ]

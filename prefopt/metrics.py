@@ -16,8 +16,8 @@ The KL scorer is *negated* (``-KL``), as scikit-learn scorers are
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from numbers import Integral, Real
-from typing import Callable
 
 import numpy as np
 import pandas as pd
@@ -177,12 +177,21 @@ def _check_bins(bins) -> np.ndarray:
     return edges
 
 
-def _judged(estimator, X, judge, references, n_samples, random_state):
-    """Judge each sample against the reference of its row: (rows, completions, verdicts)."""
+def _check_judge(judge) -> Callable:
     if not callable(judge):
         raise TypeError("judge must be callable as judge(prompt, completion, reference); got "
                         f"{type(judge).__name__}.")
-    ref_prompts, ref_completions = check_demonstrations(references)
+    return judge
+
+
+def _judged(estimator, X, judge, references, n_samples, random_state):
+    """Judge samples against the reference of their row.
+
+    ``references`` are the checked (prompts, completions) columns. Returns the
+    reference row of each judged sample, the samples, the verdicts and the
+    reference completions.
+    """
+    ref_prompts, ref_completions = references
     wanted = set(check_prompts(X))
     rows = [i for i, p in enumerate(ref_prompts) if p in wanted]
     if not rows:
@@ -213,8 +222,8 @@ class _WinRateScorer(_SampledScorer):
 
     def __init__(self, judge, references, n_samples, random_state):
         super().__init__(n_samples, random_state)
-        self.judge = judge
-        self.references = references
+        self.judge = _check_judge(judge)
+        self.references = check_demonstrations(references)
 
     def __call__(self, estimator, X, y=None) -> float:
         _, _, verdicts, _ = _judged(estimator, X, self.judge, self.references, self.n_samples,
@@ -238,9 +247,8 @@ class _BinnedWinRateScorer(_WinRateScorer):
         self.length = length
 
     def __call__(self, estimator, X, y=None) -> float:
-        table = length_binned_win_rate(estimator, X, self.judge, self.references, bins=self.bins,
-                                       length=self.length, n_samples=self.n_samples,
-                                       random_state=self.random_state)
+        table = _binned_table(estimator, X, self.judge, self.references, self.bins,
+                              self.length, self.n_samples, self.random_state)
         if self.bin is None:
             n = table["n"].to_numpy()
             if n.sum() == 0:
@@ -493,8 +501,12 @@ def length_binned_win_rate(estimator, X, judge: Callable, references, *,
     >>> table[["bin", "n", "win_rate"]].to_dict("records")
     [{'bin': '[0, 1)', 'n': 1, 'win_rate': 1.0}, {'bin': '[1, 10)', 'n': 1, 'win_rate': 1.0}]
     """
-    edges = _check_bins(bins)
-    n_samples = _check_n_samples(n_samples)
+    return _binned_table(estimator, X, _check_judge(judge), check_demonstrations(references),
+                         _check_bins(bins), length, _check_n_samples(n_samples), random_state)
+
+
+def _binned_table(estimator, X, judge, references, edges, length, n_samples, random_state):
+    """:func:`length_binned_win_rate` on checked arguments (the scorer checks them once)."""
     length = _word_count if length is None else length
     rows, completions, verdicts, refs = _judged(estimator, X, judge, references, n_samples,
                                                 random_state)

@@ -25,7 +25,10 @@ from scipy import stats
 from sklearn.base import clone
 from sklearn.metrics import check_scoring
 from sklearn.model_selection import ParameterGrid
-from sklearn.model_selection._search import BaseSearchCV, _yield_masked_array_for_each_param
+from sklearn.model_selection._search import (
+    BaseSearchCV,
+    _yield_masked_array_for_each_param,
+)
 from sklearn.utils._param_validation import Interval
 from sklearn.utils.parallel import Parallel, delayed
 from sklearn.utils.validation import check_is_fitted
@@ -83,9 +86,9 @@ def _check_seeds(seeds) -> list[int]:
         return list(range(int(seeds)))
     try:
         out = [int(s) for s in seeds]
-    except TypeError:
+    except (TypeError, ValueError):
         raise TypeError(f"seeds must be an int n (seeds 0..n-1) or a list of int seeds; got "
-                        f"{type(seeds).__name__}.") from None
+                        f"{seeds!r}.") from None
     if not out or len(set(out)) != len(out):
         raise ValueError(f"seeds must be a non-empty list of distinct seeds; got {seeds!r}.")
     return out
@@ -130,8 +133,7 @@ class SeedSearchCV(BaseSearchCV):
     Parameters
     ----------
     estimator : estimator
-        A policy (or a ``Pipeline`` ending in one, with ``seed_param`` naming
-        its step's ``random_state``).
+        A prefopt policy, or any estimator with the parameter ``seed_param``.
     param_grid : dict or list of dict
         As in ``GridSearchCV``; must not contain ``seed_param``.
     seeds : int or list of int, default=5
@@ -153,7 +155,7 @@ class SeedSearchCV(BaseSearchCV):
     confidence : float, default=0.95
         Coverage of the Student-t interval over seeds.
     verbose : int, default=0
-        Passed to the fits' joblib loop.
+        Progress messages, as in ``GridSearchCV``.
     pre_dispatch : int or str, default="2*n_jobs"
         As in ``GridSearchCV``.
     error_score : "raise" or float, default=np.nan
@@ -216,8 +218,10 @@ class SeedSearchCV(BaseSearchCV):
     >>> search = SeedSearchCV(policy, {"beta": [0.1, 1.0]}, seeds=2,
     ...                       scoring=world.scorer("objective"))
     >>> search = search.fit(world.prompts, reward_model=rm)
-    >>> sorted(k for k in search.cv_results_ if "test_score" in k)
-    ['ci_high_test_score', 'ci_low_test_score', 'mean_test_score', 'rank_test_score', 'seed0_test_score', 'seed1_test_score', 'std_test_score']
+    >>> [k for k in search.cv_results_ if k.endswith("test_score")]
+    ... # doctest: +NORMALIZE_WHITESPACE
+    ['seed0_test_score', 'seed1_test_score', 'mean_test_score', 'std_test_score',
+     'ci_low_test_score', 'ci_high_test_score', 'rank_test_score']
     >>> search.best_estimator_.random_state  # refit with the first seed
     0
     """
@@ -249,8 +253,8 @@ class SeedSearchCV(BaseSearchCV):
         X : list of str or table with a ``prompt`` column
             Prompts.
         y : callable, default=None
-            Unused by policies inside a search; give the reward as a fit
-            parameter.
+            The reward, as in a policy's ``fit(prompts, reward_model)``: it is
+            passed to every fit as ``reward_model=y``.
         **params : dict
             Passed to every fit, e.g. ``reward_model=rm``.
 
@@ -258,6 +262,11 @@ class SeedSearchCV(BaseSearchCV):
         -------
         self : object
         """
+        if y is not None and callable(y):
+            # A reward is not an array that folds can split: pass it as the fit parameter.
+            if "reward_model" in params:
+                raise ValueError("Give the reward once: as y or as reward_model=, not both.")
+            params, y = {**params, "reward_model": y}, None
         self._validate_params()
         self.seeds_ = _check_seeds(self.seeds)
         for grid in ParameterGrid(self.param_grid).param_grid:

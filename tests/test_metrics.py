@@ -60,7 +60,7 @@ def stub():
 def test_reward_scorer_by_hand(stub):
     # rewards 1, 2, 3, 3
     assert make_reward_scorer(n_samples=2)(stub, ["a", "b"]) == 2.25  # reward_model_
-    twice = lambda p, c: 2 * length_reward(p, c)  # noqa: E731
+    twice = lambda p, c: 2 * length_reward(p, c)
     assert make_reward_scorer(twice, n_samples=2)(stub, ["a", "b"]) == 4.5
     assert make_reward_scorer(n_samples=1)(stub, ["a", "b"]) == 2.0  # x and zzz
     # The sampling seed is fixed: 0 by default, or the one given.
@@ -107,7 +107,7 @@ def test_length_binned_win_rate_by_hand():
             ("p3", "a b c d e"),      # ratio 1.2  -> bin [0.8, 1.25)
             ("p4", "x y")]            # ratio 1.0  -> bin [0.8, 1.25)
     verdict = {"p1": 1.0, "p2": -1.0, "p3": 0.0, "p4": 2.0}
-    judge = lambda prompt, completion, reference: verdict[prompt]  # noqa: E731
+    judge = lambda prompt, completion, reference: verdict[prompt]
     table = length_binned_win_rate(policy, ["p1", "p2", "p3", "p4"], judge, refs)
     assert table["bin"].tolist() == ["[0, 0.5)", "[0.5, 0.8)", "[0.8, 1.25)", "[1.25, 2)",
                                      "[2, inf)"]
@@ -204,7 +204,7 @@ def test_win_rate_against_a_reference_response_approaches_the_exact_share(policy
     hedged = WORLD.responses[2]  # "I think the answer might be X...": true quality 1.2
     refs = [(p, hedged) for p in WORLD.prompts]
     q = dict(zip(WORLD.responses, WORLD.quality_))
-    judge = lambda prompt, completion, reference: q[completion] - q[reference]  # noqa: E731
+    judge = lambda prompt, completion, reference: q[completion] - q[reference]
     probs = WORLD.policy_probs(policy)
     # Wins: the two correct types of higher quality; a tie: the hedged answer itself.
     exact = float((probs[:, WORLD.quality_ > 1.2].sum(1) + 0.5 * probs[:, 2]).mean())

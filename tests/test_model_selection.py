@@ -9,7 +9,13 @@ from sklearn.model_selection import KFold
 
 from prefopt import PPOPolicy, RAFTPolicy, ReinforcePolicy, RewardModel, RLOOPolicy
 from prefopt.metrics import make_kl_scorer, make_reward_scorer
-from prefopt.model_selection import SeedSearchCV, _check_seeds, _rank, compare, t_interval
+from prefopt.model_selection import (
+    SeedSearchCV,
+    _check_seeds,
+    _rank,
+    compare,
+    t_interval,
+)
 from prefopt.worlds import PreferenceWorld
 
 WORLD = PreferenceWorld(rater_bias=1.0, random_state=0)
@@ -91,7 +97,8 @@ def test_seed_search_rloo_beta_and_k(rm):
         f"[{lo:.4f}, {hi:.4f}], objective {o:.4f}"
         for p, m, s, lo, hi, o in zip(res["params"], quality, res["std_test_true_quality"],
                                       res["ci_low_test_true_quality"],
-                                      res["ci_high_test_true_quality"], res["mean_test_objective"])))
+                                      res["ci_high_test_true_quality"],
+                                      res["mean_test_objective"])))
     # Measured true quality (k=2 / k=4): 1.498 / 1.502 at beta=0.1, 1.701 / 1.699 at 0.3,
     # 1.655 / 1.649 at 1.0; the optimum's 1.489, 1.715, 1.642: the moderate beta wins.
     assert search.best_params_ == {"beta": 0.3, "k": 2}
@@ -170,7 +177,23 @@ def test_seed_search_default_scoring_refit_false_and_errors(rm):
     assert search.best_params_ == {"beta": 0.3}
 
 
-@pytest.mark.slow  # about 45 s on 2 busy cores: Ray's workers each import torch
+def test_seed_search_clones_and_takes_the_reward_as_y(rm):
+    search = SeedSearchCV(small_rloo(), {"beta": [0.3]}, seeds=[1], confidence=0.9)
+    copy = clone(search)
+    assert copy.get_params(deep=False).keys() == search.get_params(deep=False).keys()
+    assert copy.seeds == [1] and copy.confidence == 0.9 and copy.seed_param == "random_state"
+    assert repr(search).startswith("SeedSearchCV(confidence=0.9,") and "seeds=[1]" in repr(search)
+    # fit(prompts, reward) as for a policy; one seed gives a mean but no spread.
+    search.fit(WORLD.prompts, rm)
+    res = search.cv_results_
+    assert res["mean_test_score"][0] == res["seed0_test_score"][0]
+    assert np.isnan(res["std_test_score"][0]) and np.isnan(res["ci_low_test_score"][0])
+    assert search.best_estimator_.reward_model_ is rm
+    with pytest.raises(ValueError, match="once"):
+        clone(search).fit(WORLD.prompts, rm, reward_model=rm)
+
+
+@pytest.mark.slow  # about 40 s on 2 busy cores: Ray's workers each import torch
 def test_seed_search_under_ray_equals_the_local_run(rm):
     ray = pytest.importorskip("ray")
     from ray.util.joblib import register_ray
@@ -199,7 +222,7 @@ def test_compare_on_policy_algorithms_reach_the_optimum_and_raft_does_not(rm):
     def model():
         return WORLD.policy_model()
 
-    common = dict(beta=0.3, optimizer="sgd", n_steps=60)
+    common = {"beta": 0.3, "optimizer": "sgd", "n_steps": 60}
     algorithms = {
         "RLOO": RLOOPolicy(model=model(), learning_rate=2.0, **common),
         "PPO": PPOPolicy(model=model(), learning_rate=0.3, **common),

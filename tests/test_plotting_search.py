@@ -56,7 +56,7 @@ def test_plot_search_one_line_per_k_with_ci_bars_and_seed_dots(rm):
         line = ax.containers[i].lines[0]
         np.testing.assert_array_equal(line.get_xdata(), [0.1, 1.0])
         np.testing.assert_allclose(line.get_ydata(), res["mean_test_score"][rows])
-        x, low, high = error_bars(ax, i)
+        _, low, high = error_bars(ax, i)
         np.testing.assert_allclose(low, res["ci_low_test_score"][rows])
         np.testing.assert_allclose(high, res["ci_high_test_score"][rows])
     # Per group: the errorbar line, then one dot series per seed.
@@ -105,7 +105,7 @@ def test_plot_comparison_points_bars_seeds_and_reference():
     ax = plot_comparison(comparison(), reference=2.0)
     assert [t.get_text() for t in ax.get_xticklabels()] == ["A", "B"]
     np.testing.assert_allclose(ax.containers[0].lines[0].get_ydata(), [1.1, 2.2])
-    x, low, high = error_bars(ax)
+    _, low, high = error_bars(ax)
     np.testing.assert_allclose(low, [0.85, 1.7])
     np.testing.assert_allclose(high, [1.35, 2.7])
     seeds = [line for line in ax.lines if line.get_marker() == "."]
@@ -121,7 +121,7 @@ def test_plot_comparison_of_a_real_compare(rm):
     result = compare({"RLOO": small_rloo(), "RLOO beta=1": small_rloo(beta=1.0)}, WORLD.prompts,
                      reward_model=rm, seeds=2,
                      scoring={"kl": WORLD.scorer("kl"), "objective": WORLD.scorer("objective")})
-    fig, axes = plt.subplots(1, 2)
+    _, axes = plt.subplots(1, 2)
     plot_comparison(result, ax=axes[0])  # the first metric: kl
     plot_comparison(result, "objective", ax=axes[1])
     kl = result.summary.query("metric == 'kl'")["mean"].to_numpy()

@@ -93,8 +93,10 @@ class GenerativeEstimator(BaseEstimator):
         context = context_length(self.model_)
         limit = None if context is None or not check_length else context - self.max_new_tokens_
         rows = []
-        for i, p in enumerate(prompts):
-            ids = self.tokenizer_(p, add_special_tokens=False)["input_ids"]
+        # One call for the whole list: the fast tokenizer batches it.
+        encoded = self.tokenizer_(list(prompts), add_special_tokens=False)["input_ids"] \
+            if len(prompts) else []
+        for i, (p, ids) in enumerate(zip(prompts, encoded)):
             if not ids:
                 raise ValueError(f"Prompt at row {i} ({p!r}) has no tokens.")
             if limit is not None and len(ids) > limit:
@@ -131,16 +133,12 @@ class GenerativeEstimator(BaseEstimator):
 
     def _completion_tokens(self, completions, add_eos: bool = True) -> list[list[int]]:
         tok = self.tokenizer_
-        rows = []
-        for c in completions:
-            if isinstance(c, str):
-                ids = tok(c, add_special_tokens=False)["input_ids"]
-                if add_eos and tok.eos_token_id is not None:
-                    ids = ids + [tok.eos_token_id]
-            else:
-                ids = [int(i) for i in c]
-            rows.append(ids)
-        return rows
+        completions = list(completions)
+        texts = [c for c in completions if isinstance(c, str)]
+        encoded = iter(tok(texts, add_special_tokens=False)["input_ids"] if texts else [])
+        eos = [tok.eos_token_id] if add_eos and tok.eos_token_id is not None else []
+        return [list(next(encoded)) + eos if isinstance(c, str) else [int(i) for i in c]
+                for c in completions]
 
     # ----- using a fitted policy ----------------------------------------------------
     def sample(self, X, n: int = 1, *, random_state=None) -> list[list[str]]:
