@@ -5,8 +5,8 @@ RLOO, REINFORCE or RAFT, and compare algorithms exactly where the answer is
 known.
 """
 
-from ._config import config_context, get_config, set_config
 from . import metrics
+from ._config import config_context, get_config, set_config
 from .data import PreferenceData
 from .kl import AdaptiveKLController, FixedKLController, kl_estimate
 from .model_selection import SeedSearchCV, compare

@@ -1,9 +1,9 @@
 """Doctest setup: no progress bars."""
 
 import pytest
+import torch
 
 import prefopt
-import torch
 
 torch.set_num_threads(1)  # doctest models are tiny
 

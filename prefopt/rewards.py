@@ -308,6 +308,11 @@ class RewardModel(BaseEstimator):
         check_is_fitted(self)
         return X.with_(reward_model=self) if isinstance(X, PreferenceData) else X
 
+    def __sklearn_clone__(self):
+        from .backend.models import clone_keeping_models
+
+        return clone_keeping_models(self)  # a fitted SFTPolicy as model= is kept, not copied
+
     def __getstate__(self):
         from .backend.serialization import dump_state
 

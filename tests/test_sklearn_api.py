@@ -341,12 +341,18 @@ def test_frozen_fitted_policy_survives_clone_without_copy(rm):
     assert torch.count_nonzero(start.model_.theta - copy.model_.theta) > 0
 
 
-def test_unfitted_policy_as_model_after_clone_names_the_fix(rm):
+def test_fitted_policy_as_model_survives_clone_without_copy(rm):
     start = fit(make("PPOPolicy"), rm)
     copy = clone(make("PPOPolicy", model=start, n_steps=1))
-    assert not hasattr(copy.model, "model_")  # what clone did
-    with pytest.raises((TypeError, ValueError), match="FrozenEstimator"):
-        copy.fit(WORLD.prompts, rm)
+    assert copy.model is start  # kept by reference: no weights copied per candidate
+    copy.fit(WORLD.prompts, rm)
+    assert torch.equal(copy.ref_model_.theta, start.model_.theta)  # started from it
+    assert hasattr(start, "model_")  # and the starting policy was not touched
+
+
+def test_unfitted_estimator_as_model_names_the_fix(rm):
+    with pytest.raises(ValueError, match="FrozenEstimator"):
+        make("PPOPolicy", model=make("PPOPolicy"), n_steps=1).fit(WORLD.prompts, rm)
 
 
 def test_set_config_reaches_grid_search_worker_threads(rm):

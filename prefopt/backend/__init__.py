@@ -12,17 +12,17 @@ from .generation import (
     sequence_values,
     truncate_after_eos,
 )
-from .scoring import join_right_padded, score_sequences, unpad
 from .models import (
     ScalarHeadModel,
     TokenValueTable,
+    default_learning_rate,
     disable_dropout,
     ensure_pad_token,
-    default_learning_rate,
     frozen_copy,
     load_causal_lm,
     model_vocab_size,
 )
+from .scoring import join_right_padded, score_sequences, unpad
 
 __all__ = [
     "EncodedPrompts", "ScalarHeadModel", "TokenValueTable", "autocast", "default_learning_rate", "disable_dropout",

@@ -253,6 +253,37 @@ def load_causal_lm(model, tokenizer=None, *, seed: int = 0):
 SMALL_MODEL_PARAMETERS = 10_000_000
 
 
+def clone_keeping_models(estimator):
+    """``sklearn.base.clone`` that keeps starting models by reference.
+
+    A fitted estimator (a fitted SFTPolicy given as ``model=``) or a torch module
+    passed as a parameter is kept as it is, not reset or deep-copied: ``fit``
+    copies what it trains and never mutates its parameters, so the candidates of
+    a search can share one starting model without one copy of its weights each.
+    Every other parameter is cloned as scikit-learn does.
+    """
+    from sklearn.base import clone
+
+    params = {}
+    for name, value in estimator.get_params(deep=False).items():
+        keep = isinstance(value, nn.Module) or _is_fitted(value)
+        params[name] = value if keep else clone(value, safe=False)
+    return type(estimator)(**params)
+
+
+def _is_fitted(value) -> bool:
+    if not (hasattr(value, "get_params") and hasattr(value, "fit")):
+        return False
+    from sklearn.exceptions import NotFittedError
+    from sklearn.utils.validation import check_is_fitted
+
+    try:
+        check_is_fitted(value)
+    except (NotFittedError, TypeError):
+        return False
+    return True
+
+
 def default_learning_rate(model: nn.Module, large: float) -> float:
     """The learning rate used when an estimator's ``learning_rate`` is None.
 

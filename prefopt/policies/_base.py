@@ -14,8 +14,8 @@ from __future__ import annotations
 import copy
 import logging
 import os
-import warnings
 import time
+import warnings
 from dataclasses import dataclass, field
 from numbers import Integral, Real
 
@@ -29,8 +29,8 @@ from tqdm.auto import tqdm
 
 from .._config import get_config
 from ..backend import (
-    default_learning_rate,
     EncodedPrompts,
+    default_learning_rate,
     disable_dropout,
     frozen_copy,
     make_generator,
@@ -40,10 +40,10 @@ from ..backend import (
     sequence_values,
     truncate_after_eos,
 )
+from ..backend.serialization import dump_state, restore_state
 from ..data import PreferenceData, check_prompts
 from ..kl import FixedKLController, _KLController, kl_estimate
 from ..rewards import check_rewards
-from ..backend.serialization import dump_state, restore_state
 from ._checkpoint import _fingerprint, load_checkpoint, save_checkpoint
 from ._lm import GenerativeEstimator
 

@@ -30,6 +30,7 @@ from ..backend import (
     sample,
     truncate_after_eos,
 )
+from ..backend.models import clone_keeping_models
 from ..backend.serialization import dump_state, restore_state
 from ..data import check_prompts
 
@@ -45,6 +46,10 @@ def context_length(model) -> int | None:
 
 class GenerativeEstimator(BaseEstimator):
     """Base of estimators whose fitted state is a causal LM ``model_`` and ``tokenizer_``."""
+
+    def __sklearn_clone__(self):
+        # Starting models (a fitted SFTPolicy, a torch module) are kept, not copied.
+        return clone_keeping_models(self)
 
     def __getstate__(self):
         return dump_state(self)

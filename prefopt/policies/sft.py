@@ -19,7 +19,14 @@ from sklearn.utils.validation import check_is_fitted
 from tqdm.auto import tqdm
 
 from .._config import get_config
-from ..backend import EncodedPrompts, default_learning_rate, make_generator, pad_left, pad_right, response_logprobs
+from ..backend import (
+    EncodedPrompts,
+    default_learning_rate,
+    make_generator,
+    pad_left,
+    pad_right,
+    response_logprobs,
+)
 from ..data import PreferenceData, check_demonstrations
 from ._base import masked_mean
 from ._lm import GenerativeEstimator, context_length
