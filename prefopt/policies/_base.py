@@ -16,7 +16,7 @@ import logging
 import os
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from numbers import Integral, Real
 
 import numpy as np
@@ -123,7 +123,6 @@ class RolloutBatch:
     values: torch.Tensor | None = None
     advantages: torch.Tensor | None = None
     returns: torch.Tensor | None = None
-    extra: dict = field(default_factory=dict)
 
     def __len__(self) -> int:
         return self.response_ids.shape[0]
@@ -193,7 +192,6 @@ class BasePolicy(GenerativeEstimator):
     """Base class of policy estimators; see the module docstring for the loop."""
 
     _parameter_constraints: dict = dict(_COMMON_CONSTRAINTS)
-    _uses_value_model = False
 
     # ----- hooks for algorithms ---------------------------------------------------
     def _advantages(self, batch: RolloutBatch) -> None:  # pragma: no cover - abstract
@@ -264,6 +262,9 @@ class BasePolicy(GenerativeEstimator):
             self._stream = np.zeros(0, dtype=int)
             self._prompts_key = prompts_key
         self.reward_model_ = reward
+        self._scores_tokens = (hasattr(reward, "score_tokens")
+                               and getattr(reward, "tokenizer_", None) is not None
+                               and reward.tokenizer_.get_vocab() == self.tokenizer_.get_vocab())
         self._eos_warned = False
         self._prompts = prompts
         self._prompt_tokens = self._tokenize_prompts(prompts)
@@ -422,24 +423,24 @@ class BasePolicy(GenerativeEstimator):
         if self.value_model_ is not None:
             values = sequence_values(self.value_model_, prompts, response_ids, response_mask)
             values = values * response_mask
-        scores = self._score([self._prompts[i] for i in rows], response_ids, response_mask, ended)
+        scores = self._score([self._prompts[i] for i in rows], prompts, response_ids,
+                             response_mask, ended)
         # The reward KL uses the rollout-time log-probs, fixed for all epochs (detail 15).
         kl = kl_estimate(old, ref, self.kl_estimator) * response_mask
         beta = self.kl_.beta_  # the coefficient from before this step's update (detail 14)
         rewards = -beta * kl
-        last = (response_mask.sum(1) - 1).clamp(min=0)
+        last = (response_mask.sum(1) - 1).clamp(min=0)  # the EOS, or the last token
         rewards[torch.arange(len(rows)), last] += scores
         return RolloutBatch(prompts=prompts, prompt_index=torch.as_tensor(rows),
                             response_ids=response_ids, response_mask=response_mask, ended=ended,
                             old_logprobs=old, ref_logprobs=ref, scores=scores, kl=kl,
                             rewards=rewards, beta=beta, values=values)
 
-    def _score(self, prompts, response_ids, response_mask, ended) -> torch.Tensor:
+    def _score(self, prompts, encoded, response_ids, response_mask, ended) -> torch.Tensor:
         reward = self.reward_model_
-        if hasattr(reward, "score_tokens") and getattr(reward, "tokenizer_", None) is not None \
-                and reward.tokenizer_.get_vocab() == self.tokenizer_.get_vocab():
-            raw = reward.score_tokens(self._encode_cpu(prompts), response_ids.cpu(),
-                                      response_mask.cpu())
+        if self._scores_tokens:
+            # Same vocabulary: score the ids directly, no decoding and re-encoding.
+            raw = reward.score_tokens(encoded, response_ids, response_mask)
         else:
             raw = reward(prompts, self._decode(response_ids, response_mask))
         source = f"the reward model (step {self.n_iter_ + 1})"
@@ -450,10 +451,6 @@ class BasePolicy(GenerativeEstimator):
             # reward (-1 by default), not offset (seed text; implementation detail 7).
             scores = torch.where(ended, scores, torch.full_like(scores, self.missing_eos_reward))
         return scores
-
-    def _encode_cpu(self, prompts) -> EncodedPrompts:
-        rows = [self.tokenizer_(p, add_special_tokens=False)["input_ids"] for p in prompts]
-        return pad_left(rows, self.tokenizer_.pad_token_id)
 
     def _update(self, batch: RolloutBatch) -> dict:
         n = len(batch)

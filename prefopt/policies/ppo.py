@@ -205,7 +205,6 @@ class PPOPolicy(BasePolicy):
         "use_ratio": ["boolean"],
         "value_model": "no_validation",
     }
-    _uses_value_model = True
 
     def __init__(self, *, model=None, tokenizer=None, beta=0.05, kl=None, kl_estimator="k1",
                  learning_rate=None, optimizer="adam", lr_schedule="linear", max_grad_norm=None,
