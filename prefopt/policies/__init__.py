@@ -1,6 +1,7 @@
 """Policy estimators: one algorithm per file on the shared loop of ``_base.py``."""
 
-from ._base import BasePolicy, RolloutBatch
+from ._base import BasePolicy
+from ._batch import RolloutBatch
 from .ppo import PPOPolicy
 from .raft import RAFTPolicy
 from .reinforce import ReinforcePolicy

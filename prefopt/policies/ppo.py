@@ -15,7 +15,8 @@ from sklearn.utils._param_validation import Interval
 
 from ..backend import ScalarHeadModel, TokenValueTable
 from ..backend.serialization import restore_state
-from ._base import BasePolicy, RolloutBatch, masked_mean, masked_whiten, store_params
+from ._base import BasePolicy, store_params
+from ._batch import RolloutBatch, masked_mean, masked_whiten
 from ._docs import fill
 
 __all__ = ["PPOPolicy", "gae"]

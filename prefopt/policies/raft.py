@@ -15,7 +15,8 @@ from numbers import Integral
 import torch
 from sklearn.utils._param_validation import Interval, StrOptions
 
-from ._base import BasePolicy, masked_mean, store_params
+from ._base import BasePolicy, store_params
+from ._batch import masked_mean
 from ._docs import fill
 
 __all__ = ["RAFTPolicy", "best_of_k_mask"]

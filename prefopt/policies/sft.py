@@ -28,7 +28,7 @@ from ..backend import (
     response_logprobs,
 )
 from ..data import PreferenceData, check_demonstrations
-from ._base import masked_mean
+from ._batch import masked_mean
 from ._lm import GenerativeEstimator, context_length
 
 __all__ = ["SFTPolicy"]
