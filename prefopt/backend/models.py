@@ -231,10 +231,10 @@ def load_causal_lm(model, tokenizer=None, *, seed: int = 0):
         module, tok = copy.deepcopy(model), getattr(model, "tokenizer", None)
     elif hasattr(model, "get_params") and hasattr(model, "fit"):
         raise ValueError(
-            f"model is an unfitted {type(model).__name__}. A fitted estimator used as a "
-            "starting point is reset by sklearn.base.clone (as GridSearchCV does for every "
-            "candidate); wrap it in sklearn.frozen.FrozenEstimator(fitted) so it survives "
-            "cloning without its weights being copied.")
+            f"model is an unfitted {type(model).__name__}: fit it first, then pass the fitted "
+            "estimator (prefopt keeps a fitted model= as it is when a search clones the "
+            "estimator; with scikit-learn's plain clone, wrap it in "
+            "sklearn.frozen.FrozenEstimator).")
     else:
         raise TypeError(f"model must be a path, a transformers config, a torch module or a "
                         f"fitted prefopt policy; got {type(model).__name__}.")
