@@ -177,7 +177,9 @@ def sample(model, prompts: EncodedPrompts, *, max_new_tokens: int, temperature: 
     ids = prompts.input_ids
     mask = prompts.attention_mask
     positions = position_ids_from_mask(mask)
-    out = _forward_logits(model, ids, mask, positions, use_cache=True)
+    # The prompt's pass needs the logits of its last position only.
+    keep = {"logits_to_keep": 1} if _accepts(model, "logits_to_keep") else {}
+    out = _forward_logits(model, ids, mask, positions, use_cache=True, **keep)
     cache_arg, past = _cache_of(model, out)
     tokens = []
     for step in range(max_new_tokens):
@@ -191,7 +193,7 @@ def sample(model, prompts: EncodedPrompts, *, max_new_tokens: int, temperature: 
         if past is not None:
             positions = positions[:, -1:] + 1
             out = _forward_logits(model, token, mask, positions, use_cache=True,
-                                  **{cache_arg: past})
+                                  **{cache_arg: past}, **keep)
             past = _cache_of(model, out)[1]
         else:  # a model without a cache: recompute the whole sequence
             ids = torch.cat([ids, token], dim=1)
@@ -276,21 +278,37 @@ def response_logprobs(model, prompts: EncodedPrompts, response_ids: torch.Tensor
     >>> bool(lp.exp().item() == world.reference_probs()[0, 0])
     True
     """
-    n_prompt = prompts.input_ids.shape[1]
     input_ids = torch.cat([prompts.input_ids, response_ids], dim=1)
     mask = torch.cat([prompts.attention_mask, response_mask.long()], dim=1)
-    out = _forward_logits(model, input_ids, mask, position_ids_from_mask(mask))
-    logits = out.logits[:, n_prompt - 1:-1].float() / temperature
-    logits = _mask_logits(logits, suppress_ids)
+    n_response = response_ids.shape[1]
+    # Only the positions that predict response tokens need the (vocabulary-wide) output
+    # layer: transformers models compute just those with logits_to_keep.
+    keep = {"logits_to_keep": n_response + 1} if _accepts(model, "logits_to_keep") else {}
+    out = _forward_logits(model, input_ids, mask, position_ids_from_mask(mask), **keep)
+    logits = out.logits[:, -(n_response + 1):-1].float() / temperature
+    if suppress_ids:  # in place: the division's output is not needed for its backward
+        logits[..., list(suppress_ids)] = float("-inf")
     logp_all = F.log_softmax(logits, dim=-1)
     logp = logp_all.gather(-1, response_ids.unsqueeze(-1)).squeeze(-1)
     valid = response_mask.bool()
     logp = logp.masked_fill(~valid, 0.0)
     if not with_entropy:
         return logp
-    p = logp_all.exp()
-    entropy = -torch.where(p > 0, p * logp_all, torch.zeros_like(p)).sum(-1)
+    with torch.no_grad():  # entropy is logged, never differentiated
+        p = logp_all.exp()
+        entropy = -torch.where(p > 0, p * logp_all, torch.zeros_like(p)).sum(-1)
     return logp, entropy.masked_fill(~valid, 0.0)
+
+
+def _accepts(model, name: str) -> bool:
+    import inspect
+
+    forward = getattr(model, "forward", None)
+    try:
+        params = inspect.signature(forward).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in params
 
 
 def sequence_values(value_model, prompts: EncodedPrompts, response_ids, response_mask):
