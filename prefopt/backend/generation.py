@@ -13,6 +13,8 @@ Conventions (the seeds and implementation details 2-8):
 
 from __future__ import annotations
 
+import functools
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -117,10 +119,7 @@ def _cache_of(model, out):
 
     transformers 5 names it ``cache``; earlier versions ``past_key_values``.
     """
-    import inspect
-
-    params = inspect.signature(model.forward).parameters
-    name = "cache" if "cache" in params else "past_key_values"
+    name = "cache" if _accepts(model, "cache") else "past_key_values"
     keys = out.keys() if hasattr(out, "keys") else ()
     for key in ("cache", "past_key_values"):
         if key in keys and out[key] is not None:
@@ -301,14 +300,16 @@ def response_logprobs(model, prompts: EncodedPrompts, response_ids: torch.Tensor
 
 
 def _accepts(model, name: str) -> bool:
-    import inspect
+    return name in _forward_parameters(type(model))
 
-    forward = getattr(model, "forward", None)
+
+@functools.lru_cache(maxsize=None)
+def _forward_parameters(cls) -> frozenset:
+    """Names ``cls.forward`` takes (cached: signatures are slow to read, once a token)."""
     try:
-        params = inspect.signature(forward).parameters
+        return frozenset(inspect.signature(cls.forward).parameters)
     except (TypeError, ValueError):
-        return False
-    return name in params
+        return frozenset()
 
 
 def sequence_values(value_model, prompts: EncodedPrompts, response_ids, response_mask):
