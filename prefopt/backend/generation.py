@@ -136,7 +136,7 @@ def _mask_logits(logits: torch.Tensor, suppress_ids) -> torch.Tensor:
 
 @torch.no_grad()
 def sample(model, prompts: EncodedPrompts, *, max_new_tokens: int, temperature: float,
-           generator: torch.Generator, suppress_ids=()) -> torch.Tensor:
+           generator: torch.Generator, suppress_ids=(), return_logprobs: bool = False):
     """Sample exactly ``max_new_tokens`` tokens per prompt with a KV cache.
 
     Sampling never stops early at EOS (fixed-length sampling, as the original
@@ -158,9 +158,14 @@ def sample(model, prompts: EncodedPrompts, *, max_new_tokens: int, temperature: 
     suppress_ids : sequence of int, default=()
         Token ids never sampled (the pad token).
 
+    return_logprobs : bool, default=False
+        Also return the sampled tokens' log-probabilities (float32, tempered),
+        read from the sampling logits: no extra forward pass.
+
     Returns
     -------
     response_ids : torch.Tensor of shape (n_prompts, max_new_tokens)
+    logprobs : torch.Tensor of shape (n_prompts, max_new_tokens), only when ``return_logprobs``
 
     Examples
     --------
@@ -180,12 +185,14 @@ def sample(model, prompts: EncodedPrompts, *, max_new_tokens: int, temperature: 
     keep = {"logits_to_keep": 1} if _accepts(model, "logits_to_keep") else {}
     out = _forward_logits(model, ids, mask, positions, use_cache=True, **keep)
     cache_arg, past = _cache_of(model, out)
-    tokens = []
+    tokens, logprobs = [], []
     for step in range(max_new_tokens):
         logits = _mask_logits(out.logits[:, -1].float() / temperature, suppress_ids)
-        probs = torch.softmax(logits, dim=-1)
-        token = torch.multinomial(probs.cpu(), 1, generator=generator).to(ids.device)
+        logp = F.log_softmax(logits, dim=-1)
+        token = torch.multinomial(logp.exp().cpu(), 1, generator=generator).to(ids.device)
         tokens.append(token)
+        if return_logprobs:
+            logprobs.append(logp.gather(-1, token))
         if step == max_new_tokens - 1:
             break
         mask = torch.cat([mask, torch.ones_like(token)], dim=1)
@@ -198,6 +205,8 @@ def sample(model, prompts: EncodedPrompts, *, max_new_tokens: int, temperature: 
             ids = torch.cat([ids, token], dim=1)
             positions = position_ids_from_mask(mask)
             out = _forward_logits(model, ids, mask, positions)
+    if return_logprobs:
+        return torch.cat(tokens, dim=1), torch.cat(logprobs, dim=1)
     return torch.cat(tokens, dim=1)
 
 

@@ -83,6 +83,10 @@ _COMMON_CONSTRAINTS = {
 }
 
 
+def _low_precision(device) -> bool:
+    return device.type == "cuda" and get_config()["dtype"] in ("auto", "bfloat16")
+
+
 def store_params(estimator, params: dict) -> None:
     """Store ``__init__``'s arguments verbatim, as scikit-learn requires (no validation)."""
     for name, value in params.items():
@@ -107,6 +111,9 @@ class BasePolicy(GenerativeEstimator):
     """Base class of policy estimators; see the module docstring for the loop."""
 
     _parameter_constraints: dict = dict(_COMMON_CONSTRAINTS)
+    # Whether the loss uses the ratio pi/pi_old, which needs old log-probs from exactly
+    # the training forward pass; otherwise the sampling pass's log-probs are used.
+    _uses_ratio = False
 
     # ----- hooks for algorithms ---------------------------------------------------
     def _advantages(self, batch: RolloutBatch) -> None:  # pragma: no cover - abstract
@@ -322,15 +329,22 @@ class BasePolicy(GenerativeEstimator):
         rows = np.repeat(prompt_rows, self._k)
         prompts = self._encode(rows)
         tok = self.tokenizer_
-        raw = sample(self.model_, prompts, max_new_tokens=self.max_new_tokens_,
-                     temperature=self.temperature_, generator=self._generator,
-                     suppress_ids=self._suppress_ids)
+        raw, sampled = sample(self.model_, prompts, max_new_tokens=self.max_new_tokens_,
+                              temperature=self.temperature_, generator=self._generator,
+                              suppress_ids=self._suppress_ids, return_logprobs=True)
         response_ids, response_mask, ended = truncate_after_eos(raw, tok.eos_token_id,
                                                                 tok.pad_token_id)
-        # Old log-probs from a full forward pass identical to the training pass, so the
-        # ratio is exactly 1 at the first epoch (implementation details 2, 3, 21).
-        old = response_logprobs(self.model_, prompts, response_ids, response_mask,
-                                temperature=self.temperature_, suppress_ids=self._suppress_ids)
+        if self._uses_ratio or _low_precision(self.device_):
+            # Old log-probs from a full forward pass identical to the training pass, so the
+            # ratio is exactly 1 at the first epoch (implementation details 2, 3, 21); in
+            # bf16 the cached sampling pass differs from a full pass too much (detail 21).
+            old = response_logprobs(self.model_, prompts, response_ids, response_mask,
+                                    temperature=self.temperature_,
+                                    suppress_ids=self._suppress_ids)
+        else:
+            # No ratio in the loss: the sampling pass's own log-probs (fp32, tempered, equal
+            # to a fresh forward pass up to float rounding) serve the KL; no extra pass.
+            old = sampled.masked_fill(response_mask == 0, 0.0)
         with self._reference() as reference:
             ref = response_logprobs(reference, prompts, response_ids, response_mask,
                                     temperature=self.temperature_, suppress_ids=self._suppress_ids)

@@ -207,6 +207,10 @@ class PPOPolicy(BasePolicy):
         "value_model": "no_validation",
     }
 
+    @property
+    def _uses_ratio(self) -> bool:
+        return self.use_ratio
+
     def __init__(self, *, model=None, tokenizer=None, beta=0.05, kl=None, kl_estimator="k1",
                  learning_rate=None, optimizer="adam", lr_schedule="linear", max_grad_norm=None,
                  n_steps=100, batch_size=64, n_epochs=4, n_minibatches=1, temperature=None,
