@@ -11,8 +11,10 @@ Everything is built locally, nothing is downloaded:
 4. ``RLOOPolicy`` and ``PPOPolicy`` optimise the SFT policy against that learned
    (proxy) reward with a KL penalty to the SFT model.
 5. The same RLOO with beta = 0 shows over-optimisation: the proxy reward keeps
-   rising while the gold (VADER) reward does not, and the text degenerates, as in
-   the seeds' mock sentiment task.
+   rising while the text degenerates into repeated words (the distinct-word share
+   collapses), as in the seeds' mock sentiment task; depending on the seed the gold
+   (VADER) reward falls, or VADER is itself fooled by the repetition, as the seeds'
+   sentiment classifier was ("These These These ... easily easily", +8 log odds).
 
 It prints a table (gold reward, proxy reward, KL, length, EOS share, episodes/s per
 algorithm), completions before and after, and saves a figure of the training curves.
@@ -51,10 +53,13 @@ def evaluate(world, reward_model, policy, prompts, n, seed):
     """Gold and proxy reward, length and completions of ``n`` samples per prompt."""
     completions = [c for row in policy.sample(prompts, n=n, random_state=seed) for c in row]
     repeated = [p for p in prompts for _ in range(n)]
+    words = [c.split() for c in completions]
     return {
         "gold": float(world.gold_reward(repeated, completions).mean()),
         "proxy": float(reward_model.predict(repeated, completions).mean()),
-        "length": float(np.mean([len(c.split()) for c in completions])),
+        "length": float(np.mean([len(w) for w in words])),
+        # Distinct-1 (share of distinct words in a completion): falls as text degenerates.
+        "distinct": float(np.mean([len(set(w)) / len(w) for w in words if w])),
         "completions": completions,
     }
 
@@ -106,7 +111,7 @@ def main(argv=None):
     def track(policy, row):  # gold vs proxy along the beta = 0 run, every few steps
         if row["step"] % max(1, settings["overopt_steps"] // 6) == 0:
             r = evaluate(world, rm, policy, eval_prompts[:64], 2, seed=7)
-            overopt_path.append((row["step"], r["proxy"], r["gold"]))
+            overopt_path.append((row["step"], r["proxy"], r["gold"], r["distinct"]))
 
     for name, policy in policies.items():
         policy.fit(prompts, rm, callback=track if "beta=0)" in name else None)
@@ -118,17 +123,19 @@ def main(argv=None):
 
     print(f"\nGold reward (VADER) and proxy reward (the learned reward model) of {n} samples "
           f"per prompt on {len(eval_prompts)} prompts:")
-    header = f"  {'':<24}{'gold':>8}{'proxy':>8}{'KL':>8}{'length':>8}{'EOS':>7}{'ep/s':>8}"
+    header = (f"  {'':<24}{'gold':>8}{'proxy':>8}{'KL':>8}{'length':>8}{'distinct':>9}"
+              f"{'EOS':>7}{'ep/s':>8}")
     print(header)
     for name, r in rows.items():
         kl = f"{r['kl']:8.2f}" if "kl" in r else f"{'0':>8}"
         eos = f"{r['eos']:7.2f}" if "eos" in r else f"{'':>7}"
         speed = f"{r['speed']:8.0f}" if "speed" in r else f"{'':>8}"
-        print(f"  {name:<24}{r['gold']:8.3f}{r['proxy']:8.3f}{kl}{r['length']:8.1f}{eos}{speed}")
+        print(f"  {name:<24}{r['gold']:8.3f}{r['proxy']:8.3f}{kl}{r['length']:8.1f}"
+              f"{r['distinct']:9.2f}{eos}{speed}")
     if overopt_path:
-        print("\nOver-optimisation (RLOO, beta=0): step, proxy, gold")
-        for step, proxy, gold in overopt_path:
-            print(f"  {step:>4} {proxy:8.3f} {gold:8.3f}")
+        print("\nOver-optimisation (RLOO, beta=0): step, proxy, gold, distinct-word share")
+        for step, proxy, gold, distinct in overopt_path:
+            print(f"  {step:>4} {proxy:8.3f} {gold:8.3f} {distinct:8.2f}")
 
     print("\nCompletions of the first prompts, before and after:")
     for i in range(min(3, len(eval_prompts))):
@@ -144,9 +151,10 @@ def main(argv=None):
         ax.set_title(key)
         ax.legend(fontsize=7)
     if overopt_path:
-        steps, proxy, gold = zip(*overopt_path)
+        steps, proxy, gold, distinct = zip(*overopt_path)
         axes[3].plot(steps, proxy, marker="o", color="C2", label="proxy (learned reward)")
         axes[3].plot(steps, gold, marker="o", color="k", label="gold (VADER)")
+        axes[3].plot(steps, distinct, marker="s", color="C3", label="distinct-word share")
         axes[3].set_title("beta = 0: over-optimisation")
         axes[3].set_xlabel("step")
         axes[3].legend(fontsize=7)

@@ -15,7 +15,7 @@ def test_demo_quick_runs(tmp_path):
         capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
     text = result.stdout
-    for row in ("SFT", "RLOO (k=4, beta=0.05)", "PPO (beta=0.05)", "RLOO (k=4, beta=0)"):
+    for row in ("SFT", "RLOO (k=4, beta=0.05)", "PPO (beta=0.05)", "RLOO (k=4, beta=0)", "distinct"):
         assert row in text
     assert "Over-optimisation" in text and "Completions" in text
     assert out.exists() and out.stat().st_size > 10_000
