@@ -142,7 +142,7 @@ def _normalize(rm, policy, prompts, rng) -> None:
         enc = pad_left(chunk, tok.pad_token_id)
         enc.input_ids, enc.attention_mask = enc.input_ids.to(rm.device_), enc.attention_mask.to(rm.device_)
         raw = sample(policy, enc, max_new_tokens=int(max_new), temperature=float(temperature),
-                     generator=generator, suppress_ids=suppress)
+                     generator=generator, suppress_ids=suppress, eos_token_id=tok.eos_token_id)
         ids, mask, _ = truncate_after_eos(raw, tok.eos_token_id, tok.pad_token_id)
         responses = [r[m.bool()].tolist() for r, m in zip(ids.cpu(), mask.cpu())]
         scores.append(_raw(rm, chunk, responses).cpu())

@@ -1,7 +1,8 @@
 """No forward pass is done twice: forward calls per step, counted for every algorithm.
 
-Per step with T new tokens, E epochs and M minibatches: the policy runs T times to
-sample (the prompt, then one cached call per further token), once more for the old
+Per step with T new tokens, E epochs and M minibatches: the policy runs at most T times
+to sample (the prompt, then one cached call per further token, stopping once every
+response has ended), once more for the old
 log-probs when the loss uses the ratio (PPO), and E*M times in the update; the reference runs once; PPO's value model
 once at rollout and E*M times in the update; a language-model reward model once.
 """
@@ -23,6 +24,9 @@ def _count(model):
 
     def hook(module, args, kwargs, output):
         calls[id(module)] += 1
+        # Full passes over prompt + response, as opposed to sampling's cached one-token calls.
+        if kwargs["input_ids"].shape[1] > 1:
+            calls[(id(module), "multi-token")] += 1
 
     handle = model.register_forward_hook(hook, with_kwargs=True)
     return calls, handle
@@ -54,7 +58,11 @@ def test_forward_calls_per_step(cls, kwargs, epochs, minibatches):
     # PPO (ratio) recomputes old log-probs in a training-identical pass; the others read
     # them from the sampling pass.
     old_pass = 1 if cls is PPOPolicy else 0
-    assert calls[id(policy.model_)] == T + old_pass + epochs * minibatches
+    # Multi-token passes: the prompt's pass when sampling, then the full-sequence passes.
+    assert calls[(id(policy.model_), "multi-token")] == 1 + old_pass + epochs * minibatches
+    # Sampling makes at most T calls (it stops once every response has ended).
+    sampling = calls[id(policy.model_)] - old_pass - epochs * minibatches
+    assert 1 <= sampling <= T
     assert calls[id(policy.ref_model_)] == 1
     if cls is PPOPolicy:
         assert TRUNK_CALLS[id(policy.value_model_.backbone)] == 1 + epochs * minibatches
@@ -68,4 +76,4 @@ def test_language_model_reward_scores_a_batch_in_one_forward():
     calls, handle = _count(rm.model_)
     RLOOPolicy(model=sft, k=2, batch_size=8, n_steps=1, random_state=0).fit(PROMPTS, rm)
     handle.remove()
-    assert sum(calls.values()) == 1
+    assert calls[id(rm.model_)] == 1

@@ -136,7 +136,8 @@ def _mask_logits(logits: torch.Tensor, suppress_ids) -> torch.Tensor:
 
 @torch.no_grad()
 def sample(model, prompts: EncodedPrompts, *, max_new_tokens: int, temperature: float,
-           generator: torch.Generator, suppress_ids=(), return_logprobs: bool = False):
+           generator: torch.Generator, suppress_ids=(), return_logprobs: bool = False,
+           eos_token_id: int | None = None):
     """Sample exactly ``max_new_tokens`` tokens per prompt with a KV cache.
 
     Sampling never stops early at EOS (fixed-length sampling, as the original
@@ -161,6 +162,11 @@ def sample(model, prompts: EncodedPrompts, *, max_new_tokens: int, temperature: 
     return_logprobs : bool, default=False
         Also return the sampled tokens' log-probabilities (float32, tempered),
         read from the sampling logits: no extra forward pass.
+    eos_token_id : int, default=None
+        When given, sampling stops as soon as every response holds an EOS, and
+        the remaining columns are filled with EOS (log-prob 0). Everything after a
+        response's first EOS is discarded by :func:`truncate_after_eos` anyway, so
+        the result is the same fixed-length sample, without the wasted steps.
 
     Returns
     -------
@@ -186,6 +192,7 @@ def sample(model, prompts: EncodedPrompts, *, max_new_tokens: int, temperature: 
     out = _forward_logits(model, ids, mask, positions, use_cache=True, **keep)
     cache_arg, past = _cache_of(model, out)
     tokens, logprobs = [], []
+    done = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
     for step in range(max_new_tokens):
         logits = _mask_logits(out.logits[:, -1].float() / temperature, suppress_ids)
         logp = F.log_softmax(logits, dim=-1)
@@ -193,6 +200,14 @@ def sample(model, prompts: EncodedPrompts, *, max_new_tokens: int, temperature: 
         tokens.append(token)
         if return_logprobs:
             logprobs.append(logp.gather(-1, token))
+        if eos_token_id is not None:
+            done |= token.squeeze(1) == eos_token_id
+            if bool(done.all()):
+                rest = max_new_tokens - step - 1
+                tokens.append(torch.full((ids.shape[0], rest), eos_token_id, dtype=token.dtype,
+                                         device=ids.device))
+                logprobs.append(torch.zeros((ids.shape[0], rest), device=ids.device))
+                break
         if step == max_new_tokens - 1:
             break
         mask = torch.cat([mask, torch.ones_like(token)], dim=1)

@@ -331,7 +331,8 @@ class BasePolicy(GenerativeEstimator):
         tok = self.tokenizer_
         raw, sampled = sample(self.model_, prompts, max_new_tokens=self.max_new_tokens_,
                               temperature=self.temperature_, generator=self._generator,
-                              suppress_ids=self._suppress_ids, return_logprobs=True)
+                              suppress_ids=self._suppress_ids, return_logprobs=True,
+                              eos_token_id=tok.eos_token_id)
         response_ids, response_mask, ended = truncate_after_eos(raw, tok.eos_token_id,
                                                                 tok.pad_token_id)
         if self._uses_ratio or _low_precision(self.device_):

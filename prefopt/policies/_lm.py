@@ -179,7 +179,8 @@ class GenerativeEstimator(BaseEstimator):
             enc = EncodedPrompts(enc.input_ids.to(self.device_), enc.attention_mask.to(self.device_))
             raw = sample(self.model_, enc, max_new_tokens=self.max_new_tokens_,
                          temperature=self.temperature_, generator=generator,
-                         suppress_ids=self._suppress_ids)
+                         suppress_ids=self._suppress_ids,
+                         eos_token_id=self.tokenizer_.eos_token_id)
             ids, mask, _ = truncate_after_eos(raw, self.tokenizer_.eos_token_id,
                                               self.tokenizer_.pad_token_id)
             out.extend(self._decode(ids, mask))
