@@ -225,7 +225,8 @@ class BasePolicy(GenerativeEstimator):
         params = self._trainable_parameters()
         if self.optimizer == "adam":
             # eps=1e-5 as in the original code (implementation details 1A, 12).
-            return torch.optim.AdamW(params, lr=self.learning_rate_, eps=1e-5, weight_decay=0.0)
+            return torch.optim.AdamW(params, lr=self.learning_rate_, eps=1e-5, weight_decay=0.0,
+                                     foreach=True)
         return torch.optim.SGD(params, lr=self.learning_rate_)
 
     def __getstate__(self):
