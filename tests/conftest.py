@@ -16,3 +16,19 @@ torch.set_num_threads(1)
 def _quiet():
     with prefopt.config_context(show_progress_bar=False):
         yield
+
+
+@pytest.fixture(scope="session")
+def world():
+    """The plate's preference world (raters with bias 1)."""
+    from prefopt.worlds import PreferenceWorld
+
+    return PreferenceWorld(rater_bias=1.0, random_state=0)
+
+
+@pytest.fixture(scope="session")
+def rm(world):
+    """The plate's reward model: 1,000 comparisons from the world's raters."""
+    from prefopt import RewardModel
+
+    return RewardModel().fit(world.comparisons(1000, random_state=0))

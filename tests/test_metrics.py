@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import prefopt
-from prefopt import RewardModel, RLOOPolicy
+from prefopt import RLOOPolicy
 from prefopt.metrics import (
     DEFAULT_LENGTH_BINS,
     gold_reward_scorer,
@@ -162,11 +162,6 @@ def test_predict_is_used_without_sample():
 # ----- the exact preference world -------------------------------------------------------
 
 WORLD = PreferenceWorld(rater_bias=1.0, random_state=0)
-
-
-@pytest.fixture(scope="module")
-def rm():
-    return RewardModel().fit(WORLD.comparisons(1000, random_state=0))
 
 
 @pytest.fixture(scope="module")

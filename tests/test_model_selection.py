@@ -7,7 +7,7 @@ from scipy import stats
 from sklearn.base import clone
 from sklearn.model_selection import KFold
 
-from prefopt import PPOPolicy, RAFTPolicy, ReinforcePolicy, RewardModel, RLOOPolicy
+from prefopt import PPOPolicy, RAFTPolicy, ReinforcePolicy, RLOOPolicy
 from prefopt.metrics import make_kl_scorer, make_reward_scorer
 from prefopt.model_selection import (
     SeedSearchCV,
@@ -19,11 +19,6 @@ from prefopt.model_selection import (
 from prefopt.worlds import PreferenceWorld
 
 WORLD = PreferenceWorld(rater_bias=1.0, random_state=0)
-
-
-@pytest.fixture(scope="module")
-def rm():
-    return RewardModel().fit(WORLD.comparisons(1000, random_state=0))
 
 
 def small_rloo(**params):

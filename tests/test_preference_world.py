@@ -10,39 +10,12 @@ import numpy as np
 import pytest
 import torch
 
-import prefopt
 from prefopt import PPOPolicy, RewardModel
 from prefopt.backend import encode_prompts, response_logprobs
 from prefopt.data import Comparisons
 from prefopt.worlds import PreferenceWorld
 
 BETA = 0.3
-
-
-@pytest.fixture(autouse=True)
-def _no_progress_bar():
-    with prefopt.config_context(show_progress_bar=False):
-        yield
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    # The world's tensors are tiny: extra intra-op threads only spin. On 2 busy
-    # cores these three test files took 200 s with torch's 2 threads and 47 s with 1.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-@pytest.fixture(scope="module")
-def world():
-    return PreferenceWorld(rater_bias=1.0, random_state=0)
-
-
-@pytest.fixture(scope="module")
-def rm(world):
-    return RewardModel().fit(world.comparisons(1000, random_state=0))
 
 
 def _hand_rewards(world, rm):

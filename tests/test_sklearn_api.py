@@ -41,27 +41,6 @@ POLICIES = ("PPOPolicy", "RLOOPolicy", "ReinforcePolicy", "RAFTPolicy")
 NAMES = POLICIES + ("RewardModel", "FixedKLController", "AdaptiveKLController")
 
 
-@pytest.fixture(autouse=True)
-def _no_progress_bar():
-    with prefopt.config_context(show_progress_bar=False):
-        yield
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    # The world's tensors are tiny: extra intra-op threads only spin. On 2 busy
-    # cores these three test files took 200 s with torch's 2 threads and 47 s with 1.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-@pytest.fixture(scope="module")
-def rm():
-    return RewardModel().fit(WORLD.comparisons(1000, random_state=0))
-
-
 def make(name, **params):
     """A small, fast instance of each estimator (3 steps of 16 rollouts for policies)."""
     small = {"model": WORLD.policy_model(), "beta": 0.3, "learning_rate": 0.3,
