@@ -225,8 +225,14 @@ class BasePolicy(GenerativeEstimator):
         params = self._trainable_parameters()
         if self.optimizer == "adam":
             # eps=1e-5 as in the original code (implementation details 1A, 12).
-            return torch.optim.AdamW(params, lr=self.learning_rate_, eps=1e-5, weight_decay=0.0,
-                                     foreach=True)
+            # Fused AdamW: about 5x faster per step on a 124M model on CPU, no extra memory
+            # (benchmarks/README.md); the plain implementation where fusion is unsupported.
+            try:
+                return torch.optim.AdamW(params, lr=self.learning_rate_, eps=1e-5,
+                                         weight_decay=0.0, fused=True)
+            except (RuntimeError, ValueError):
+                return torch.optim.AdamW(params, lr=self.learning_rate_, eps=1e-5,
+                                         weight_decay=0.0)
         return torch.optim.SGD(params, lr=self.learning_rate_)
 
     def __getstate__(self):

@@ -1,0 +1,73 @@
+"""benchmarks/throughput.py runs and prints its table. Speed is never asserted."""
+
+import importlib.util
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "throughput.py"
+
+
+def load_throughput():
+    spec = importlib.util.spec_from_file_location("throughput", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_throughput_prints_the_table():
+    # The smallest run: tiny model, 1 warm-up + 2 measured steps, no peer, one process.
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--size", "tiny", "--steps", "2", "--warmup", "1",
+         "--batch-size", "8", "--max-new-tokens", "8", "--eval-episodes", "8",
+         "--n-reviews", "200", "--threads", "1", "--in-process"],
+        capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert re.search(r"^algorithm +impl +updates +episodes/s +tokens/s +s/step +peak RSS MB",
+                     out, flags=re.MULTILINE), out
+    for name in ("PPO", "RLOO", "REINFORCE", "RAFT"):
+        match = re.search(rf"^{name} +prefopt +\d+x\d+ +(.*)$", out, flags=re.MULTILINE)
+        assert match, f"no row for {name} in:\n{out}"
+        values = [float(v) for v in match.group(1).split()]
+        # episodes/s, tokens/s, s/step, peak MB, +MB, final reward, training reward
+        assert len(values) == 7 and all(math.isfinite(v) for v in values), match.group(0)
+        assert values[0] > 0 and values[2] > 0 and values[3] > 0
+        assert -1.0 <= values[5] <= 1.0 and -1.0 <= values[6] <= 1.0  # lexicon reward range
+
+
+def test_lexicon_reward_and_padded_tokenizer():
+    tp = load_throughput()
+    rewards = tp.lexicon_reward(["p"] * 3, ["great fun .", "awful", ""])
+    assert rewards[0] > 0 > rewards[1] and rewards[2] == 0.0
+    world = tp._StandInWorld()
+    tok = tp.padded_tokenizer(world.tokenizer, 100)
+    assert len(tok) == 100
+    assert tok.get_vocab()["great"] == world.tokenizer.get_vocab()["great"]
+    assert (tok.pad_token_id, tok.eos_token_id) == (world.tokenizer.pad_token_id,
+                                                    world.tokenizer.eos_token_id)
+    assert tok.decode(tok("the movie was great", add_special_tokens=False)["input_ids"]) == \
+        "the movie was great"
+
+
+def test_trl_settings_match_rloo_policy(tmp_path):
+    pytest.importorskip("trl")
+    from prefopt import RLOOPolicy
+
+    tp = load_throughput()
+    spec = dict(batch_size=64, k=4, max_new_tokens=27, temperature=0.7, beta=0.05,
+                learning_rate=1e-3, steps=10, warmup=2, seed=0, device="cpu", dtype="auto",
+                pad_token_id=0)
+    config = tp.trl_config(spec, str(tmp_path))
+    ours = RLOOPolicy().get_params()
+    assert config.generation_batch_size == spec["batch_size"]
+    assert config.num_generations == spec["k"]
+    assert config.steps_per_generation == ours["n_minibatches"]
+    assert config.num_iterations == ours["n_epochs"]
+    assert config.max_steps == 12 * ours["n_minibatches"] * ours["n_epochs"]
+    assert (config.max_completion_length, config.temperature, config.beta) == (27, 0.7, 0.05)
+    assert not config.gradient_checkpointing and not config.bf16
