@@ -174,10 +174,11 @@ def build_model_dir(size: str, world, out_dir: str, *, seed: int = 0, n_layer: i
     if SIZES[size]["model"] == "world" and hasattr(world, "model_config"):
         config = world.model_config(n_positions=positions, vocab_size=len(tok), **layers)
     else:
-        shape = dict(n_layer=2, n_embd=64, n_head=4) if SIZES[size]["model"] == "world" else \
-            dict(n_layer=12, n_embd=768, n_head=12)  # GPT-2 small
+        if SIZES[size]["model"] == "world":  # the stand-in world: the review world's shape
+            shape = dict(n_layer=2, n_embd=64, n_head=4, n_positions=positions)
+        else:  # GPT-2 small
+            shape = dict(n_layer=12, n_embd=768, n_head=12, n_positions=max(1024, positions))
         config = GPT2Config(**{**shape, **layers}, vocab_size=len(tok),
-                            n_positions=max(positions, 1024 if shape["n_layer"] == 12 else 64),
                             bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id,
                             pad_token_id=tok.pad_token_id)
     with torch.random.fork_rng(devices=[]):
@@ -423,6 +424,7 @@ def worker(spec: dict) -> dict:
 
     import prefopt  # noqa: F401
 
+    _quiet_transformers()
     if spec["threads"]:
         torch.set_num_threads(spec["threads"])
     with open(os.path.join(spec["path"], "prompts.json")) as f:
@@ -432,6 +434,13 @@ def worker(spec: dict) -> dict:
     result = run(spec, prompts, reward)
     result["threads"] = torch.get_num_threads()
     return result
+
+
+def _quiet_transformers() -> None:
+    """No weight-loading and shard-writing progress bars in the tables."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
 
 
 def run_spec(spec: dict, in_process: bool) -> dict:
@@ -516,16 +525,16 @@ def print_peer(spec: dict, pf: list[dict], peer: list[dict], memory_label: str) 
         ("beta (k1 KL, in reward)", spec["beta"], config.beta),
         ("learning rate", f"{spec['learning_rate']:g}, linear to 0 by step",
          f"{config.learning_rate:g}, linear to 0 by optimiser step"),
-        ("optimiser", "torch AdamW eps=1e-5, wd=0", f"{getattr(config.optim, 'value', config.optim)}"
-                                                    f" eps={config.adam_epsilon:g}, "
-                                                    f"wd={config.weight_decay:g}"),
+        ("optimiser", "AdamW eps=1e-5, wd=0",
+         f"{getattr(config.optim, 'value', config.optim)} eps={config.adam_epsilon:g}, "
+         f"wd={config.weight_decay:g}"),
         ("max_grad_norm", 1.0, config.max_grad_norm),
         ("missing EOS", "missing_eos_reward=None", "(no such option)"),
         ("loss", "-(R - b) sum_t log pi, no ratio", "PPO-clip on the sequence ratio, eps=0.2"),
         ("grad checkpointing, bf16", "none; bf16 autocast on CUDA", "off; bf16 on CUDA only"),
     ]
     for name, a, b in rows:
-        print(f"  {name:<25} {str(a):<36} {b}")
+        print(f"  {name:<25} {str(a):<38} {b}")
     ratios = [a["episodes_per_s"] / b["episodes_per_s"] for a, b in zip(pf, peer)]
     cpu = [a["episodes_per_cpu_s"] / b["episodes_per_cpu_s"] for a, b in zip(pf, peer)]
     mem = [a["peak_mb"] / b["peak_mb"] for a, b in zip(pf, peer)]
@@ -695,6 +704,7 @@ def main(argv=None) -> None:
             parser.error("--peer trl compares RLOO; include rloo in --algorithms")
     if args.threads:
         torch.set_num_threads(args.threads)
+    _quiet_transformers()
     world = load_world(args.n_reviews)
     settings = dict(SIZES[args.size])
     for key in ("steps", "warmup", "batch_size", "k", "max_new_tokens", "learning_rate",
