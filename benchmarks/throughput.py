@@ -584,13 +584,14 @@ def benchmark(args, settings: dict, world, tmp: str) -> None:
                             max_new_tokens=settings["max_new_tokens"])
     memory_label = "peak GPU MB" if args.device.startswith("cuda") else "peak RSS MB"
     spec = make_spec(args, settings, model)
+    where = "all in one process" if args.in_process else "each in its own process"
     print(f"size {args.size}: {_model_words(model)}")
     print(f"device {args.device}, {_versions(args.peer == 'trl')}; batch {spec['batch_size']} "
           f"({spec['batch_size'] // spec['k']} prompts x k={spec['k']} where k applies), "
           f"{spec['max_new_tokens']} new tokens, temperature {spec['temperature']}, beta "
           f"{spec['beta']}, lr {spec['learning_rate']:g}, {spec['reward']} reward; "
           f"{spec['warmup']} warm-up + {spec['steps']} measured steps; median of "
-          f"{args.repeats} run(s), {'all in one process' if args.in_process else 'each in its own process'}")
+          f"{args.repeats} run(s), {where}")
     results: dict = {}
     for repeat in range(args.repeats):
         runs = [(a, "prefopt") for a in args.algorithms]
@@ -642,7 +643,8 @@ def scaling(args, settings: dict, world, tmp: str) -> None:
                   f"{models[factor]['n_params'] / 1e6:>6.2f}M "
                   f"{_median(runs, 'episodes_per_s'):>10.2f} {_median(runs, 'tokens_per_s'):>8.0f} "
                   f"{step:>7.3f} {step / base[0]:>6.2f} {_median(runs, 'peak_mb'):>11.0f} "
-                  f"{delta:>8.0f} {delta / base[1]:>6.2f}", flush=True)
+                  f"{delta:>8.0f} {delta / base[1] if base[1] >= 1 else float('nan'):>6.2f}",
+                  flush=True)
 
 
 def main(argv=None) -> None:
