@@ -14,9 +14,11 @@ from tqdm.auto import tqdm
 from ._config import get_config
 from .backend import (
     ScalarHeadModel,
+    adamw,
     default_learning_rate,
     disable_dropout,
     ensure_pad_token,
+    gradient_step,
     join_right_padded,
     load_causal_lm,
     make_generator,
@@ -89,8 +91,7 @@ def _raw(rm, prompt_rows, response_rows) -> torch.Tensor:
 
 def _train(rm, prompts, chosen, rejected, generator) -> None:
     model = rm.model_
-    optimizer = torch.optim.AdamW(model.parameters(), lr=rm.learning_rate_, eps=1e-5,
-                                  weight_decay=0.0)
+    optimizer = adamw(model.parameters(), rm.learning_rate_)
     n = len(prompts)
     total = math.ceil(n / rm.batch_size) * rm.n_epochs
     rm.history_ = []
@@ -108,12 +109,7 @@ def _train(rm, prompts, chosen, rejected, generator) -> None:
                         [chosen[i] for i in rows] + [rejected[i] for i in rows])
             margin = both[:len(rows)] - both[len(rows):]
             loss = -F.logsigmoid(margin).mean()
-            if not torch.isfinite(loss):
-                raise FloatingPointError(f"RewardModel: the loss became {loss.item()} at step "
-                                         f"{step + 1}; lower learning_rate.")
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
+            gradient_step(optimizer, loss, who="RewardModel", step=step + 1)
             step += 1
             rm.history_.append({"step": step, "loss/reward": loss.item(),
                                 "reward/accuracy": float((margin > 0).float().mean())})

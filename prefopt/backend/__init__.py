@@ -1,6 +1,13 @@
 """The shared torch layer: devices, seeding, models, tokenizers, sampling, log-probs."""
 
-from ._torch import autocast, local_seed, make_generator, resolve_device
+from ._torch import (
+    adamw,
+    autocast,
+    gradient_step,
+    local_seed,
+    make_generator,
+    resolve_device,
+)
 from .generation import (
     EncodedPrompts,
     encode_prompts,
@@ -25,7 +32,7 @@ from .models import (
 from .scoring import join_right_padded, score_sequences, unpad
 
 __all__ = [
-    "EncodedPrompts", "ScalarHeadModel", "TokenValueTable", "autocast", "default_learning_rate", "disable_dropout",
+    "EncodedPrompts", "ScalarHeadModel", "TokenValueTable", "adamw", "autocast", "gradient_step", "default_learning_rate", "disable_dropout",
     "encode_prompts", "ensure_pad_token", "frozen_copy", "load_causal_lm", "local_seed", "make_generator",
     "model_vocab_size", "pad_left", "pad_right", "position_ids_from_mask",
     "response_logprobs", "resolve_device", "sample", "sequence_values",

@@ -80,3 +80,29 @@ def local_seed(seed: int):
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(int(seed))
         yield
+
+
+def adamw(params, lr: float) -> torch.optim.Optimizer:
+    """AdamW as the original code sets it up (eps=1e-5, no weight decay), fused when possible.
+
+    The fused kernel is about 5x faster per step on a 124M model on the CPU and needs no
+    extra memory (benchmarks/README.md); the plain implementation where it is unsupported.
+    """
+    params = list(params)
+    try:
+        return torch.optim.AdamW(params, lr=lr, eps=1e-5, weight_decay=0.0, fused=True)
+    except (RuntimeError, ValueError):
+        return torch.optim.AdamW(params, lr=lr, eps=1e-5, weight_decay=0.0)
+
+
+def gradient_step(optimizer, loss, *, who: str, step: int, max_grad_norm=None) -> None:
+    """One optimiser step, refusing a non-finite loss with an error that names the step."""
+    if not torch.isfinite(loss):
+        raise FloatingPointError(f"{who}: the loss became {loss.item()} at step {step}; lower "
+                                 "learning_rate or check the data and the reward.")
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    if max_grad_norm is not None:
+        torch.nn.utils.clip_grad_norm_(
+            [p for group in optimizer.param_groups for p in group["params"]], max_grad_norm)
+    optimizer.step()

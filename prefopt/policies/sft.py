@@ -21,7 +21,9 @@ from tqdm.auto import tqdm
 from .._config import get_config
 from ..backend import (
     EncodedPrompts,
+    adamw,
     default_learning_rate,
+    gradient_step,
     make_generator,
     pad_left,
     pad_right,
@@ -177,8 +179,7 @@ class SFTPolicy(GenerativeEstimator):
 
     def _train(self, ptoks, ctoks, generator) -> None:
         model = self.model_
-        optimizer = torch.optim.AdamW(model.parameters(), lr=self.learning_rate_, eps=1e-5,
-                                      weight_decay=0.0)
+        optimizer = adamw(model.parameters(), self.learning_rate_)
         n = len(ptoks)
         per_epoch = math.ceil(n / self.batch_size)
         total = per_epoch * self.n_epochs
@@ -197,12 +198,7 @@ class SFTPolicy(GenerativeEstimator):
                 began = time.perf_counter()
                 loss, n_tokens = self._batch_loss(model, [ptoks[i] for i in rows],
                                                   [ctoks[i] for i in rows])
-                if not torch.isfinite(loss):
-                    raise FloatingPointError(f"SFTPolicy: the loss became {loss.item()} at step "
-                                             f"{self.n_iter_ + 1}; lower learning_rate.")
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
+                gradient_step(optimizer, loss, who="SFTPolicy", step=self.n_iter_ + 1)
                 step += 1
                 self.n_iter_ += 1
                 self.history_.append({"step": self.n_iter_, "loss/sft": loss.item(),
