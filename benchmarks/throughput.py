@@ -545,9 +545,19 @@ def print_peer(spec: dict, pf: list[dict], peer: list[dict], memory_label: str) 
     print(f"  episodes per CPU-s     {statistics.median(cpu):6.2f}   [{fmt(cpu)}]")
     print(f"  {memory_label:<22} {statistics.median(mem):6.2f}   [{fmt(mem)}]")
     print(f"  +MB during the run     {statistics.median(delta):6.2f}   [{fmt(delta)}]")
-    print(f"  final reward           prefopt {_median(pf, 'final_reward'):.3f}, TRL "
-          f"{_median(peer, 'final_reward'):.3f} (start {spec['start_reward']:.3f}; mean reward of "
-          f"{spec['eval_episodes']} samples of each final policy, one sampler, one seed)")
+    final = [a["final_reward"] - b["final_reward"] for a, b in zip(pf, peer)]
+    print(f"  final reward, prefopt - TRL  {statistics.mean(final):+.3f}   [{fmt(final)}]")
+    print(f"  final reward           prefopt {_mean_sd(pf, 'final_reward')}, TRL "
+          f"{_mean_sd(peer, 'final_reward')} (start {spec['start_reward']:.3f}; mean reward of "
+          f"{spec['eval_episodes']} samples of each final policy, one sampler and one seed for "
+          f"all; training seeds {spec['seed']}..{spec['seed'] + len(pf) - 1}, one per pair)")
+
+
+def _mean_sd(results: list[dict], key: str) -> str:
+    values = [r[key] for r in results]
+    if len(values) < 2:
+        return f"{values[0]:.3f}"
+    return f"{statistics.mean(values):.3f} (sd {statistics.stdev(values):.3f})"
 
 
 def make_spec(args, settings: dict, model: dict, **changes) -> dict:
@@ -599,7 +609,10 @@ def benchmark(args, settings: dict, world, tmp: str) -> None:
             # Alternate which of the pair goes first, so a slow spell hits both alike.
             runs = runs + [("rloo", "trl")] if repeat % 2 == 0 else [("rloo", "trl")] + runs
         for algorithm, impl in runs:
-            result = run_spec({**spec, "algorithm": algorithm, "impl": impl}, args.in_process)
+            # Each repeat trains from its own seed (the same one for both of a pair), so the
+            # final rewards show seed spread, not one seed's luck.
+            result = run_spec({**spec, "algorithm": algorithm, "impl": impl,
+                               "seed": args.seed + repeat}, args.in_process)
             results.setdefault((algorithm, impl), []).append(result)
     print(f"torch threads {results[next(iter(results))][0]['threads']}, load average "
           f"{os.getloadavg()[0]:.1f} at the end\n")

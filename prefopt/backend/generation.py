@@ -13,8 +13,10 @@ Conventions (the seeds and implementation details 2-8):
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -134,6 +136,44 @@ def _mask_logits(logits: torch.Tensor, suppress_ids) -> torch.Tensor:
     return logits
 
 
+def draw_tokens(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Draw one token per row of ``probs`` by inverting its cumulative sum.
+
+    One uniform number per row, from ``generator`` (on its own device, so a CPU
+    generator gives the same draws on any device), is compared with the row's
+    cumulative probabilities in float64. This is an exact categorical draw, like
+    ``torch.multinomial(probs, 1)``, but about 7x faster on the CPU, where
+    ``multinomial`` draws an exponential number for every entry of the row.
+    Tokens of probability 0 are never drawn.
+
+    Parameters
+    ----------
+    probs : torch.Tensor of shape (n, vocab)
+        Non-negative weights; each row needs a positive sum (it need not be 1).
+    generator : torch.Generator
+
+    Returns
+    -------
+    tokens : torch.Tensor of shape (n, 1), dtype long
+
+    Examples
+    --------
+    >>> import torch
+    >>> probs = torch.tensor([[0.0, 1.0, 0.0], [0.5, 0.0, 0.5]])
+    >>> tokens = draw_tokens(probs, torch.Generator().manual_seed(0))
+    >>> tokens[0].item(), tokens[1].item() in (0, 2)
+    (1, True)
+    """
+    cdf = probs.double().cumsum(-1)
+    total = cdf[:, -1:]
+    u = torch.rand((probs.shape[0], 1), generator=generator, dtype=torch.float64,
+                   device=generator.device).to(probs.device)
+    # u < 1, but u * total may round up to total; stay strictly below it, so the draw
+    # lands on a token of positive probability (trailing zeros repeat the total).
+    v = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, v, right=True)
+
+
 @torch.no_grad()
 def sample(model, prompts: EncodedPrompts, *, max_new_tokens: int, temperature: float,
            generator: torch.Generator, suppress_ids=(), return_logprobs: bool = False,
@@ -185,44 +225,106 @@ def sample(model, prompts: EncodedPrompts, *, max_new_tokens: int, temperature: 
     1
     """
     ids = prompts.input_ids
-    mask = prompts.attention_mask
-    positions = position_ids_from_mask(mask)
+    n, width = ids.shape
+    device = ids.device
+    # The attention mask of the whole sequence, made once; step t passes a view of it.
+    full_mask = torch.cat([prompts.attention_mask,
+                           prompts.attention_mask.new_ones((n, max_new_tokens))], dim=1)
+    positions = position_ids_from_mask(prompts.attention_mask)
     # The prompt's pass needs the logits of its last position only.
     keep = {"logits_to_keep": 1} if _accepts(model, "logits_to_keep") else {}
-    out = _forward_logits(model, ids, mask, positions, use_cache=True, **keep)
+    out = _forward_logits(model, ids, prompts.attention_mask, positions, use_cache=True, **keep)
     cache_arg, past = _cache_of(model, out)
-    tokens, logprobs = [], []
-    done = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
+    suppress = (torch.as_tensor(sorted(set(suppress_ids)), dtype=torch.long, device=device)
+                if suppress_ids else None)
+    tokens = torch.full((n, max_new_tokens), 0 if eos_token_id is None else eos_token_id,
+                        dtype=torch.long, device=device)
+    logprobs = torch.zeros((n, max_new_tokens), device=device) if return_logprobs else None
+    done = torch.zeros(n, dtype=torch.bool, device=device)
+    next_position = positions[:, -1:] + 1
+    # A decode step's query is one real token, so its attention mask is just the
+    # sequence's padding mask: passed ready-made as 4D, the model skips building it.
+    ready = full_mask.bool()[:, None, None, :] if _may_take_ready_mask(model) else None
     for step in range(max_new_tokens):
-        logits = _mask_logits(out.logits[:, -1].float() / temperature, suppress_ids)
+        logits = out.logits[:, -1].float() / temperature  # a new tensor: safe to edit in place
+        if suppress is not None:
+            logits.index_fill_(-1, suppress, float("-inf"))
         logp = F.log_softmax(logits, dim=-1)
-        token = torch.multinomial(logp.exp().cpu(), 1, generator=generator).to(ids.device)
-        tokens.append(token)
+        token = draw_tokens(logp.exp(), generator)
+        tokens[:, step:step + 1] = token
         if return_logprobs:
-            logprobs.append(logp.gather(-1, token))
+            logprobs[:, step:step + 1] = logp.gather(-1, token)
         if eos_token_id is not None:
             done |= token.squeeze(1) == eos_token_id
             if bool(done.all()):
-                rest = max_new_tokens - step - 1
-                tokens.append(torch.full((ids.shape[0], rest), eos_token_id, dtype=token.dtype,
-                                         device=ids.device))
-                logprobs.append(torch.zeros((ids.shape[0], rest), device=ids.device))
-                break
+                break  # the rest stays EOS (log-prob 0): discarded by truncate_after_eos
         if step == max_new_tokens - 1:
             break
-        mask = torch.cat([mask, torch.ones_like(token)], dim=1)
+        mask = full_mask[:, :width + step + 1]
         if past is not None:
-            positions = positions[:, -1:] + 1
-            out = _forward_logits(model, token, mask, positions, use_cache=True,
-                                  **{cache_arg: past}, **keep)
+            # Sampled ids are real tokens (mask 1): no pad replacement needed here.
+            args = dict(input_ids=token, position_ids=next_position + step, use_cache=True,
+                        **keep)
+            with autocast(device):
+                if ready is not None and model not in _READY_MASK_OK:
+                    out = _check_ready_mask(model, args, cache_arg, past, mask, ready)
+                    ready = ready if _READY_MASK_OK[model] else None
+                else:
+                    step_mask = mask if ready is None else ready[..., :mask.shape[1]]
+                    out = model(attention_mask=step_mask, **args, **{cache_arg: past})
             past = _cache_of(model, out)[1]
         else:  # a model without a cache: recompute the whole sequence
-            ids = torch.cat([ids, token], dim=1)
-            positions = position_ids_from_mask(mask)
-            out = _forward_logits(model, ids, mask, positions)
+            seq = torch.cat([ids, tokens[:, :step + 1]], dim=1)
+            out = _forward_logits(model, seq, mask, position_ids_from_mask(mask))
     if return_logprobs:
-        return torch.cat(tokens, dim=1), torch.cat(logprobs, dim=1)
-    return torch.cat(tokens, dim=1)
+        return tokens, logprobs
+    return tokens
+
+
+# Models checked to read a ready 4D boolean mask at a decode step as they read the
+# 2D padding mask (weakly keyed: an entry goes with its model).
+_READY_MASK_OK: "weakref.WeakKeyDictionary[torch.nn.Module, bool]" = weakref.WeakKeyDictionary()
+
+
+def _may_take_ready_mask(model) -> bool:
+    """Whether a decode step may pass the mask as a ready 4D boolean tensor.
+
+    transformers models build their attention mask with ``masking_utils``, which
+    returns a 4D mask as it is; with SDPA attention a boolean mask means "may
+    attend". Sliding-window or chunked attention, other attention kernels and
+    code outside transformers keep the 2D mask. A model that passes is still
+    checked once (:func:`_check_ready_mask`).
+    """
+    config = getattr(model, "config", None)
+    if (config is None or not type(model).__module__.startswith("transformers.models.")
+            or getattr(config, "_attn_implementation", None) != "sdpa"
+            or getattr(config, "is_encoder_decoder", False)):
+        return False
+    if any(getattr(config, key, None) for key in ("sliding_window", "attention_chunk_size")):
+        return False
+    layer_types = getattr(config, "layer_types", None) or ()
+    return _READY_MASK_OK.get(model, True) and all(t == "full_attention" for t in layer_types)
+
+
+def _check_ready_mask(model, args: dict, cache_arg: str, past, mask, ready):
+    """The first decode step of ``model``: run it with the 2D mask, check the 4D one.
+
+    The step runs as usual (2D mask, on ``past``) and once more on a copy of the
+    cache with the 4D mask; the model takes the 4D mask from then on only if the
+    logits agree. One extra one-token call in the model's lifetime. Returns the
+    step's output.
+    """
+    trial_cache = copy.deepcopy(past)
+    out = model(attention_mask=mask, **args, **{cache_arg: past})
+    try:
+        trial = model(attention_mask=ready[..., :mask.shape[1]], **args,
+                      **{cache_arg: trial_cache})
+        ok = bool(torch.allclose(out.logits.float(), trial.logits.float(),
+                                 atol=1e-4, rtol=1e-4))
+    except Exception:  # noqa: BLE001 - any failure means "keep the 2D mask"
+        ok = False
+    _READY_MASK_OK[model] = ok
+    return out
 
 
 def truncate_after_eos(response_ids: torch.Tensor, eos_token_id: int | None,

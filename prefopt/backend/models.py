@@ -41,6 +41,51 @@ def disable_dropout(model: nn.Module) -> nn.Module:
     return model
 
 
+# Activation modules that compute GELU's tanh approximation with several tensor ops in
+# Python; ``nn.GELU(approximate="tanh")`` is the same function as one fused kernel.
+_TANH_GELU_MODULES = ("NewGELUActivation", "FastGELUActivation", "GELUTanh",
+                      "PytorchGELUTanh")
+
+
+def fuse_activations(model: nn.Module) -> int:
+    """Swap GELU-tanh activations written as several tensor ops for one fused kernel.
+
+    GPT-2's ``gelu_new`` (``NewGELUActivation``) computes
+    ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`` as seven separate tensor
+    operations, each a pass over the activations forward and again backward.
+    ``torch.nn.GELU(approximate="tanh")`` is the same function in one kernel;
+    results agree up to float rounding (about 1e-7 relative). On the review
+    world's model this cuts a full forward pass by about a fifth and a
+    forward-backward by about as much. The model is changed in place; its config
+    and weights are untouched, so ``save_pretrained`` writes the same files.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+
+    Returns
+    -------
+    n_swapped : int
+        How many activation modules were replaced.
+
+    Examples
+    --------
+    >>> from transformers.activations import NewGELUActivation
+    >>> from torch import nn
+    >>> m = nn.Sequential(nn.Linear(2, 2), NewGELUActivation())
+    >>> fuse_activations(m), type(m[1]).__name__
+    (1, 'GELU')
+    """
+    swapped = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            kind = type(child)
+            if kind.__name__ in _TANH_GELU_MODULES and kind.__module__.startswith("transformers."):
+                setattr(parent, name, nn.GELU(approximate="tanh"))
+                swapped += 1
+    return swapped
+
+
 def frozen_copy(model: nn.Module) -> nn.Module:
     """Return a frozen, dropout-free copy of ``model`` in eval mode.
 
@@ -247,6 +292,7 @@ def load_causal_lm(model, tokenizer=None, *, seed: int = 0):
         raise ValueError("The tokenizer has no EOS token; responses could never end. Set "
                          "tokenizer.eos_token (e.g. tokenizer.add_special_tokens({'eos_token': "
                          "'</s>'})) and make sure the model knows it.")
+    fuse_activations(module)  # the copy is ours: same function, one kernel
     return module, tok
 
 

@@ -20,6 +20,7 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 from torch import nn
+from .models import fuse_activations
 
 FORMAT_VERSION = 1
 _MODULE_KEY = "__prefopt_module__"
@@ -96,6 +97,7 @@ def load_module(state: dict, device=None) -> nn.Module:
             module.generation_config = GenerationConfig.from_dict(state["generation_config"])
         for k, v in state.get("extra", {}).items():
             setattr(module, k, v)
+        fuse_activations(module)  # as load_causal_lm did for the module that was saved
     elif state["kind"] == "skeleton":
         module = state["skeleton"].to_empty(device="cpu")
         for alias, name in state.get("aliases", {}).items():
