@@ -271,7 +271,8 @@ class StepClock:
         return {"episodes_per_s": n * episodes_per_step / wall,
                 "tokens_per_s": sum(tokens[warmup:]) / wall,
                 "episodes_per_cpu_s": n * episodes_per_step / cpu,
-                "seconds_per_step": wall / n}
+                "seconds_per_step": wall / n,
+                "step_seconds": [b - a for a, b in zip(self.wall[warmup - 1:], self.wall[warmup:])]}
 
 
 def evaluate(model, tokenizer, prompts, reward, *, n_episodes: int, max_new_tokens: int,

@@ -16,6 +16,7 @@ _DEFAULTS = {
     "dtype": "auto",
     "show_progress_bar": True,
     "eval_batch_size": 64,
+    "compile": False,
 }
 _global_config = dict(_DEFAULTS)
 _local = threading.local()
@@ -35,7 +36,8 @@ def get_config() -> dict:
     Returns
     -------
     config : dict
-        Keys ``device``, ``dtype``, ``show_progress_bar`` and ``eval_batch_size``.
+        Keys ``device``, ``dtype``, ``show_progress_bar``, ``eval_batch_size`` and
+        ``compile``.
 
     See Also
     --------
@@ -56,6 +58,7 @@ def set_config(
     dtype: str | None = None,
     show_progress_bar: bool | None = None,
     eval_batch_size: int | None = None,
+    compile: bool | str | None = None,
 ) -> None:
     """Set prefopt's configuration for this process.
 
@@ -76,6 +79,13 @@ def set_config(
         Whether ``fit`` shows a tqdm progress bar.
     eval_batch_size : int, default=None
         Rows per forward pass when scoring or evaluating without gradients.
+    compile : bool or str, default=None
+        ``True`` compiles the policy, reference and value models of the RL
+        estimators with ``torch.compile(dynamic=True)`` when ``fit`` sets them
+        up; a string names the ``torch.compile`` backend (``True`` means
+        ``"inductor"``). Compiling costs time once per fit (about a minute for
+        the review world's tiny model on a CPU, where it then saves about 15% a
+        step); it pays off in long runs on a GPU. Default ``False``.
 
     See Also
     --------
@@ -89,12 +99,14 @@ def set_config(
     False
     >>> prefopt.set_config(show_progress_bar=True)
     """
-    config = _get_threadlocal()
-    _set(config, device, dtype, show_progress_bar, eval_batch_size)
-    _set(_global_config, device, dtype, show_progress_bar, eval_batch_size)
+    settings = dict(device=device, dtype=dtype, show_progress_bar=show_progress_bar,
+                    eval_batch_size=eval_batch_size, compile=compile)
+    _set(_get_threadlocal(), **settings)
+    _set(_global_config, **settings)
 
 
-def _set(config, device, dtype, show_progress_bar, eval_batch_size) -> None:
+def _set(config, device=None, dtype=None, show_progress_bar=None, eval_batch_size=None,
+         compile=None) -> None:
     if device is not None:
         if not isinstance(device, str) or not (
             device in ("auto", "cpu", "cuda", "mps") or device.startswith("cuda:")
@@ -115,6 +127,11 @@ def _set(config, device, dtype, show_progress_bar, eval_batch_size) -> None:
         if int(eval_batch_size) < 1:
             raise ValueError(f"eval_batch_size must be >= 1; got {eval_batch_size!r}.")
         config["eval_batch_size"] = int(eval_batch_size)
+    if compile is not None:
+        if not isinstance(compile, (bool, str)) or compile == "":
+            raise ValueError("compile must be True, False or the name of a torch.compile "
+                             f"backend (e.g. 'inductor'); got {compile!r}.")
+        config["compile"] = compile
 
 
 @contextmanager

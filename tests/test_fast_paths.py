@@ -115,3 +115,36 @@ def test_no_ready_mask_for_windowed_or_non_sdpa_attention(setting):
     for key, value in setting.items():
         setattr(model.config, key, value)
     assert generation._may_take_ready_mask(model) is False
+
+
+def test_compiled_models_train_as_the_plain_ones(tmp_path):
+    # The "eager" backend traces the models with TorchDynamo (what inductor would compile)
+    # without generating code: quick, and it exercises the compiled call path.
+    import joblib
+
+    import prefopt
+
+    def fit():
+        return RLOOPolicy(model=tiny_lm(), k=2, batch_size=4, n_steps=2, max_new_tokens=3,
+                          random_state=0).fit(["the movie was", "the plot was"],
+                                              lambda p, c: np.array([x.count("good") for x in c],
+                                                                    dtype=float))
+
+    plain = fit()
+    with prefopt.config_context(compile="eager"):
+        compiled = fit()
+    assert compiled.model_._compiled_call_impl is not None
+    assert compiled.ref_model_._compiled_call_impl is not None
+    assert [r["objective/reward"] for r in compiled.history_] == \
+        [r["objective/reward"] for r in plain.history_]
+    for a, b in zip(compiled.model_.parameters(), plain.model_.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    joblib.dump(compiled, tmp_path / "c.joblib")  # the compiled wrapper is not saved
+    assert joblib.load(tmp_path / "c.joblib").model_._compiled_call_impl is None
+
+
+def test_compile_setting_is_checked():
+    import prefopt
+
+    with pytest.raises(ValueError, match="compile must be True, False or the name"):
+        prefopt.set_config(compile=3)

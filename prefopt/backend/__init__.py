@@ -6,6 +6,7 @@ from ._torch import (
     gradient_step,
     local_seed,
     make_generator,
+    maybe_compile,
     resolve_device,
 )
 from .generation import (
@@ -34,7 +35,7 @@ from .scoring import join_right_padded, score_sequences, unpad
 
 __all__ = [
     "EncodedPrompts", "ScalarHeadModel", "TokenValueTable", "adamw", "autocast", "gradient_step", "default_learning_rate", "disable_dropout",
-    "encode_prompts", "ensure_pad_token", "frozen_copy", "fuse_activations", "load_causal_lm", "local_seed", "make_generator",
+    "encode_prompts", "ensure_pad_token", "frozen_copy", "fuse_activations", "load_causal_lm", "local_seed", "make_generator", "maybe_compile",
     "model_vocab_size", "pad_left", "pad_right", "position_ids_from_mask",
     "response_logprobs", "resolve_device", "sample", "sequence_values",
     "truncate_after_eos", "join_right_padded", "score_sequences", "unpad",

@@ -106,3 +106,33 @@ def gradient_step(optimizer, loss, *, who: str, step: int, max_grad_norm=None) -
         torch.nn.utils.clip_grad_norm_(
             [p for group in optimizer.param_groups for p in group["params"]], max_grad_norm)
     optimizer.step()
+
+
+def maybe_compile(module):
+    """Compile ``module`` in place when ``set_config(compile=...)`` asks for it.
+
+    Uses ``nn.Module.compile(dynamic=True)``: the module keeps its type, its
+    parameters and its ``state_dict``, so saving and copying are unchanged.
+
+    Parameters
+    ----------
+    module : torch.nn.Module or None
+
+    Returns
+    -------
+    module : torch.nn.Module or None
+        The same object.
+
+    Examples
+    --------
+    >>> from torch import nn
+    >>> import prefopt
+    >>> with prefopt.config_context(compile=False):
+    ...     maybe_compile(nn.Linear(2, 2)) is not None
+    True
+    """
+    setting = get_config()["compile"]
+    if not setting or module is None or getattr(module, "_compiled_call_impl", None) is not None:
+        return module  # off, nothing to compile, or compiled already (a second fit)
+    module.compile(backend="inductor" if setting is True else setting, dynamic=True)
+    return module

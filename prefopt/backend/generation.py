@@ -244,7 +244,7 @@ def sample(model, prompts: EncodedPrompts, *, max_new_tokens: int, temperature: 
     next_position = positions[:, -1:] + 1
     # A decode step's query is one real token, so its attention mask is just the
     # sequence's padding mask: passed ready-made as 4D, the model skips building it.
-    ready = full_mask.bool()[:, None, None, :] if _may_take_ready_mask(model) else None
+    ready = _ready_mask(model, full_mask) if _may_take_ready_mask(model) else None
     for step in range(max_new_tokens):
         logits = out.logits[:, -1].float() / temperature  # a new tensor: safe to edit in place
         if suppress is not None:
@@ -304,6 +304,17 @@ def _may_take_ready_mask(model) -> bool:
         return False
     layer_types = getattr(config, "layer_types", None) or ()
     return _READY_MASK_OK.get(model, True) and all(t == "full_attention" for t in layer_types)
+
+
+def _ready_mask(model, mask: torch.Tensor) -> torch.Tensor:
+    """The 4D decode mask: additive (0 or the dtype's minimum) in the model's float
+    dtype on the CPU, where SDPA runs about a quarter faster with it than with a
+    boolean mask; boolean elsewhere (under CUDA autocast the query's dtype varies)."""
+    keep = mask.bool()[:, None, None, :]
+    dtype = next((p.dtype for p in model.parameters()), torch.float32)
+    if mask.device.type != "cpu" or not dtype.is_floating_point:
+        return keep
+    return torch.zeros(keep.shape, dtype=dtype).masked_fill_(~keep, torch.finfo(dtype).min)
 
 
 def _check_ready_mask(model, args: dict, cache_arg: str, past, mask, ready):

@@ -35,6 +35,7 @@ from ..backend import (
     frozen_copy,
     gradient_step,
     make_generator,
+    maybe_compile,
     pad_left,
     response_logprobs,
     sample,
@@ -192,6 +193,8 @@ class BasePolicy(GenerativeEstimator):
         self._eos_warned = False
         self._prompts = prompts
         self._prompt_tokens = self._tokenize_prompts(prompts)
+        for name in ("model_", "ref_model_", "value_model_"):  # also after a resume
+            maybe_compile(getattr(self, name, None))  # set_config(compile=...); off by default
         self._run(self._run_start + self.n_steps - self.n_iter_, callback)
         return self
 
