@@ -252,6 +252,7 @@ class StepClock:
     """Wall and CPU time at the end of every step (a step = one rollout batch)."""
 
     def __init__(self):
+        self.started = time.perf_counter()
         self.wall: list[float] = []
         self.cpu: list[float] = []
 
@@ -272,6 +273,7 @@ class StepClock:
                 "tokens_per_s": sum(tokens[warmup:]) / wall,
                 "episodes_per_cpu_s": n * episodes_per_step / cpu,
                 "seconds_per_step": wall / n,
+                "warmup_seconds": self.wall[warmup - 1] - self.started,
                 "step_seconds": [b - a for a, b in zip(self.wall[warmup - 1:], self.wall[warmup:])]}
 
 
@@ -323,7 +325,8 @@ def _policy(spec: dict):
 def run_prefopt(spec: dict, prompts: list[str], reward) -> dict:
     import prefopt
 
-    prefopt.set_config(device=spec["device"], dtype=spec["dtype"], show_progress_bar=False)
+    prefopt.set_config(device=spec["device"], dtype=spec["dtype"], show_progress_bar=False,
+                       compile=spec.get("compile") or False)
     recorder = RecordingReward(reward)
     policy = _policy(spec)
     clock, tokens = StepClock(), []
@@ -570,6 +573,7 @@ def make_spec(args, settings: dict, model: dict, **changes) -> dict:
                 beta=args.beta, learning_rate=settings["learning_rate"], steps=settings["steps"],
                 warmup=settings["warmup"], seed=args.seed, device=args.device, dtype=args.dtype,
                 threads=args.threads, reward=args.reward, n_reviews=args.n_reviews,
+                compile=args.compile,
                 eval_episodes=args.eval_episodes or 4 * settings["batch_size"],
                 pad_token_id=AutoTokenizer.from_pretrained(model["path"]).pad_token_id)
     spec.update(changes)
@@ -619,6 +623,10 @@ def benchmark(args, settings: dict, world, tmp: str) -> None:
           f"{os.getloadavg()[0]:.1f} at the end\n")
     order = sorted(results, key=lambda key: (ALGORITHMS.index(key[0]), key[1] == "trl"))
     print_table({key: results[key] for key in order}, memory_label)
+    warmups = ", ".join(f"{NAMES[a]} {impl} {_median(results[(a, impl)], 'warmup_seconds'):.1f}"
+                        for a, impl in order)
+    compiled = f"; prefopt compiles its models (backend {args.compile})" if args.compile else ""
+    print(f"warm-up seconds (loading, {spec['warmup']} steps{compiled}): {warmups}")
     if args.peer == "trl":
         spec["start_reward"] = start_reward(spec)
         print_peer(spec, results[("rloo", "prefopt")], results[("rloo", "trl")], memory_label)
@@ -691,6 +699,10 @@ def main(argv=None) -> None:
     parser.add_argument("--dtype", default="auto", help="auto, float32 or bfloat16")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--n-reviews", type=int, default=1000, help="size of the review corpus")
+    parser.add_argument("--compile", nargs="?", const="inductor", default=None,
+                        help="torch.compile prefopt's models (set_config(compile=...)), "
+                             "optionally naming the backend; compilation falls in the warm-up, "
+                             "whose time is printed")
     parser.add_argument("--scaling", action="store_true",
                         help="double batch size, response length and depth instead")
     parser.add_argument("--factors", default="2,4",
