@@ -134,6 +134,9 @@ PEER=()
 if "$PY" -c "import trl" 2>/dev/null; then PEER=(--peer trl); else echo "(trl not installed: no peer)"; fi
 timeout 600 "$PY" benchmarks/throughput.py --device cuda --dtype bfloat16 --size tiny \
   ${PEER[@]+"${PEER[@]}"} || fail "the tiny throughput benchmark"
+echo
+timeout 600 "$PY" benchmarks/throughput.py --device cuda --dtype bfloat16 --size tiny \
+  --algorithms rloo --compile ${PEER[@]+"${PEER[@]}"} || fail "the compiled tiny benchmark"
 if [ -z "${QUICK:-}" ]; then
   echo
   timeout 900 "$PY" benchmarks/throughput.py --device cuda --dtype bfloat16 --size gpt2 \

@@ -329,8 +329,14 @@ class BasePolicy(GenerativeEstimator):
         for group in self.optimizer_.param_groups:
             group["lr"] = frac * self.learning_rate_
 
-    @torch.no_grad()
     def _rollout(self, prompt_rows: np.ndarray) -> RolloutBatch:
+        # Sampling, the reference, the value model and the reward run once per batch under
+        # inference_mode; the batch is then cloned into ordinary tensors for the update.
+        with torch.inference_mode():
+            batch = self._sample_and_score(prompt_rows)
+        return batch.clone()
+
+    def _sample_and_score(self, prompt_rows: np.ndarray) -> RolloutBatch:
         rows = np.repeat(prompt_rows, self._k)
         prompts = self._encode(rows)
         tok = self.tokenizer_

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -82,6 +82,21 @@ class RolloutBatch:
 
     def __len__(self) -> int:
         return self.response_ids.shape[0]
+
+    def clone(self) -> "RolloutBatch":
+        """A copy whose tensors are ordinary ones.
+
+        Rollouts run under ``torch.inference_mode`` (cheaper than ``no_grad``), whose
+        tensors cannot take part in a gradient computation; cloned outside it, they can.
+        """
+        def copy(value):
+            if isinstance(value, torch.Tensor):
+                return value.clone()
+            if isinstance(value, EncodedPrompts):
+                return EncodedPrompts(value.input_ids.clone(), value.attention_mask.clone())
+            return value
+
+        return RolloutBatch(**{f.name: copy(getattr(self, f.name)) for f in fields(self)})
 
     @property
     def sequence_rewards(self) -> torch.Tensor:
