@@ -3,8 +3,9 @@
 Per step with T new tokens, E epochs and M minibatches: the policy runs at most T times
 to sample (the prompt, then one cached call per further token, stopping once every
 response has ended), once more for the old
-log-probs when the loss uses the ratio (PPO), and E*M times in the update; the reference runs once; PPO's value model
-once at rollout and E*M times in the update; a language-model reward model once.
+log-probs when the loss uses the ratio (PPO), and E*M times in the update; the reference sees
+every row once (in M chunks of the minibatch size); PPO's value model once at rollout and E*M
+times in the update; a language-model reward model once.
 """
 
 from collections import Counter
@@ -24,6 +25,7 @@ def _count(model):
 
     def hook(module, args, kwargs, output):
         calls[id(module)] += 1
+        calls[(id(module), "rows")] += kwargs["input_ids"].shape[0]
         # Full passes over prompt + response, as opposed to sampling's cached one-token calls.
         if kwargs["input_ids"].shape[1] > 1:
             calls[(id(module), "multi-token")] += 1
@@ -70,7 +72,9 @@ def test_forward_calls_per_step(cls, kwargs, epochs, minibatches):
     # Sampling makes at most T calls (it stops once every response has ended).
     sampling = calls[id(policy.model_)] - old_pass - epochs * minibatches
     assert 1 <= sampling <= T
-    assert calls[id(policy.ref_model_)] == 1
+    # The reference runs once over the batch, in chunks of the minibatch size.
+    assert calls[id(policy.ref_model_)] == policy.n_minibatches
+    assert calls[(id(policy.ref_model_), "rows")] == policy.batch_size
     if cls is PPOPolicy:
         assert TRUNK_CALLS[id(policy.value_model_.backbone)] == 1 + epochs * minibatches
 

