@@ -281,17 +281,17 @@ def sample(model, prompts: EncodedPrompts, *, max_new_tokens: int, temperature: 
     return tokens
 
 
-# Models checked to read a ready 4D boolean mask at a decode step as they read the
-# 2D padding mask (weakly keyed: an entry goes with its model).
+# Models checked to read a ready 4D mask at a decode step as they read the 2D padding
+# mask (weakly keyed: an entry goes with its model).
 _READY_MASK_OK: "weakref.WeakKeyDictionary[torch.nn.Module, bool]" = weakref.WeakKeyDictionary()
 
 
 def _may_take_ready_mask(model) -> bool:
-    """Whether a decode step may pass the mask as a ready 4D boolean tensor.
+    """Whether a decode step may pass the mask as a ready 4D tensor.
 
     transformers models build their attention mask with ``masking_utils``, which
-    returns a 4D mask as it is; with SDPA attention a boolean mask means "may
-    attend". Sliding-window or chunked attention, other attention kernels and
+    returns a 4D mask as it is, and SDPA reads it as given (a boolean mask means
+    "may attend", a float mask is added to the scores). Sliding-window or chunked attention, other attention kernels and
     code outside transformers keep the 2D mask. A model that passes is still
     checked once (:func:`_check_ready_mask`).
     """
