@@ -20,6 +20,7 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 from torch import nn
+
 from .models import fuse_activations
 
 FORMAT_VERSION = 1
