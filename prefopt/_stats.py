@@ -1,0 +1,63 @@
+"""Statistics over seeds shared by the searches and the comparisons."""
+
+from __future__ import annotations
+
+from numbers import Integral
+
+import numpy as np
+from scipy import stats
+
+
+def t_interval(values, confidence: float = 0.95, axis: int = -1):
+    """Mean, sample standard deviation and Student-t confidence interval over seeds.
+
+    Parameters
+    ----------
+    values : array-like
+        Scores, one per seed along ``axis``.
+    confidence : float, default=0.95
+        Coverage of the interval.
+    axis : int, default=-1
+        The seed axis.
+
+    Returns
+    -------
+    mean, std, low, high : ndarray or float
+        ``std`` uses ``ddof=1`` (the unbiased variance of the seed-to-seed
+        spread, and the one the t interval is built from); the interval is
+        ``mean +- t_{(1+confidence)/2, n-1} std / sqrt(n)``. With one seed
+        ``std``, ``low`` and ``high`` are NaN.
+
+    Examples
+    --------
+    >>> from prefopt.model_selection import t_interval
+    >>> mean, std, low, high = t_interval([1.0, 2.0, 3.0])
+    >>> float(mean), float(std)
+    (2.0, 1.0)
+    >>> round(float(low), 4), round(float(high), 4)  # 2 -+ 4.3027 / sqrt(3)
+    (-0.4841, 4.4841)
+    """
+    values = np.asarray(values, dtype=np.float64)
+    n = values.shape[axis]
+    mean = values.mean(axis=axis)
+    if n < 2:
+        nan = np.full_like(mean, np.nan)
+        return mean, nan, nan.copy(), nan.copy()
+    std = values.std(axis=axis, ddof=1)
+    half = stats.t.ppf(0.5 + confidence / 2, n - 1) * std / np.sqrt(n)
+    return mean, std, mean - half, mean + half
+
+
+def _check_seeds(seeds) -> list[int]:
+    if isinstance(seeds, Integral) and not isinstance(seeds, bool):
+        if seeds < 1:
+            raise ValueError(f"seeds must be >= 1 or a list of seeds; got {seeds!r}.")
+        return list(range(int(seeds)))
+    try:
+        out = [int(s) for s in seeds]
+    except (TypeError, ValueError):
+        raise TypeError(f"seeds must be an int n (seeds 0..n-1) or a list of int seeds; got "
+                        f"{seeds!r}.") from None
+    if not out or len(set(out)) != len(out):
+        raise ValueError(f"seeds must be a non-empty list of distinct seeds; got {seeds!r}.")
+    return out
