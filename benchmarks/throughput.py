@@ -41,16 +41,40 @@ NAMES = {"ppo": "PPO", "rloo": "RLOO", "reinforce": "REINFORCE", "raft": "RAFT"}
 # Settings per size; every one can be overridden on the command line.
 SIZES = {
     # The review world's own tiny GPT-2 (2 layers, width 64): overheads dominate.
-    "tiny": dict(model="world", batch_size=64, k=4, max_new_tokens=None, steps=10, warmup=2,
-                 learning_rate=1e-3, vocab_size=None),
+    "tiny": dict(
+        model="world",
+        batch_size=64,
+        k=4,
+        max_new_tokens=None,
+        steps=10,
+        warmup=2,
+        learning_rate=1e-3,
+        vocab_size=None,
+    ),
     # GPT-2 small's shape (12 layers, width 768, 12 heads, a 50257-wide LM head: the word
     # vocabulary padded with filler words; 124M parameters), cut down to finish in
     # minutes on a 2-core CPU.
-    "small": dict(model="gpt2", batch_size=16, k=4, max_new_tokens=16, steps=3, warmup=1,
-                  learning_rate=1e-5, vocab_size=50257),
+    "small": dict(
+        model="gpt2",
+        batch_size=16,
+        k=4,
+        max_new_tokens=16,
+        steps=3,
+        warmup=1,
+        learning_rate=1e-5,
+        vocab_size=50257,
+    ),
     # The same model at the seeds' settings (53 new tokens), for a GPU.
-    "gpt2": dict(model="gpt2", batch_size=64, k=4, max_new_tokens=53, steps=10, warmup=2,
-                 learning_rate=1e-5, vocab_size=50257),
+    "gpt2": dict(
+        model="gpt2",
+        batch_size=64,
+        k=4,
+        max_new_tokens=53,
+        steps=10,
+        warmup=2,
+        learning_rate=1e-5,
+        vocab_size=50257,
+    ),
 }
 EVAL_SEED = 1234
 
@@ -68,13 +92,37 @@ def load_world(n_reviews: int = 1000):
 class _StandInWorld:
     """A word-level tokenizer and 36 prompts, used when ReviewWorld is not available."""
 
-    WORDS = ["the", "movie", "film", "plot", "acting", "was", "and", "but", "i", "it", ".",
-             "good", "great", "wonderful", "fun", "loved", "bad", "awful", "boring", "dull"]
+    WORDS = [
+        "the",
+        "movie",
+        "film",
+        "plot",
+        "acting",
+        "was",
+        "and",
+        "but",
+        "i",
+        "it",
+        ".",
+        "good",
+        "great",
+        "wonderful",
+        "fun",
+        "loved",
+        "bad",
+        "awful",
+        "boring",
+        "dull",
+    ]
 
     def __init__(self):
         self.tokenizer = word_tokenizer(["[PAD]", "[UNK]", "</s>"] + self.WORDS)
-        self.prompts = [f"{a} {b} {c}" for a in ("the", "i", "it") for c in ("was", "and", "but")
-                        for b in ("movie", "film", "plot", "acting")]
+        self.prompts = [
+            f"{a} {b} {c}"
+            for a in ("the", "i", "it")
+            for c in ("was", "and", "but")
+            for b in ("movie", "film", "plot", "acting")
+        ]
         self.max_new_tokens = 16
 
 
@@ -86,8 +134,13 @@ def word_tokenizer(words: list[str]):
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]",
-                                   eos_token="</s>", clean_up_tokenization_spaces=False)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token="[PAD]",
+        unk_token="[UNK]",
+        eos_token="</s>",
+        clean_up_tokenization_spaces=False,
+    )
 
 
 def padded_tokenizer(tokenizer, vocab_size: int):
@@ -159,8 +212,16 @@ class RecordingReward:
         return rewards.tolist()
 
 
-def build_model_dir(size: str, world, out_dir: str, *, seed: int = 0, n_layer: int | None = None,
-                    vocab_size: int | None = None, max_new_tokens: int = 64) -> dict:
+def build_model_dir(
+    size: str,
+    world,
+    out_dir: str,
+    *,
+    seed: int = 0,
+    n_layer: int | None = None,
+    vocab_size: int | None = None,
+    max_new_tokens: int = 64,
+) -> dict:
     """Build the starting model from a config; save it, its tokenizer and the prompts."""
     import torch
     from transformers import AutoModelForCausalLM, GPT2Config
@@ -178,9 +239,13 @@ def build_model_dir(size: str, world, out_dir: str, *, seed: int = 0, n_layer: i
             shape = dict(n_layer=2, n_embd=64, n_head=4, n_positions=positions)
         else:  # GPT-2 small
             shape = dict(n_layer=12, n_embd=768, n_head=12, n_positions=max(1024, positions))
-        config = GPT2Config(**{**shape, **layers}, vocab_size=len(tok),
-                            bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id,
-                            pad_token_id=tok.pad_token_id)
+        config = GPT2Config(
+            **{**shape, **layers},
+            vocab_size=len(tok),
+            bos_token_id=tok.eos_token_id,
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id,
+        )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config)
@@ -188,9 +253,14 @@ def build_model_dir(size: str, world, out_dir: str, *, seed: int = 0, n_layer: i
     tok.save_pretrained(out_dir)
     with open(os.path.join(out_dir, "prompts.json"), "w") as f:
         json.dump(list(world.prompts), f)
-    return {"path": out_dir, "n_layer": config.n_layer, "n_embd": config.n_embd,
-            "n_head": config.n_head, "vocab": config.vocab_size,
-            "n_params": sum(p.numel() for p in model.parameters())}
+    return {
+        "path": out_dir,
+        "n_layer": config.n_layer,
+        "n_embd": config.n_embd,
+        "n_head": config.n_head,
+        "vocab": config.vocab_size,
+        "n_params": sum(p.numel() for p in model.parameters()),
+    }
 
 
 # ----- measuring ------------------------------------------------------------------------
@@ -269,21 +339,38 @@ class StepClock:
         n = len(self.wall) - warmup
         wall = self.wall[-1] - self.wall[warmup - 1]
         cpu = self.cpu[-1] - self.cpu[warmup - 1]
-        return {"episodes_per_s": n * episodes_per_step / wall,
-                "tokens_per_s": sum(tokens[warmup:]) / wall,
-                "episodes_per_cpu_s": n * episodes_per_step / cpu,
-                "seconds_per_step": wall / n,
-                "warmup_seconds": self.wall[warmup - 1] - self.started,
-                "step_seconds": [b - a for a, b in zip(self.wall[warmup - 1:], self.wall[warmup:])]}
+        return {
+            "episodes_per_s": n * episodes_per_step / wall,
+            "tokens_per_s": sum(tokens[warmup:]) / wall,
+            "episodes_per_cpu_s": n * episodes_per_step / cpu,
+            "seconds_per_step": wall / n,
+            "warmup_seconds": self.wall[warmup - 1] - self.started,
+            "step_seconds": [b - a for a, b in zip(self.wall[warmup - 1 :], self.wall[warmup:])],
+        }
 
 
-def evaluate(model, tokenizer, prompts, reward, *, n_episodes: int, max_new_tokens: int,
-             temperature: float, batch_size: int = 64) -> float:
+def evaluate(
+    model,
+    tokenizer,
+    prompts,
+    reward,
+    *,
+    n_episodes: int,
+    max_new_tokens: int,
+    temperature: float,
+    batch_size: int = 64,
+) -> float:
     """Mean reward of ``n_episodes`` samples of a final policy, drawn the same way for every
     implementation: prefopt's sampler, one seed, the pad token never sampled."""
     import torch
-    from prefopt.backend import (EncodedPrompts, encode_prompts, make_generator, sample,
-                                 truncate_after_eos)
+
+    from prefopt.backend import (
+        EncodedPrompts,
+        encode_prompts,
+        make_generator,
+        sample,
+        truncate_after_eos,
+    )
 
     device = next(model.parameters()).device
     rows = [prompts[i % len(prompts)] for i in range(n_episodes)]
@@ -293,15 +380,22 @@ def evaluate(model, tokenizer, prompts, reward, *, n_episodes: int, max_new_toke
     total = 0.0
     with torch.no_grad():
         for start in range(0, len(rows), batch_size):
-            chunk = rows[start:start + batch_size]
+            chunk = rows[start : start + batch_size]
             enc = encode_prompts(tokenizer, chunk)
             enc = EncodedPrompts(enc.input_ids.to(device), enc.attention_mask.to(device))
-            raw = sample(model, enc, max_new_tokens=max_new_tokens, temperature=temperature,
-                         generator=generator, suppress_ids=(pad,))
+            raw = sample(
+                model,
+                enc,
+                max_new_tokens=max_new_tokens,
+                temperature=temperature,
+                generator=generator,
+                suppress_ids=(pad,),
+            )
             ids, mask, _ = truncate_after_eos(raw, eos, pad)
             texts = tokenizer.batch_decode(
                 [r[m.bool()].tolist() for r, m in zip(ids.cpu(), mask.cpu())],
-                skip_special_tokens=True)
+                skip_special_tokens=True,
+            )
             total += float(reward(chunk, texts).sum())
     return total / len(rows)
 
@@ -310,13 +404,22 @@ def evaluate(model, tokenizer, prompts, reward, *, n_episodes: int, max_new_toke
 def _policy(spec: dict):
     from prefopt import PPOPolicy, RAFTPolicy, ReinforcePolicy, RLOOPolicy
 
-    cls = {"ppo": PPOPolicy, "rloo": RLOOPolicy, "reinforce": ReinforcePolicy,
-           "raft": RAFTPolicy}[spec["algorithm"]]
-    kwargs = dict(model=spec["path"], beta=spec["beta"], learning_rate=spec["learning_rate"],
-                  n_steps=spec["warmup"] + spec["steps"], batch_size=spec["batch_size"],
-                  temperature=spec["temperature"], max_new_tokens=spec["max_new_tokens"],
-                  # TRL has no missing-EOS reward; every run here scores the text alone.
-                  missing_eos_reward=None, max_grad_norm=1.0, random_state=spec["seed"])
+    cls = {"ppo": PPOPolicy, "rloo": RLOOPolicy, "reinforce": ReinforcePolicy, "raft": RAFTPolicy}[
+        spec["algorithm"]
+    ]
+    kwargs = dict(
+        model=spec["path"],
+        beta=spec["beta"],
+        learning_rate=spec["learning_rate"],
+        n_steps=spec["warmup"] + spec["steps"],
+        batch_size=spec["batch_size"],
+        temperature=spec["temperature"],
+        max_new_tokens=spec["max_new_tokens"],
+        # TRL has no missing-EOS reward; every run here scores the text alone.
+        missing_eos_reward=None,
+        max_grad_norm=1.0,
+        random_state=spec["seed"],
+    )
     if "k" in cls().get_params():
         kwargs["k"] = spec["k"]
     return cls(**kwargs)
@@ -325,8 +428,12 @@ def _policy(spec: dict):
 def run_prefopt(spec: dict, prompts: list[str], reward) -> dict:
     import prefopt
 
-    prefopt.set_config(device=spec["device"], dtype=spec["dtype"], show_progress_bar=False,
-                       compile=spec.get("compile") or False)
+    prefopt.set_config(
+        device=spec["device"],
+        dtype=spec["dtype"],
+        show_progress_bar=False,
+        compile=spec.get("compile") or False,
+    )
     recorder = RecordingReward(reward)
     policy = _policy(spec)
     clock, tokens = StepClock(), []
@@ -340,19 +447,29 @@ def run_prefopt(spec: dict, prompts: list[str], reward) -> dict:
     policy.fit(prompts, recorder, callback=on_step)
     peak, delta = memory.stop()
     params = policy.get_params()
-    return {**clock.rates(spec["warmup"], spec["batch_size"], tokens), "peak_mb": peak,
-            "delta_mb": delta, "updates": f"{params['n_epochs']}x{params['n_minibatches']}",
-            "train_reward": _last_quarter(recorder.means),
-            "final_reward": evaluate(policy.model_, policy.tokenizer_, prompts, reward,
-                                     n_episodes=spec["eval_episodes"],
-                                     max_new_tokens=spec["max_new_tokens"],
-                                     temperature=spec["temperature"])}
+    return {
+        **clock.rates(spec["warmup"], spec["batch_size"], tokens),
+        "peak_mb": peak,
+        "delta_mb": delta,
+        "updates": f"{params['n_epochs']}x{params['n_minibatches']}",
+        "train_reward": _last_quarter(recorder.means),
+        "final_reward": evaluate(
+            policy.model_,
+            policy.tokenizer_,
+            prompts,
+            reward,
+            n_episodes=spec["eval_episodes"],
+            max_new_tokens=spec["max_new_tokens"],
+            temperature=spec["temperature"],
+        ),
+    }
 
 
 def trl_config(spec: dict, output_dir: str):
     """TRL's RLOOConfig at prefopt RLOOPolicy's settings (README: what cannot match)."""
-    from prefopt import RLOOPolicy
     from trl import RLOOConfig
+
+    from prefopt import RLOOPolicy
 
     defaults = RLOOPolicy().get_params()
     n_epochs, n_minibatches = defaults["n_epochs"], defaults["n_minibatches"]
@@ -360,24 +477,44 @@ def trl_config(spec: dict, output_dir: str):
     # prefopt neither checkpoints activations nor uses bf16 on the CPU; TRL's defaults do.
     # (transformers 5 renamed gradient_checkpointing to activation_checkpointing.)
     names = {f.name for f in dataclasses.fields(RLOOConfig)}
-    checkpointing = "activation_checkpointing" if "activation_checkpointing" in names else \
-        "gradient_checkpointing"
+    checkpointing = (
+        "activation_checkpointing"
+        if "activation_checkpointing" in names
+        else "gradient_checkpointing"
+    )
     return RLOOConfig(
         **{checkpointing: False},
-        output_dir=output_dir, seed=spec["seed"], use_cpu=not cuda,
+        output_dir=output_dir,
+        seed=spec["seed"],
+        use_cpu=not cuda,
         # batch_size episodes a step (batch_size/k prompts, k samples each), cut into
         # n_minibatches optimiser steps, n_epochs passes over it: prefopt's loop.
         per_device_train_batch_size=spec["batch_size"] // n_minibatches,
-        steps_per_generation=n_minibatches, gradient_accumulation_steps=1,
-        num_iterations=n_epochs, num_generations=spec["k"],
+        steps_per_generation=n_minibatches,
+        gradient_accumulation_steps=1,
+        num_iterations=n_epochs,
+        num_generations=spec["k"],
         max_steps=(spec["warmup"] + spec["steps"]) * n_minibatches * n_epochs,
-        max_completion_length=spec["max_new_tokens"], temperature=spec["temperature"],
-        top_p=1.0, top_k=0, generation_kwargs={"suppress_tokens": [spec["pad_token_id"]]},
-        beta=spec["beta"], learning_rate=spec["learning_rate"], lr_scheduler_type="linear",
-        warmup_steps=0, weight_decay=0.0, adam_epsilon=1e-5, max_grad_norm=1.0,
+        max_completion_length=spec["max_new_tokens"],
+        temperature=spec["temperature"],
+        top_p=1.0,
+        top_k=0,
+        generation_kwargs={"suppress_tokens": [spec["pad_token_id"]]},
+        beta=spec["beta"],
+        learning_rate=spec["learning_rate"],
+        lr_scheduler_type="linear",
+        warmup_steps=0,
+        weight_decay=0.0,
+        adam_epsilon=1e-5,
+        max_grad_norm=1.0,
         bf16=cuda and spec["dtype"] in ("auto", "bfloat16"),
-        disable_dropout=True, report_to="none", save_strategy="no", logging_steps=10,
-        disable_tqdm=True, dataloader_num_workers=0)
+        disable_dropout=True,
+        report_to="none",
+        save_strategy="no",
+        logging_steps=10,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
 
 
 def run_trl(spec: dict, prompts: list[str], reward) -> dict:
@@ -399,27 +536,42 @@ def run_trl(spec: dict, prompts: list[str], reward) -> dict:
         tokenizer = AutoTokenizer.from_pretrained(spec["path"], padding_side="left")
         memory = PeakMemory(spec["device"])
         memory.start()
-        trainer = RLOOTrainer(model=spec["path"], reward_funcs=recorder, args=args,
-                              train_dataset=Dataset.from_dict({"prompt": prompts}),
-                              processing_class=tokenizer, callbacks=[Clock()])
+        trainer = RLOOTrainer(
+            model=spec["path"],
+            reward_funcs=recorder,
+            args=args,
+            train_dataset=Dataset.from_dict({"prompt": prompts}),
+            processing_class=tokenizer,
+            callbacks=[Clock()],
+        )
         trainer.train()
         peak, delta = memory.stop()
-    return {**clock.rates(spec["warmup"], spec["batch_size"], recorder.tokens), "peak_mb": peak,
-            "delta_mb": delta, "updates": f"{args.num_iterations}x{args.steps_per_generation}",
-            "train_reward": _last_quarter(recorder.means),
-            "final_reward": evaluate(trainer.model, tokenizer, prompts, reward,
-                                     n_episodes=spec["eval_episodes"],
-                                     max_new_tokens=spec["max_new_tokens"],
-                                     temperature=spec["temperature"])}
+    return {
+        **clock.rates(spec["warmup"], spec["batch_size"], recorder.tokens),
+        "peak_mb": peak,
+        "delta_mb": delta,
+        "updates": f"{args.num_iterations}x{args.steps_per_generation}",
+        "train_reward": _last_quarter(recorder.means),
+        "final_reward": evaluate(
+            trainer.model,
+            tokenizer,
+            prompts,
+            reward,
+            n_episodes=spec["eval_episodes"],
+            max_new_tokens=spec["max_new_tokens"],
+            temperature=spec["temperature"],
+        ),
+    }
 
 
 def _last_quarter(values: list[float]) -> float:
-    tail = values[-max(1, len(values) // 4):]
+    tail = values[-max(1, len(values) // 4) :]
     return sum(tail) / len(tail)
 
 
 def worker(spec: dict) -> dict:
     import torch
+
     # Import everything both implementations load lazily before the memory baseline, so
     # "+MB run" counts tensors and buffers, not modules.
     import torch.optim  # noqa: F401
@@ -450,13 +602,19 @@ def _quiet_transformers() -> None:
 def run_spec(spec: dict, in_process: bool) -> dict:
     if in_process:
         return worker(spec)
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", json.dumps(spec)],
-                          capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), "--worker", json.dumps(spec)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
-    sys.exit(f"The {spec['impl']} {spec['algorithm']} run failed (exit {proc.returncode}):\n"
-             f"{proc.stderr[-4000:]}")
+            return json.loads(line[len("RESULT ") :])
+    sys.exit(
+        f"The {spec['impl']} {spec['algorithm']} run failed (exit {proc.returncode}):\n"
+        f"{proc.stderr[-4000:]}"
+    )
 
 
 # ----- the tables ------------------------------------------------------------------------
@@ -468,10 +626,20 @@ def _prefopt_version() -> str:
     """prefopt's commit, and whether prefopt/ has uncommitted changes (read-only git)."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     try:
-        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, text=True,
-                             capture_output=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "prefopt"], cwd=root,
-                               text=True, capture_output=True, check=True).stdout.strip()
+        sha = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=root,
+            text=True,
+            capture_output=True,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "prefopt"],
+            cwd=root,
+            text=True,
+            capture_output=True,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         import prefopt
 
@@ -483,8 +651,9 @@ def _versions(peer: bool) -> str:
     import torch
     import transformers
 
-    out = (f"{_prefopt_version()}, torch {torch.__version__}, "
-           f"transformers {transformers.__version__}")
+    out = (
+        f"{_prefopt_version()}, torch {torch.__version__}, transformers {transformers.__version__}"
+    )
     if peer:
         import trl
 
@@ -493,20 +662,26 @@ def _versions(peer: bool) -> str:
 
 
 def _model_words(model: dict) -> str:
-    return (f"GPT-2 config n_layer={model['n_layer']}, n_embd={model['n_embd']}, "
-            f"n_head={model['n_head']}, vocab={model['vocab']} "
-            f"({model['n_params'] / 1e6:.2f}M parameters, random weights)")
+    return (
+        f"GPT-2 config n_layer={model['n_layer']}, n_embd={model['n_embd']}, "
+        f"n_head={model['n_head']}, vocab={model['vocab']} "
+        f"({model['n_params'] / 1e6:.2f}M parameters, random weights)"
+    )
 
 
 def print_table(results: dict, memory_label: str) -> None:
-    print(f"{'algorithm':<10} {'impl':<8} {'updates':>7} {'episodes/s':>10} {'tokens/s':>9} "
-          f"{'s/step':>7} {memory_label:>11} {'+MB run':>8} {'reward end':>10} {'train end':>9}")
+    print(
+        f"{'algorithm':<10} {'impl':<8} {'updates':>7} {'episodes/s':>10} {'tokens/s':>9} "
+        f"{'s/step':>7} {memory_label:>11} {'+MB run':>8} {'reward end':>10} {'train end':>9}"
+    )
     for (algorithm, impl), runs in results.items():
-        print(f"{NAMES[algorithm]:<10} {impl:<8} {runs[0]['updates']:>7} "
-              f"{_median(runs, 'episodes_per_s'):>10.2f} {_median(runs, 'tokens_per_s'):>9.0f} "
-              f"{_median(runs, 'seconds_per_step'):>7.3f} {_median(runs, 'peak_mb'):>11.0f} "
-              f"{_median(runs, 'delta_mb'):>8.0f} {_median(runs, 'final_reward'):>10.3f} "
-              f"{_median(runs, 'train_reward'):>9.3f}")
+        print(
+            f"{NAMES[algorithm]:<10} {impl:<8} {runs[0]['updates']:>7} "
+            f"{_median(runs, 'episodes_per_s'):>10.2f} {_median(runs, 'tokens_per_s'):>9.0f} "
+            f"{_median(runs, 'seconds_per_step'):>7.3f} {_median(runs, 'peak_mb'):>11.0f} "
+            f"{_median(runs, 'delta_mb'):>8.0f} {_median(runs, 'final_reward'):>10.3f} "
+            f"{_median(runs, 'train_reward'):>9.3f}"
+        )
 
 
 def print_peer(spec: dict, pf: list[dict], peer: list[dict], memory_label: str) -> None:
@@ -516,22 +691,37 @@ def print_peer(spec: dict, pf: list[dict], peer: list[dict], memory_label: str) 
         ("model", "the saved weights (path)", "the same path; reference reloaded from it"),
         ("prompts", "the same list, reshuffled stream", "the same list, RepeatSampler"),
         ("reward", f"{spec['reward']} (text only)", "the same callable"),
-        ("episodes a step", f"batch_size={spec['batch_size']}",
-         f"per_device_train_batch_size={config.per_device_train_batch_size} x "
-         f"steps_per_generation={config.steps_per_generation}"),
+        (
+            "episodes a step",
+            f"batch_size={spec['batch_size']}",
+            f"per_device_train_batch_size={config.per_device_train_batch_size} x "
+            f"steps_per_generation={config.steps_per_generation}",
+        ),
         ("samples per prompt", f"k={spec['k']}", f"num_generations={config.num_generations}"),
-        ("epochs x minibatches", pf[0]["updates"],
-         f"num_iterations={config.num_iterations} x {config.steps_per_generation}"),
-        ("response length", f"max_new_tokens={spec['max_new_tokens']}, cut after the EOS",
-         f"max_completion_length={config.max_completion_length}, stops once all ended"),
+        (
+            "epochs x minibatches",
+            pf[0]["updates"],
+            f"num_iterations={config.num_iterations} x {config.steps_per_generation}",
+        ),
+        (
+            "response length",
+            f"max_new_tokens={spec['max_new_tokens']}, cut after the EOS",
+            f"max_completion_length={config.max_completion_length}, stops once all ended",
+        ),
         ("temperature", spec["temperature"], f"{config.temperature} (top_p=1, top_k=0)"),
         ("pad token", "never sampled", "suppress_tokens=[pad]"),
         ("beta (k1 KL, in reward)", spec["beta"], config.beta),
-        ("learning rate", f"{spec['learning_rate']:g}, linear to 0 by step",
-         f"{config.learning_rate:g}, linear to 0 by optimiser step"),
-        ("optimiser", "AdamW eps=1e-5, wd=0",
-         f"{getattr(config.optim, 'value', config.optim)} eps={config.adam_epsilon:g}, "
-         f"wd={config.weight_decay:g}"),
+        (
+            "learning rate",
+            f"{spec['learning_rate']:g}, linear to 0 by step",
+            f"{config.learning_rate:g}, linear to 0 by optimiser step",
+        ),
+        (
+            "optimiser",
+            "AdamW eps=1e-5, wd=0",
+            f"{getattr(config.optim, 'value', config.optim)} eps={config.adam_epsilon:g}, "
+            f"wd={config.weight_decay:g}",
+        ),
         ("max_grad_norm", 1.0, config.max_grad_norm),
         ("missing EOS", "missing_eos_reward=None", "(no such option)"),
         ("loss", "-(R - b) sum_t log pi, no ratio", "PPO-clip on the sequence ratio, eps=0.2"),
@@ -551,10 +741,12 @@ def print_peer(spec: dict, pf: list[dict], peer: list[dict], memory_label: str) 
     print(f"  +MB during the run     {statistics.median(delta):6.2f}   [{fmt(delta)}]")
     final = [a["final_reward"] - b["final_reward"] for a, b in zip(pf, peer)]
     print(f"  final reward, prefopt - TRL  {statistics.mean(final):+.3f}   [{fmt(final)}]")
-    print(f"  final reward           prefopt {_mean_sd(pf, 'final_reward')}, TRL "
-          f"{_mean_sd(peer, 'final_reward')} (start {spec['start_reward']:.3f}; mean reward of "
-          f"{spec['eval_episodes']} samples of each final policy, one sampler and one seed for "
-          f"all; training seeds {spec['seed']}..{spec['seed'] + len(pf) - 1}, one per pair)")
+    print(
+        f"  final reward           prefopt {_mean_sd(pf, 'final_reward')}, TRL "
+        f"{_mean_sd(peer, 'final_reward')} (start {spec['start_reward']:.3f}; mean reward of "
+        f"{spec['eval_episodes']} samples of each final policy, one sampler and one seed for "
+        f"all; training seeds {spec['seed']}..{spec['seed'] + len(pf) - 1}, one per pair)"
+    )
 
 
 def _mean_sd(results: list[dict], key: str) -> str:
@@ -567,15 +759,28 @@ def _mean_sd(results: list[dict], key: str) -> str:
 def make_spec(args, settings: dict, model: dict, **changes) -> dict:
     from transformers import AutoTokenizer
 
-    spec = dict(path=model["path"], algorithm="rloo", impl="prefopt",
-                batch_size=settings["batch_size"], k=settings["k"],
-                max_new_tokens=settings["max_new_tokens"], temperature=args.temperature,
-                beta=args.beta, learning_rate=settings["learning_rate"], steps=settings["steps"],
-                warmup=settings["warmup"], seed=args.seed, device=args.device, dtype=args.dtype,
-                threads=args.threads, reward=args.reward, n_reviews=args.n_reviews,
-                compile=args.compile,
-                eval_episodes=args.eval_episodes or 4 * settings["batch_size"],
-                pad_token_id=AutoTokenizer.from_pretrained(model["path"]).pad_token_id)
+    spec = dict(
+        path=model["path"],
+        algorithm="rloo",
+        impl="prefopt",
+        batch_size=settings["batch_size"],
+        k=settings["k"],
+        max_new_tokens=settings["max_new_tokens"],
+        temperature=args.temperature,
+        beta=args.beta,
+        learning_rate=settings["learning_rate"],
+        steps=settings["steps"],
+        warmup=settings["warmup"],
+        seed=args.seed,
+        device=args.device,
+        dtype=args.dtype,
+        threads=args.threads,
+        reward=args.reward,
+        n_reviews=args.n_reviews,
+        compile=args.compile,
+        eval_episodes=args.eval_episodes or 4 * settings["batch_size"],
+        pad_token_id=AutoTokenizer.from_pretrained(model["path"]).pad_token_id,
+    )
     spec.update(changes)
     return spec
 
@@ -587,26 +792,39 @@ def start_reward(spec: dict) -> float:
     with open(os.path.join(spec["path"], "prompts.json")) as f:
         prompts = json.load(f)
     model = AutoModelForCausalLM.from_pretrained(spec["path"])
-    return evaluate(model, AutoTokenizer.from_pretrained(spec["path"]), prompts,
-                    make_reward(spec["reward"], spec["n_reviews"]),
-                    n_episodes=spec["eval_episodes"], max_new_tokens=spec["max_new_tokens"],
-                    temperature=spec["temperature"])
+    return evaluate(
+        model,
+        AutoTokenizer.from_pretrained(spec["path"]),
+        prompts,
+        make_reward(spec["reward"], spec["n_reviews"]),
+        n_episodes=spec["eval_episodes"],
+        max_new_tokens=spec["max_new_tokens"],
+        temperature=spec["temperature"],
+    )
 
 
 def benchmark(args, settings: dict, world, tmp: str) -> None:
-    model = build_model_dir(args.size, world, os.path.join(tmp, "model"), seed=args.seed,
-                            n_layer=args.n_layer, vocab_size=settings["vocab_size"],
-                            max_new_tokens=settings["max_new_tokens"])
+    model = build_model_dir(
+        args.size,
+        world,
+        os.path.join(tmp, "model"),
+        seed=args.seed,
+        n_layer=args.n_layer,
+        vocab_size=settings["vocab_size"],
+        max_new_tokens=settings["max_new_tokens"],
+    )
     memory_label = "peak GPU MB" if args.device.startswith("cuda") else "peak RSS MB"
     spec = make_spec(args, settings, model)
     where = "all in one process" if args.in_process else "each in its own process"
     print(f"size {args.size}: {_model_words(model)}")
-    print(f"device {args.device}, {_versions(args.peer == 'trl')}; batch {spec['batch_size']} "
-          f"({spec['batch_size'] // spec['k']} prompts x k={spec['k']} where k applies), "
-          f"{spec['max_new_tokens']} new tokens, temperature {spec['temperature']}, beta "
-          f"{spec['beta']}, lr {spec['learning_rate']:g}, {spec['reward']} reward; "
-          f"{spec['warmup']} warm-up + {spec['steps']} measured steps; median of "
-          f"{args.repeats} run(s), {where}")
+    print(
+        f"device {args.device}, {_versions(args.peer == 'trl')}; batch {spec['batch_size']} "
+        f"({spec['batch_size'] // spec['k']} prompts x k={spec['k']} where k applies), "
+        f"{spec['max_new_tokens']} new tokens, temperature {spec['temperature']}, beta "
+        f"{spec['beta']}, lr {spec['learning_rate']:g}, {spec['reward']} reward; "
+        f"{spec['warmup']} warm-up + {spec['steps']} measured steps; median of "
+        f"{args.repeats} run(s), {where}"
+    )
     results: dict = {}
     for repeat in range(args.repeats):
         runs = [(a, "prefopt") for a in args.algorithms]
@@ -616,15 +834,21 @@ def benchmark(args, settings: dict, world, tmp: str) -> None:
         for algorithm, impl in runs:
             # Each repeat trains from its own seed (the same one for both of a pair), so the
             # final rewards show seed spread, not one seed's luck.
-            result = run_spec({**spec, "algorithm": algorithm, "impl": impl,
-                               "seed": args.seed + repeat}, args.in_process)
+            result = run_spec(
+                {**spec, "algorithm": algorithm, "impl": impl, "seed": args.seed + repeat},
+                args.in_process,
+            )
             results.setdefault((algorithm, impl), []).append(result)
-    print(f"torch threads {results[next(iter(results))][0]['threads']}, load average "
-          f"{os.getloadavg()[0]:.1f} at the end\n")
+    print(
+        f"torch threads {results[next(iter(results))][0]['threads']}, load average "
+        f"{os.getloadavg()[0]:.1f} at the end\n"
+    )
     order = sorted(results, key=lambda key: (ALGORITHMS.index(key[0]), key[1] == "trl"))
     print_table({key: results[key] for key in order}, memory_label)
-    warmups = ", ".join(f"{NAMES[a]} {impl} {_median(results[(a, impl)], 'warmup_seconds'):.1f}"
-                        for a, impl in order)
+    warmups = ", ".join(
+        f"{NAMES[a]} {impl} {_median(results[(a, impl)], 'warmup_seconds'):.1f}"
+        for a, impl in order
+    )
     compiled = f"; prefopt compiles its models (backend {args.compile})" if args.compile else ""
     print(f"warm-up seconds (loading, {spec['warmup']} steps{compiled}): {warmups}")
     if args.peer == "trl":
@@ -637,46 +861,74 @@ def scaling(args, settings: dict, world, tmp: str) -> None:
     base_layers = args.n_layer or (2 if SIZES[args.size]["model"] == "world" else 12)
     b, t = settings["batch_size"], settings["max_new_tokens"]
     factors = [int(f) for f in args.factors.split(",")]
-    models = {factor: build_model_dir(args.size, world, os.path.join(tmp, f"model{factor}"),
-                                      seed=args.seed, n_layer=base_layers * factor,
-                                      vocab_size=settings["vocab_size"],
-                                      max_new_tokens=max(factors) * t)
-              for factor in [1] + factors}
+    models = {
+        factor: build_model_dir(
+            args.size,
+            world,
+            os.path.join(tmp, f"model{factor}"),
+            seed=args.seed,
+            n_layer=base_layers * factor,
+            vocab_size=settings["vocab_size"],
+            max_new_tokens=max(factors) * t,
+        )
+        for factor in [1] + factors
+    }
     cases = [("base", 1, b, t)]
     cases += [(f"batch x{f}", 1, f * b, t) for f in factors]
     cases += [(f"length x{f}", 1, b, f * t) for f in factors]
     cases += [(f"layers x{f}", f, b, t) for f in factors]
     memory_label = "peak GPU MB" if args.device.startswith("cuda") else "peak RSS MB"
-    print(f"size {args.size} scaling: base {_model_words(models[1])}; batch {b}, {t} new "
-          f"tokens; {settings['warmup']} warm-up + {settings['steps']} measured steps; median "
-          f"of {args.repeats} run(s); device {args.device}, {_versions(False)}\n")
-    print(f"{'algorithm':<10} {'case':<10} {'batch':>5} {'tokens':>6} {'params':>7} "
-          f"{'episodes/s':>10} {'tokens/s':>8} {'s/step':>7} {'x time':>6} {memory_label:>11} "
-          f"{'+MB run':>8} {'x +MB':>6}")
+    print(
+        f"size {args.size} scaling: base {_model_words(models[1])}; batch {b}, {t} new "
+        f"tokens; {settings['warmup']} warm-up + {settings['steps']} measured steps; median "
+        f"of {args.repeats} run(s); device {args.device}, {_versions(False)}\n"
+    )
+    print(
+        f"{'algorithm':<10} {'case':<10} {'batch':>5} {'tokens':>6} {'params':>7} "
+        f"{'episodes/s':>10} {'tokens/s':>8} {'s/step':>7} {'x time':>6} {memory_label:>11} "
+        f"{'+MB run':>8} {'x +MB':>6}"
+    )
     for algorithm in args.algorithms:
         base = None
         for name, factor, batch, tokens in cases:
-            spec = make_spec(args, settings, models[factor], algorithm=algorithm,
-                             batch_size=batch, max_new_tokens=tokens, eval_episodes=batch)
+            spec = make_spec(
+                args,
+                settings,
+                models[factor],
+                algorithm=algorithm,
+                batch_size=batch,
+                max_new_tokens=tokens,
+                eval_episodes=batch,
+            )
             runs = [run_spec(spec, args.in_process) for _ in range(args.repeats)]
             step, delta = _median(runs, "seconds_per_step"), _median(runs, "delta_mb")
             base = base or (step, delta)
-            print(f"{NAMES[algorithm]:<10} {name:<10} {batch:>5} {tokens:>6} "
-                  f"{models[factor]['n_params'] / 1e6:>6.2f}M "
-                  f"{_median(runs, 'episodes_per_s'):>10.2f} {_median(runs, 'tokens_per_s'):>8.0f} "
-                  f"{step:>7.3f} {step / base[0]:>6.2f} {_median(runs, 'peak_mb'):>11.0f} "
-                  f"{delta:>8.0f} {delta / base[1] if base[1] >= 1 else float('nan'):>6.2f}",
-                  flush=True)
+            print(
+                f"{NAMES[algorithm]:<10} {name:<10} {batch:>5} {tokens:>6} "
+                f"{models[factor]['n_params'] / 1e6:>6.2f}M "
+                f"{_median(runs, 'episodes_per_s'):>10.2f} {_median(runs, 'tokens_per_s'):>8.0f} "
+                f"{step:>7.3f} {step / base[0]:>6.2f} {_median(runs, 'peak_mb'):>11.0f} "
+                f"{delta:>8.0f} {delta / base[1] if base[1] >= 1 else float('nan'):>6.2f}",
+                flush=True,
+            )
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--size", choices=list(SIZES), default="tiny")
-    parser.add_argument("--algorithms", default=",".join(ALGORITHMS),
-                        help="comma-separated, from: " + ", ".join(ALGORITHMS))
-    parser.add_argument("--peer", choices=["trl"], default=None,
-                        help="also run TRL's RLOOTrainer at the same settings")
+    parser.add_argument(
+        "--algorithms",
+        default=",".join(ALGORITHMS),
+        help="comma-separated, from: " + ", ".join(ALGORITHMS),
+    )
+    parser.add_argument(
+        "--peer",
+        choices=["trl"],
+        default=None,
+        help="also run TRL's RLOOTrainer at the same settings",
+    )
     parser.add_argument("--steps", type=int, help="measured steps (rollout batches)")
     parser.add_argument("--warmup", type=int, help="steps before the clock starts (>= 1)")
     parser.add_argument("--batch-size", type=int, help="episodes a step")
@@ -684,31 +936,53 @@ def main(argv=None) -> None:
     parser.add_argument("--max-new-tokens", type=int, help="response length")
     parser.add_argument("--learning-rate", type=float)
     parser.add_argument("--n-layer", type=int, help="override the model's depth")
-    parser.add_argument("--vocab-size", type=int,
-                        help="pad the word vocabulary with filler words to this size")
+    parser.add_argument(
+        "--vocab-size", type=int, help="pad the word vocabulary with filler words to this size"
+    )
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--beta", type=float, default=0.05)
-    parser.add_argument("--reward", choices=["lexicon", "gold"], default="lexicon",
-                        help="lexicon: mean VADER-lexicon valence of the words (cheap); gold: "
-                             "the review world's gold reward (VADER compound)")
+    parser.add_argument(
+        "--reward",
+        choices=["lexicon", "gold"],
+        default="lexicon",
+        help="lexicon: mean VADER-lexicon valence of the words (cheap); gold: "
+        "the review world's gold reward (VADER compound)",
+    )
     parser.add_argument("--repeats", type=int, default=1, help="runs of each; medians reported")
-    parser.add_argument("--eval-episodes", type=int,
-                        help="samples scored for the final reward (default 4 x batch size)")
+    parser.add_argument(
+        "--eval-episodes",
+        type=int,
+        help="samples scored for the final reward (default 4 x batch size)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
     parser.add_argument("--dtype", default="auto", help="auto, float32 or bfloat16")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--n-reviews", type=int, default=1000, help="size of the review corpus")
-    parser.add_argument("--compile", nargs="?", const="inductor", default=None,
-                        help="torch.compile prefopt's models (set_config(compile=...)), "
-                             "optionally naming the backend; compilation falls in the warm-up, "
-                             "whose time is printed")
-    parser.add_argument("--scaling", action="store_true",
-                        help="double batch size, response length and depth instead")
-    parser.add_argument("--factors", default="2,4",
-                        help="with --scaling: the multiples of batch, length and depth to run")
-    parser.add_argument("--in-process", action="store_true",
-                        help="run everything in this process (quicker; peaks reset per run)")
+    parser.add_argument(
+        "--compile",
+        nargs="?",
+        const="inductor",
+        default=None,
+        help="torch.compile prefopt's models (set_config(compile=...)), "
+        "optionally naming the backend; compilation falls in the warm-up, "
+        "whose time is printed",
+    )
+    parser.add_argument(
+        "--scaling",
+        action="store_true",
+        help="double batch size, response length and depth instead",
+    )
+    parser.add_argument(
+        "--factors",
+        default="2,4",
+        help="with --scaling: the multiples of batch, length and depth to run",
+    )
+    parser.add_argument(
+        "--in-process",
+        action="store_true",
+        help="run everything in this process (quicker; peaks reset per run)",
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
@@ -735,17 +1009,28 @@ def main(argv=None) -> None:
     _quiet_transformers()
     world = load_world(args.n_reviews)
     settings = dict(SIZES[args.size])
-    for key in ("steps", "warmup", "batch_size", "k", "max_new_tokens", "learning_rate",
-                "vocab_size"):
+    for key in (
+        "steps",
+        "warmup",
+        "batch_size",
+        "k",
+        "max_new_tokens",
+        "learning_rate",
+        "vocab_size",
+    ):
         if getattr(args, key) is not None:
             settings[key] = getattr(args, key)
     settings["max_new_tokens"] = settings["max_new_tokens"] or world.max_new_tokens
     if settings["warmup"] < 1 or settings["steps"] < 1:
-        parser.error("--warmup and --steps must be at least 1 (the clock starts at the end "
-                     "of the last warm-up step)")
+        parser.error(
+            "--warmup and --steps must be at least 1 (the clock starts at the end "
+            "of the last warm-up step)"
+        )
     if settings["batch_size"] % settings["k"] or settings["batch_size"] % 2:
-        parser.error(f"--batch-size {settings['batch_size']} must be even and a multiple of "
-                     f"--k {settings['k']}")
+        parser.error(
+            f"--batch-size {settings['batch_size']} must be even and a multiple of "
+            f"--k {settings['k']}"
+        )
     with tempfile.TemporaryDirectory(prefix="prefopt-bench-") as tmp:
         (scaling if args.scaling else benchmark)(args, settings, world, tmp)
 

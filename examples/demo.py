@@ -43,10 +43,26 @@ from prefopt import PPOPolicy, RewardModel, RLOOPolicy, SFTPolicy  # noqa: E402
 from prefopt.plotting import plot_history  # noqa: E402
 from prefopt.worlds import ReviewWorld  # noqa: E402
 
-FULL = dict(n_reviews=2000, sft_epochs=5, comparisons=2000, rm_epochs=3, steps=40,
-            overopt_steps=60, eval_prompts=None, samples=4)
-QUICK = dict(n_reviews=300, sft_epochs=1, comparisons=200, rm_epochs=1, steps=3,
-             overopt_steps=4, eval_prompts=16, samples=2)
+FULL = dict(
+    n_reviews=2000,
+    sft_epochs=5,
+    comparisons=2000,
+    rm_epochs=3,
+    steps=40,
+    overopt_steps=60,
+    eval_prompts=None,
+    samples=4,
+)
+QUICK = dict(
+    n_reviews=300,
+    sft_epochs=1,
+    comparisons=200,
+    rm_epochs=1,
+    steps=3,
+    overopt_steps=4,
+    eval_prompts=16,
+    samples=2,
+)
 
 
 def evaluate(world, reward_model, policy, prompts, n, seed):
@@ -78,32 +94,52 @@ def main(argv=None):
     began = time.perf_counter()
 
     world = ReviewWorld(n_reviews=settings["n_reviews"], random_state=args.seed)
-    sft = SFTPolicy(model=world.model_config(), n_epochs=settings["sft_epochs"],
-                    learning_rate=3e-3, batch_size=32, random_state=args.seed)
+    sft = SFTPolicy(
+        model=world.model_config(),
+        n_epochs=settings["sft_epochs"],
+        learning_rate=3e-3,
+        batch_size=32,
+        random_state=args.seed,
+    )
     sft.fit(world.demonstrations)
     comparisons = world.comparisons(sft, settings["comparisons"], random_state=args.seed)
     # A tiny trunk needs more than the papers' single epoch to read these noisy labels.
-    rm = RewardModel(model=sft, learning_rate=1e-3, n_epochs=settings["rm_epochs"],
-                     batch_size=16, random_state=args.seed)
+    rm = RewardModel(
+        model=sft,
+        learning_rate=1e-3,
+        n_epochs=settings["rm_epochs"],
+        batch_size=16,
+        random_state=args.seed,
+    )
     rm.fit(comparisons, references=world.references)
-    held_out = world.comparisons(sft, max(100, settings["comparisons"] // 4),
-                                 random_state=args.seed + 1)
-    print(f"SFT: {len(world.demonstrations)} demonstrations, final loss "
-          f"{sft.history_[-1]['loss/sft']:.3f}; reward model: {len(comparisons)} comparisons, "
-          f"pairwise accuracy {rm.score(comparisons):.3f} (train), {rm.score(held_out):.3f} "
-          "(held out)")
+    held_out = world.comparisons(
+        sft, max(100, settings["comparisons"] // 4), random_state=args.seed + 1
+    )
+    print(
+        f"SFT: {len(world.demonstrations)} demonstrations, final loss "
+        f"{sft.history_[-1]['loss/sft']:.3f}; reward model: {len(comparisons)} comparisons, "
+        f"pairwise accuracy {rm.score(comparisons):.3f} (train), {rm.score(held_out):.3f} "
+        "(held out)"
+    )
 
     prompts = world.prompts
     common = dict(model=sft, learning_rate=1e-3, batch_size=64, random_state=args.seed)
     policies = {
-        f"RLOO (k=4, beta={args.beta:g})": RLOOPolicy(beta=args.beta, k=4,
-                                                     n_steps=settings["steps"], **common),
+        f"RLOO (k=4, beta={args.beta:g})": RLOOPolicy(
+            beta=args.beta, k=4, n_steps=settings["steps"], **common
+        ),
         f"PPO (beta={args.beta:g})": PPOPolicy(beta=args.beta, n_steps=settings["steps"], **common),
-        "RLOO (k=4, beta=0)": RLOOPolicy(beta=0.0, k=4, n_steps=settings["overopt_steps"],
-                                         lr_schedule="constant", **{**common,
-                                                                     "learning_rate": 2e-3}),
+        "RLOO (k=4, beta=0)": RLOOPolicy(
+            beta=0.0,
+            k=4,
+            n_steps=settings["overopt_steps"],
+            lr_schedule="constant",
+            **{**common, "learning_rate": 2e-3},
+        ),
     }
-    eval_prompts = prompts if settings["eval_prompts"] is None else prompts[:settings["eval_prompts"]]
+    eval_prompts = (
+        prompts if settings["eval_prompts"] is None else prompts[: settings["eval_prompts"]]
+    )
     n = settings["samples"]
     rows = {"SFT": evaluate(world, rm, sft, eval_prompts, n, seed=123)}
     overopt_path = []
@@ -117,21 +153,29 @@ def main(argv=None):
         policy.fit(prompts, rm, callback=track if "beta=0)" in name else None)
         rows[name] = evaluate(world, rm, policy, eval_prompts, n, seed=123)
         history = policy.history_[-1]
-        rows[name].update(kl=history["objective/kl"], eos=history["response/eos_share"],
-                          speed=float(np.median([h["time/episodes_per_s"]
-                                                 for h in policy.history_])))
+        rows[name].update(
+            kl=history["objective/kl"],
+            eos=history["response/eos_share"],
+            speed=float(np.median([h["time/episodes_per_s"] for h in policy.history_])),
+        )
 
-    print(f"\nGold reward (VADER) and proxy reward (the learned reward model) of {n} samples "
-          f"per prompt on {len(eval_prompts)} prompts:")
-    header = (f"  {'':<24}{'gold':>8}{'proxy':>8}{'KL':>8}{'length':>8}{'distinct':>9}"
-              f"{'EOS':>7}{'ep/s':>8}")
+    print(
+        f"\nGold reward (VADER) and proxy reward (the learned reward model) of {n} samples "
+        f"per prompt on {len(eval_prompts)} prompts:"
+    )
+    header = (
+        f"  {'':<24}{'gold':>8}{'proxy':>8}{'KL':>8}{'length':>8}{'distinct':>9}"
+        f"{'EOS':>7}{'ep/s':>8}"
+    )
     print(header)
     for name, r in rows.items():
         kl = f"{r['kl']:8.2f}" if "kl" in r else f"{'0':>8}"
         eos = f"{r['eos']:7.2f}" if "eos" in r else f"{'':>7}"
         speed = f"{r['speed']:8.0f}" if "speed" in r else f"{'':>8}"
-        print(f"  {name:<24}{r['gold']:8.3f}{r['proxy']:8.3f}{kl}{r['length']:8.1f}"
-              f"{r['distinct']:9.2f}{eos}{speed}")
+        print(
+            f"  {name:<24}{r['gold']:8.3f}{r['proxy']:8.3f}{kl}{r['length']:8.1f}"
+            f"{r['distinct']:9.2f}{eos}{speed}"
+        )
     if overopt_path:
         print("\nOver-optimisation (RLOO, beta=0): step, proxy, gold, distinct-word share")
         for step, proxy, gold, distinct in overopt_path:

@@ -43,17 +43,27 @@ from prefopt.worlds import PreferenceWorld
 
 # Short names of the world's six response types, in its order.
 LABELS = ("correct", "long+flattering", "correct, hedged", "hedged", "wrong", "wrong+flattering")
-METRICS = (("reward", "reward"), ("true quality", "true_quality"), ("KL (nats)", "kl"),
-           ("objective", "objective"))
+METRICS = (
+    ("reward", "reward"),
+    ("true quality", "true_quality"),
+    ("KL (nats)", "kl"),
+    ("objective", "objective"),
+)
 
 
 def make_policies(world, *, beta, n_steps, seed):
     """The plate's PPO and, on the same episodes, RLOO, REINFORCE and RAFT."""
-    common = {"beta": beta, "batch_size": 64, "n_steps": n_steps, "optimizer": "sgd",
-              "random_state": seed}
+    common = {
+        "beta": beta,
+        "batch_size": 64,
+        "n_steps": n_steps,
+        "optimizer": "sgd",
+        "random_state": seed,
+    }
     return {
-        "PPO": PPOPolicy(model=world.policy_model(), n_epochs=4, clip_coef=0.2,
-                         learning_rate=0.3, **common),
+        "PPO": PPOPolicy(
+            model=world.policy_model(), n_epochs=4, clip_coef=0.2, learning_rate=0.3, **common
+        ),
         "RLOO (k=4)": RLOOPolicy(model=world.policy_model(), k=4, learning_rate=2.0, **common),
         "REINFORCE": ReinforcePolicy(model=world.policy_model(), learning_rate=2.0, **common),
         "RAFT (k=4)": RAFTPolicy(model=world.policy_model(), k=4, learning_rate=0.3, **common),
@@ -94,10 +104,12 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=60, help="PPO steps (64 rollouts each)")
     parser.add_argument("--beta", type=float, default=0.3, help="KL coefficient")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--comparisons", type=int, default=1000,
-                        help="comparisons the reward model is fitted on")
-    parser.add_argument("--rater-bias", type=float, default=1.0,
-                        help="how much raters over-rate flattery")
+    parser.add_argument(
+        "--comparisons", type=int, default=1000, help="comparisons the reward model is fitted on"
+    )
+    parser.add_argument(
+        "--rater-bias", type=float, default=1.0, help="how much raters over-rate flattery"
+    )
     parser.add_argument("--out", default="preference_world.png", help="where to save the figure")
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
     args = parser.parse_args(argv)
@@ -116,27 +128,39 @@ def main(argv=None):
     policies = make_policies(world, beta=beta, n_steps=args.steps, seed=args.seed)
     ppo, path = fit_path(policies.pop("PPO"), world, rm, beta, progress=progress)
     final = path[-1]
-    others = {name: world.evaluate(p.fit(world.prompts, rm), rm, beta)
-              for name, p in policies.items()}
+    others = {
+        name: world.evaluate(p.fit(world.prompts, rm), rm, beta) for name, p in policies.items()
+    }
 
-    print(f"Reward model: {args.comparisons} comparisons, rater bias {args.rater_bias:g}, "
-          f"pairwise accuracy {rm.score(world.comparisons(2000, random_state=args.seed + 1)):.3f}")
-    print_table(f"PPO, beta={beta:g}, {args.steps} steps of 64 rollouts "
-                f"(exact expectations; gap = final - optimum):",
-                ("start", "final", "optimum", "gap"),
-                [(name, (start[k], final[k], optimum[k], final[k] - optimum[k]))
-                 for name, k in METRICS])
+    print(
+        f"Reward model: {args.comparisons} comparisons, rater bias {args.rater_bias:g}, "
+        f"pairwise accuracy {rm.score(world.comparisons(2000, random_state=args.seed + 1)):.3f}"
+    )
+    print_table(
+        f"PPO, beta={beta:g}, {args.steps} steps of 64 rollouts "
+        f"(exact expectations; gap = final - optimum):",
+        ("start", "final", "optimum", "gap"),
+        [(name, (start[k], final[k], optimum[k], final[k] - optimum[k])) for name, k in METRICS],
+    )
     # A constant step keeps PPO moving around the optimum rather than settling on it:
     # the spread over the last steps says how much of the final gap is that noise.
-    last = path[-min(10, args.steps):]
-    print(f"PPO over its last {len(last)} steps: "
-          + ", ".join(f"{name} {np.mean([r[k] for r in last]):.3f} "
-                      f"± {np.std([r[k] for r in last]):.3f}" for name, k in METRICS[:3]))
+    last = path[-min(10, args.steps) :]
+    print(
+        f"PPO over its last {len(last)} steps: "
+        + ", ".join(
+            f"{name} {np.mean([r[k] for r in last]):.3f} ± {np.std([r[k] for r in last]):.3f}"
+            for name, k in METRICS[:3]
+        )
+    )
     print()
-    print_table("Same episodes, other algorithms (final, exact):",
-                [name for name, _ in METRICS],
-                [(name, tuple(m[k] for _, k in METRICS))
-                 for name, m in [("PPO", final), *others.items(), ("optimum", optimum)]])
+    print_table(
+        "Same episodes, other algorithms (final, exact):",
+        [name for name, _ in METRICS],
+        [
+            (name, tuple(m[k] for _, k in METRICS))
+            for name, m in [("PPO", final), *others.items(), ("optimum", optimum)]
+        ],
+    )
 
     # RAFT keeps the best of k and ignores beta, so it heads for the reward
     # model's argmax response instead of pi_ref exp(r/beta)/Z.
@@ -147,18 +171,25 @@ def main(argv=None):
     optimal_probs = world.optimal_probs(rm, beta)
     best_names = " / ".join(dict.fromkeys(LABELS[i] for i in best))
     print(f"RAFT converges towards the reward model's argmax ({best_names!r}), not the optimum:")
-    print(f"  P(argmax)  RAFT {raft_probs[rows, best].mean():.3f}   optimum "
-          f"{optimal_probs[rows, best].mean():.3f}   reference "
-          f"{world.reference_probs()[rows, best].mean():.3f}")
+    print(
+        f"  P(argmax)  RAFT {raft_probs[rows, best].mean():.3f}   optimum "
+        f"{optimal_probs[rows, best].mean():.3f}   reference "
+        f"{world.reference_probs()[rows, best].mean():.3f}"
+    )
     print(f"  KL (nats)  RAFT {others['RAFT (k=4)']['kl']:.3f}   optimum {optimum['kl']:.3f}")
     print()
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.6), layout="constrained")
     plot_exact_path(path, optimum, ax=left)
     left.set_title(f"PPO on the preference world, β = {beta:g}")
-    plot_response_probs(world.reference_probs(), world.policy_probs(ppo), LABELS,
-                        optimum=optimal_probs,
-                        names=("before (reference)", f"after {args.steps} PPO steps"), ax=right)
+    plot_response_probs(
+        world.reference_probs(),
+        world.policy_probs(ppo),
+        LABELS,
+        optimum=optimal_probs,
+        names=("before (reference)", f"after {args.steps} PPO steps"),
+        ax=right,
+    )
     right.set_title("Where the probability went")
     fig.savefig(args.out, dpi=120)
     plt.close(fig)

@@ -21,8 +21,15 @@ import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
 import prefopt  # noqa: E402
-from prefopt import (PPOPolicy, RAFTPolicy, ReinforcePolicy, RewardModel, RLOOPolicy,  # noqa: E402
-                     SeedSearchCV, compare)
+from prefopt import (
+    PPOPolicy,
+    RAFTPolicy,
+    ReinforcePolicy,
+    RewardModel,
+    RLOOPolicy,  # noqa: E402
+    SeedSearchCV,
+    compare,
+)
 from prefopt.plotting import plot_comparison, plot_search  # noqa: E402
 from prefopt.worlds import PreferenceWorld  # noqa: E402
 
@@ -42,10 +49,14 @@ def main(argv=None):
     rm = RewardModel().fit(world.comparisons(1000, random_state=0))
 
     search = SeedSearchCV(
-        RLOOPolicy(model=world.policy_model(), learning_rate=2.0, optimizer="sgd",
-                   n_steps=args.steps),
-        {"beta": [0.03, 0.1, 0.3, 1.0, 3.0], "k": [2, 4]}, seeds=args.seeds,
-        scoring=world.scorer("true_quality"), n_jobs=1)
+        RLOOPolicy(
+            model=world.policy_model(), learning_rate=2.0, optimizer="sgd", n_steps=args.steps
+        ),
+        {"beta": [0.03, 0.1, 0.3, 1.0, 3.0], "k": [2, 4]},
+        seeds=args.seeds,
+        scoring=world.scorer("true_quality"),
+        n_jobs=1,
+    )
     search.fit(world.prompts, reward_model=rm)
     print("search: best", search.best_params_, f"true quality {search.best_score_:.3f}")
     ax = plot_search(search, param="beta", group="k")
@@ -60,10 +71,17 @@ def main(argv=None):
         "REINFORCE": ReinforcePolicy(model=world.policy_model(), learning_rate=2.0, **common),
         "RAFT": RAFTPolicy(model=world.policy_model(), k=4, learning_rate=0.3, **common),
     }
-    comparison = compare(algorithms, world.prompts, reward_model=rm, seeds=args.seeds,
-                         scoring={"objective": world.scorer("objective"),
-                                  "true_quality": world.scorer("true_quality")},
-                         baseline="RLOO")
+    comparison = compare(
+        algorithms,
+        world.prompts,
+        reward_model=rm,
+        seeds=args.seeds,
+        scoring={
+            "objective": world.scorer("objective"),
+            "true_quality": world.scorer("true_quality"),
+        },
+        baseline="RLOO",
+    )
     print(comparison.summary.round(4).to_string())
     optimum = world.optimum(rm, 0.3)
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))

@@ -16,8 +16,22 @@ from .rewards import NoisyReward, RewardModel
 __version__ = "0.1.0"
 
 __all__ = [
-    "AdaptiveKLController", "FixedKLController", "NoisyReward", "PPOPolicy", "PreferenceData",
-    "RAFTPolicy", "SeedSearchCV", "compare", "metrics",
-    "RLOOPolicy", "ReinforcePolicy", "RewardModel", "SFTPolicy", "config_context", "get_config",
-    "kl_estimate", "set_config", "__version__",
+    "AdaptiveKLController",
+    "FixedKLController",
+    "NoisyReward",
+    "PPOPolicy",
+    "PreferenceData",
+    "RAFTPolicy",
+    "SeedSearchCV",
+    "compare",
+    "metrics",
+    "RLOOPolicy",
+    "ReinforcePolicy",
+    "RewardModel",
+    "SFTPolicy",
+    "config_context",
+    "get_config",
+    "kl_estimate",
+    "set_config",
+    "__version__",
 ]

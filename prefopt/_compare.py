@@ -20,8 +20,8 @@ from ._config import config_context, get_config
 from ._stats import _check_seeds, t_interval
 from .data import check_prompts
 
-
 # ----- comparing algorithms ---------------------------------------------------------------
+
 
 @dataclass
 class Comparison:
@@ -69,9 +69,19 @@ def _fit_and_score_seed(estimator, prompts, fit_params, seed_param, seed, scorer
     return {k: float(v) for k, v in scores.items()}, fit_time, estimator if keep else None
 
 
-def compare(estimators: dict, prompts, *, reward_model, seeds=5, scoring=None, baseline=None,
-            n_jobs=None, confidence: float = 0.95, seed_param: str = "random_state",
-            return_estimators: bool = False) -> Comparison:
+def compare(
+    estimators: dict,
+    prompts,
+    *,
+    reward_model,
+    seeds=5,
+    scoring=None,
+    baseline=None,
+    n_jobs=None,
+    confidence: float = 0.95,
+    seed_param: str = "random_state",
+    return_estimators: bool = False,
+) -> Comparison:
     """Fit several algorithms on the same seeds and prompts and compare them.
 
     Every estimator is cloned, given each seed as its ``random_state`` and
@@ -135,8 +145,7 @@ def compare(estimators: dict, prompts, *, reward_model, seeds=5, scoring=None, b
     if not isinstance(estimators, dict) or not estimators:
         raise TypeError("estimators must be a non-empty dict of name -> estimator.")
     if baseline is not None and baseline not in estimators:
-        raise ValueError(f"baseline {baseline!r} is not one of the estimators "
-                         f"{list(estimators)}.")
+        raise ValueError(f"baseline {baseline!r} is not one of the estimators {list(estimators)}.")
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must be in (0, 1); got {confidence!r}.")
     seeds = _check_seeds(seeds)
@@ -144,32 +153,60 @@ def compare(estimators: dict, prompts, *, reward_model, seeds=5, scoring=None, b
     fit_params = {} if reward_model is None else {"reward_model": reward_model}
     for name, est in estimators.items():
         if seed_param not in est.get_params():
-            raise ValueError(f"{name}: {type(est).__name__} has no parameter {seed_param!r} to "
-                             "set the seed on; name it with seed_param=.")
+            raise ValueError(
+                f"{name}: {type(est).__name__} has no parameter {seed_param!r} to "
+                "set the seed on; name it with seed_param=."
+            )
     scorers = {name: check_scoring(est, scoring) for name, est in estimators.items()}
     jobs = [(name, seed) for name in estimators for seed in seeds]
     out = Parallel(n_jobs=n_jobs)(
-        delayed(_fit_and_score_seed)(estimators[name], prompts, fit_params, seed_param, seed,
-                                     scorers[name], return_estimators, get_config())
-        for name, seed in jobs)
+        delayed(_fit_and_score_seed)(
+            estimators[name],
+            prompts,
+            fit_params,
+            seed_param,
+            seed,
+            scorers[name],
+            return_estimators,
+            get_config(),
+        )
+        for name, seed in jobs
+    )
 
-    rows = [{"algorithm": name, "seed": seed, "metric": metric, "value": value}
-            for (name, seed), (scores, _, _) in zip(jobs, out) for metric, value in scores.items()]
+    rows = [
+        {"algorithm": name, "seed": seed, "metric": metric, "value": value}
+        for (name, seed), (scores, _, _) in zip(jobs, out)
+        for metric, value in scores.items()
+    ]
     results = pd.DataFrame(rows, columns=["algorithm", "seed", "metric", "value"])
-    fit_times = pd.DataFrame([{"algorithm": name, "seed": seed, "fit_time": t}
-                              for (name, seed), (_, t, _) in zip(jobs, out)])
+    fit_times = pd.DataFrame(
+        [
+            {"algorithm": name, "seed": seed, "fit_time": t}
+            for (name, seed), (_, t, _) in zip(jobs, out)
+        ]
+    )
     kept = None
     if return_estimators:
-        kept = {name: [est for (n, _), (_, _, est) in zip(jobs, out) if n == name]
-                for name in estimators}
+        kept = {
+            name: [est for (n, _), (_, _, est) in zip(jobs, out) if n == name]
+            for name in estimators
+        }
     summary = _summarise(results, list(estimators), seeds, baseline, confidence)
-    return Comparison(results=results, summary=summary, seeds=seeds, confidence=confidence,
-                      baseline=baseline, fit_times=fit_times, estimators=kept)
+    return Comparison(
+        results=results,
+        summary=summary,
+        seeds=seeds,
+        confidence=confidence,
+        baseline=baseline,
+        fit_times=fit_times,
+        estimators=kept,
+    )
 
 
 def _summarise(results, names, seeds, baseline, confidence) -> pd.DataFrame:
-    table = results.pivot_table(index=["algorithm", "metric"], columns="seed", values="value",
-                                aggfunc="first")[seeds]
+    table = results.pivot_table(
+        index=["algorithm", "metric"], columns="seed", values="value", aggfunc="first"
+    )[seeds]
     metrics = list(dict.fromkeys(results["metric"]))
     rows = []
     for name in names:
@@ -178,20 +215,32 @@ def _summarise(results, names, seeds, baseline, confidence) -> pd.DataFrame:
                 continue
             values = table.loc[(name, metric)].to_numpy(dtype=np.float64)
             mean, std, low, high = t_interval(values, confidence)
-            row = {"algorithm": name, "metric": metric, "n_seeds": len(values),
-                   "mean": float(mean), "std": float(std), "ci_low": float(low),
-                   "ci_high": float(high)}
+            row = {
+                "algorithm": name,
+                "metric": metric,
+                "n_seeds": len(values),
+                "mean": float(mean),
+                "std": float(std),
+                "ci_low": float(low),
+                "ci_high": float(high),
+            }
             if baseline is not None:
-                row.update(diff_mean=np.nan, diff_ci_low=np.nan, diff_ci_high=np.nan,
-                           p_value=np.nan)
+                row.update(
+                    diff_mean=np.nan, diff_ci_low=np.nan, diff_ci_high=np.nan, p_value=np.nan
+                )
                 if name != baseline and (baseline, metric) in table.index:
                     base = table.loc[(baseline, metric)].to_numpy(dtype=np.float64)
                     diff_mean, _, diff_low, diff_high = t_interval(values - base, confidence)
                     with warnings.catch_warnings():  # identical runs: p is NaN, say nothing
                         warnings.simplefilter("ignore", RuntimeWarning)
-                        p_value = stats.ttest_rel(values, base).pvalue if len(values) > 1 \
-                            else np.nan
-                    row.update(diff_mean=float(diff_mean), diff_ci_low=float(diff_low),
-                               diff_ci_high=float(diff_high), p_value=float(p_value))
+                        p_value = (
+                            stats.ttest_rel(values, base).pvalue if len(values) > 1 else np.nan
+                        )
+                    row.update(
+                        diff_mean=float(diff_mean),
+                        diff_ci_low=float(diff_low),
+                        diff_ci_high=float(diff_high),
+                        p_value=float(p_value),
+                    )
             rows.append(row)
     return pd.DataFrame(rows)

@@ -8,8 +8,8 @@ comparable across machines and searches).
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 _DEFAULTS = {
     "device": "auto",
@@ -99,14 +99,20 @@ def set_config(
     False
     >>> prefopt.set_config(show_progress_bar=True)
     """
-    settings = dict(device=device, dtype=dtype, show_progress_bar=show_progress_bar,
-                    eval_batch_size=eval_batch_size, compile=compile)
+    settings = dict(
+        device=device,
+        dtype=dtype,
+        show_progress_bar=show_progress_bar,
+        eval_batch_size=eval_batch_size,
+        compile=compile,
+    )
     _set(_get_threadlocal(), **settings)
     _set(_global_config, **settings)
 
 
-def _set(config, device=None, dtype=None, show_progress_bar=None, eval_batch_size=None,
-         compile=None) -> None:
+def _set(
+    config, device=None, dtype=None, show_progress_bar=None, eval_batch_size=None, compile=None
+) -> None:
     if device is not None:
         if not isinstance(device, str) or not (
             device in ("auto", "cpu", "cuda", "mps") or device.startswith("cuda:")
@@ -117,9 +123,7 @@ def _set(config, device=None, dtype=None, show_progress_bar=None, eval_batch_siz
         config["device"] = device
     if dtype is not None:
         if dtype not in ("auto", "float32", "bfloat16"):
-            raise ValueError(
-                f"dtype must be 'auto', 'float32' or 'bfloat16'; got {dtype!r}."
-            )
+            raise ValueError(f"dtype must be 'auto', 'float32' or 'bfloat16'; got {dtype!r}.")
         config["dtype"] = dtype
     if show_progress_bar is not None:
         config["show_progress_bar"] = bool(show_progress_bar)
@@ -129,8 +133,10 @@ def _set(config, device=None, dtype=None, show_progress_bar=None, eval_batch_siz
         config["eval_batch_size"] = int(eval_batch_size)
     if compile is not None:
         if not isinstance(compile, (bool, str)) or compile == "":
-            raise ValueError("compile must be True, False or the name of a torch.compile "
-                             f"backend (e.g. 'inductor'); got {compile!r}.")
+            raise ValueError(
+                "compile must be True, False or the name of a torch.compile "
+                f"backend (e.g. 'inductor'); got {compile!r}."
+            )
         config["compile"] = compile
 
 

@@ -37,8 +37,10 @@ def _load(rm, model, seed: int):
     lm, tok = load_causal_lm(model, rm.tokenizer, seed=seed)
     trunk = getattr(lm, "base_model", None)
     if trunk is None or trunk is lm or not hasattr(trunk, "config"):
-        raise TypeError(f"RewardModel needs a transformers causal LM with a base model; got "
-                        f"{type(lm).__name__}.")
+        raise TypeError(
+            f"RewardModel needs a transformers causal LM with a base model; got "
+            f"{type(lm).__name__}."
+        )
     return disable_dropout(lm).eval(), ensure_pad_token(tok), trunk
 
 
@@ -55,8 +57,11 @@ def fit_lm_reward(rm, model, data, references) -> None:
     model = ScalarHeadModel(copy.deepcopy(trunk), head_std=rm.head_std, generator=head_gen)
     rm.model_ = disable_dropout(model).to(device).eval()
     rm.gain_, rm.bias_ = 1.0, 0.0
-    rm.learning_rate_ = float(rm.learning_rate) if rm.learning_rate is not None else \
-        default_learning_rate(model, large=1e-5)
+    rm.learning_rate_ = (
+        float(rm.learning_rate)
+        if rm.learning_rate is not None
+        else default_learning_rate(model, large=1e-5)
+    )
     prompts = _tokens(tok, data.prompt, add_eos=False)
     chosen = _tokens(tok, data.chosen, add_eos=True)
     rejected = _tokens(tok, data.rejected, add_eos=True)
@@ -81,11 +86,14 @@ def _tokens(tok, texts, add_eos: bool) -> list[list[int]]:
 
 def _raw(rm, prompt_rows, response_rows) -> torch.Tensor:
     ids, mask, last = join_right_padded(prompt_rows, response_rows, rm.tokenizer_.pad_token_id)
-    context = getattr(rm.model_.config, "n_positions", None) or \
-        getattr(rm.model_.config, "max_position_embeddings", None)
+    context = getattr(rm.model_.config, "n_positions", None) or getattr(
+        rm.model_.config, "max_position_embeddings", None
+    )
     if context is not None and ids.shape[1] > context:
-        raise ValueError(f"A prompt + response has {ids.shape[1]} tokens, more than the reward "
-                         f"model's context of {context}; shorten it.")
+        raise ValueError(
+            f"A prompt + response has {ids.shape[1]} tokens, more than the reward "
+            f"model's context of {context}; shorten it."
+        )
     return score_sequences(rm.model_, ids.to(rm.device_), mask.to(rm.device_), last.to(rm.device_))
 
 
@@ -95,24 +103,33 @@ def _train(rm, prompts, chosen, rejected, generator) -> None:
     n = len(prompts)
     total = math.ceil(n / rm.batch_size) * rm.n_epochs
     rm.history_ = []
-    bar = tqdm(total=total, desc="RewardModel", leave=False,
-               disable=not get_config()["show_progress_bar"])
+    bar = tqdm(
+        total=total, desc="RewardModel", leave=False, disable=not get_config()["show_progress_bar"]
+    )
     step = 0
     for _ in range(rm.n_epochs):
         order = torch.randperm(n, generator=generator).tolist()
         for start in range(0, n, rm.batch_size):
-            rows = order[start:start + rm.batch_size]
+            rows = order[start : start + rm.batch_size]
             for group in optimizer.param_groups:  # linear decay to 0 (the original code)
                 group["lr"] = rm.learning_rate_ * (1 - step / total)
             # Chosen and rejected go through one forward pass together.
-            both = _raw(rm, [prompts[i] for i in rows] * 2,
-                        [chosen[i] for i in rows] + [rejected[i] for i in rows])
-            margin = both[:len(rows)] - both[len(rows):]
+            both = _raw(
+                rm,
+                [prompts[i] for i in rows] * 2,
+                [chosen[i] for i in rows] + [rejected[i] for i in rows],
+            )
+            margin = both[: len(rows)] - both[len(rows) :]
             loss = -F.logsigmoid(margin).mean()
             gradient_step(optimizer, loss, who="RewardModel", step=step + 1)
             step += 1
-            rm.history_.append({"step": step, "loss/reward": loss.item(),
-                                "reward/accuracy": float((margin > 0).float().mean())})
+            rm.history_.append(
+                {
+                    "step": step,
+                    "loss/reward": loss.item(),
+                    "reward/accuracy": float((margin > 0).float().mean()),
+                }
+            )
             bar.update(1)
     bar.close()
 
@@ -134,11 +151,21 @@ def _normalize(rm, policy, prompts, rng) -> None:
     scores = []
     size = get_config()["eval_batch_size"]
     for start in range(0, len(rows), size):
-        chunk = [prompts[i] for i in rows[start:start + size]]
+        chunk = [prompts[i] for i in rows[start : start + size]]
         enc = pad_left(chunk, tok.pad_token_id)
-        enc.input_ids, enc.attention_mask = enc.input_ids.to(rm.device_), enc.attention_mask.to(rm.device_)
-        raw = sample(policy, enc, max_new_tokens=int(max_new), temperature=float(temperature),
-                     generator=generator, suppress_ids=suppress, eos_token_id=tok.eos_token_id)
+        enc.input_ids, enc.attention_mask = (
+            enc.input_ids.to(rm.device_),
+            enc.attention_mask.to(rm.device_),
+        )
+        raw = sample(
+            policy,
+            enc,
+            max_new_tokens=int(max_new),
+            temperature=float(temperature),
+            generator=generator,
+            suppress_ids=suppress,
+            eos_token_id=tok.eos_token_id,
+        )
         ids, mask, _ = truncate_after_eos(raw, tok.eos_token_id, tok.pad_token_id)
         responses = [r[m.bool()].tolist() for r, m in zip(ids.cpu(), mask.cpu())]
         scores.append(_raw(rm, chunk, responses).cpu())
@@ -154,7 +181,7 @@ def score_token_rows(rm, prompt_rows, response_rows) -> torch.Tensor:
     out = []
     size = get_config()["eval_batch_size"]
     for start in range(0, len(prompt_rows), size):
-        out.append(_raw(rm, prompt_rows[start:start + size], response_rows[start:start + size]))
+        out.append(_raw(rm, prompt_rows[start : start + size], response_rows[start : start + size]))
     return torch.cat(out) * rm.gain_ + rm.bias_
 
 

@@ -22,13 +22,16 @@ def _sample_groups(estimator, prompts: list[str], n_samples: int, random_state) 
         # prefopt policy draws with its own random_state.
         groups = [[c] for c in estimator.predict(prompts)]
     else:
-        raise TypeError(f"{type(estimator).__name__} has neither sample() nor predict(); a "
-                        "sampled scorer needs a fitted policy.")
+        raise TypeError(
+            f"{type(estimator).__name__} has neither sample() nor predict(); a "
+            "sampled scorer needs a fitted policy."
+        )
     if len(groups) != len(prompts):
-        raise ValueError(f"{type(estimator).__name__}.sample returned {len(groups)} groups "
-                         f"for {len(prompts)} prompts.")
+        raise ValueError(
+            f"{type(estimator).__name__}.sample returned {len(groups)} groups "
+            f"for {len(prompts)} prompts."
+        )
     return groups
-
 
 
 def _draw(estimator, prompts: list[str], n_samples: int, random_state):
@@ -49,8 +52,7 @@ class _SampledScorer:
         self.random_state = random_state
 
     def __call__(self, estimator, X, y=None) -> float:
-        prompts, completions = _draw(estimator, check_prompts(X), self.n_samples,
-                                     self.random_state)
+        prompts, completions = _draw(estimator, check_prompts(X), self.n_samples, self.random_state)
         return float(self._value(estimator, prompts, completions))
 
     def _value(self, estimator, prompts, completions):  # pragma: no cover - abstract

@@ -56,8 +56,9 @@ def _check_seeds(seeds) -> list[int]:
     try:
         out = [int(s) for s in seeds]
     except (TypeError, ValueError):
-        raise TypeError(f"seeds must be an int n (seeds 0..n-1) or a list of int seeds; got "
-                        f"{seeds!r}.") from None
+        raise TypeError(
+            f"seeds must be an int n (seeds 0..n-1) or a list of int seeds; got {seeds!r}."
+        ) from None
     if not out or len(set(out)) != len(out):
         raise ValueError(f"seeds must be a non-empty list of distinct seeds; got {seeds!r}.")
     return out

@@ -11,7 +11,7 @@ from numbers import Integral
 import numpy as np
 import pandas as pd
 
-from ._sampled import _SampledScorer, _check_n_samples, _sample_groups
+from ._sampled import _check_n_samples, _sample_groups, _SampledScorer
 from .data import check_demonstrations, check_prompts
 
 # Completion length / reference length, binned symmetrically in log space around 1:
@@ -26,15 +26,19 @@ def _word_count(text: str) -> int:
 def _check_bins(bins) -> np.ndarray:
     edges = np.asarray(bins, dtype=np.float64)
     if edges.ndim != 1 or len(edges) < 2 or np.any(np.diff(edges) <= 0) or edges[0] < 0:
-        raise ValueError("bins must be at least two increasing, non-negative edges of the "
-                         f"length ratio; got {bins!r}.")
+        raise ValueError(
+            "bins must be at least two increasing, non-negative edges of the "
+            f"length ratio; got {bins!r}."
+        )
     return edges
 
 
 def _check_judge(judge) -> Callable:
     if not callable(judge):
-        raise TypeError("judge must be callable as judge(prompt, completion, reference); got "
-                        f"{type(judge).__name__}.")
+        raise TypeError(
+            "judge must be callable as judge(prompt, completion, reference); got "
+            f"{type(judge).__name__}."
+        )
     return judge
 
 
@@ -49,8 +53,10 @@ def _judged(estimator, X, judge, references, n_samples, random_state):
     wanted = set(check_prompts(X))
     rows = [i for i, p in enumerate(ref_prompts) if p in wanted]
     if not rows:
-        raise ValueError("None of the prompts to score has a reference; references must be "
-                         "(prompt, completion) rows for some of the prompts in X.")
+        raise ValueError(
+            "None of the prompts to score has a reference; references must be "
+            "(prompt, completion) rows for some of the prompts in X."
+        )
     prompts = [ref_prompts[i] for i in rows]
     groups = _sample_groups(estimator, prompts, n_samples, random_state)
     out_rows, completions, verdicts = [], [], []
@@ -58,8 +64,10 @@ def _judged(estimator, X, judge, references, n_samples, random_state):
         for completion in group:
             v = float(judge(ref_prompts[i], completion, ref_completions[i]))
             if not np.isfinite(v):
-                raise ValueError(f"judge returned {v} for reference row {i}; it must return a "
-                                 "finite number (> 0: the completion wins, 0: a tie).")
+                raise ValueError(
+                    f"judge returned {v} for reference row {i}; it must return a "
+                    "finite number (> 0: the completion wins, 0: a tie)."
+                )
             out_rows.append(i)
             completions.append(completion)
             verdicts.append(v)
@@ -80,8 +88,9 @@ class _WinRateScorer(_SampledScorer):
         self.references = check_demonstrations(references)
 
     def __call__(self, estimator, X, y=None) -> float:
-        _, _, verdicts, _ = _judged(estimator, X, self.judge, self.references, self.n_samples,
-                                    self.random_state)
+        _, _, verdicts, _ = _judged(
+            estimator, X, self.judge, self.references, self.n_samples, self.random_state
+        )
         return float(_win_value(verdicts).mean())
 
     def _args(self) -> str:
@@ -95,14 +104,23 @@ class _BinnedWinRateScorer(_WinRateScorer):
         super().__init__(judge, references, n_samples, random_state)
         self.bins = _check_bins(bins)
         if bin is not None and not (isinstance(bin, Integral) and 0 <= bin < len(self.bins) - 1):
-            raise ValueError(f"bin must be None or an index in [0, {len(self.bins) - 1}); "
-                             f"got {bin!r}.")
+            raise ValueError(
+                f"bin must be None or an index in [0, {len(self.bins) - 1}); got {bin!r}."
+            )
         self.bin = bin
         self.length = length
 
     def __call__(self, estimator, X, y=None) -> float:
-        table = _binned_table(estimator, X, self.judge, self.references, self.bins,
-                              self.length, self.n_samples, self.random_state)
+        table = _binned_table(
+            estimator,
+            X,
+            self.judge,
+            self.references,
+            self.bins,
+            self.length,
+            self.n_samples,
+            self.random_state,
+        )
         if self.bin is None:
             n = table["n"].to_numpy()
             if n.sum() == 0:
@@ -114,9 +132,9 @@ class _BinnedWinRateScorer(_WinRateScorer):
         return f"bin={self.bin!r}, {super()._args()}"
 
 
-
-def make_win_rate_scorer(judge: Callable, references, *, n_samples: int = 1,
-                         random_state=0) -> Callable:
+def make_win_rate_scorer(
+    judge: Callable, references, *, n_samples: int = 1, random_state=0
+) -> Callable:
     """Share of sampled completions a judge prefers to the reference completion.
 
     Parameters
@@ -159,9 +177,17 @@ def make_win_rate_scorer(judge: Callable, references, *, n_samples: int = 1,
     return _WinRateScorer(judge, references, n_samples, random_state)
 
 
-def length_binned_win_rate(estimator, X, judge: Callable, references, *,
-                           bins=DEFAULT_LENGTH_BINS, length: Callable | None = None,
-                           n_samples: int = 1, random_state=0) -> pd.DataFrame:
+def length_binned_win_rate(
+    estimator,
+    X,
+    judge: Callable,
+    references,
+    *,
+    bins=DEFAULT_LENGTH_BINS,
+    length: Callable | None = None,
+    n_samples: int = 1,
+    random_state=0,
+) -> pd.DataFrame:
     """Win rate against references, binned by length relative to the reference.
 
     A policy that writes longer responses than the references may win because
@@ -211,15 +237,24 @@ def length_binned_win_rate(estimator, X, judge: Callable, references, *,
     >>> table[["bin", "n", "win_rate"]].to_dict("records")
     [{'bin': '[0, 1)', 'n': 1, 'win_rate': 1.0}, {'bin': '[1, 10)', 'n': 1, 'win_rate': 1.0}]
     """
-    return _binned_table(estimator, X, _check_judge(judge), check_demonstrations(references),
-                         _check_bins(bins), length, _check_n_samples(n_samples), random_state)
+    return _binned_table(
+        estimator,
+        X,
+        _check_judge(judge),
+        check_demonstrations(references),
+        _check_bins(bins),
+        length,
+        _check_n_samples(n_samples),
+        random_state,
+    )
 
 
 def _binned_table(estimator, X, judge, references, edges, length, n_samples, random_state):
     """:func:`length_binned_win_rate` on checked arguments (the scorer checks them once)."""
     length = _word_count if length is None else length
-    rows, completions, verdicts, refs = _judged(estimator, X, judge, references, n_samples,
-                                                random_state)
+    rows, completions, verdicts, refs = _judged(
+        estimator, X, judge, references, n_samples, random_state
+    )
     num = np.array([length(c) for c in completions], dtype=np.float64)
     den = np.array([length(refs[i]) for i in rows], dtype=np.float64)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -233,21 +268,30 @@ def _binned_table(estimator, X, judge, references, edges, length, n_samples, ran
     for b in range(len(edges) - 1):
         inside = index == b
         n = int(inside.sum())
-        out.append({
-            "bin": f"[{edges[b]:g}, {edges[b + 1]:g})",
-            "low": edges[b],
-            "high": edges[b + 1],
-            "n": n,
-            "wins": int(wins[inside].sum()),
-            "ties": int(ties[inside].sum()),
-            "win_rate": float(_win_value(verdicts[inside]).mean()) if n else np.nan,
-        })
+        out.append(
+            {
+                "bin": f"[{edges[b]:g}, {edges[b + 1]:g})",
+                "low": edges[b],
+                "high": edges[b + 1],
+                "n": n,
+                "wins": int(wins[inside].sum()),
+                "ties": int(ties[inside].sum()),
+                "win_rate": float(_win_value(verdicts[inside]).mean()) if n else np.nan,
+            }
+        )
     return pd.DataFrame(out)
 
 
-def make_length_binned_win_rate(judge: Callable, references, bins=DEFAULT_LENGTH_BINS, *,
-                                bin: int | None = None, length: Callable | None = None,
-                                n_samples: int = 1, random_state=0) -> Callable:
+def make_length_binned_win_rate(
+    judge: Callable,
+    references,
+    bins=DEFAULT_LENGTH_BINS,
+    *,
+    bin: int | None = None,
+    length: Callable | None = None,
+    n_samples: int = 1,
+    random_state=0,
+) -> Callable:
     """A scorer for the win rate in one length bin, or over all bins.
 
     Parameters

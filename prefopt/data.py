@@ -7,14 +7,19 @@ all accepted. Bad input gets one clear error that names the row.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import numpy as np
 import pandas as pd
 
-__all__ = ["Comparisons", "PreferenceData", "check_prompts", "check_comparisons",
-           "check_demonstrations"]
+__all__ = [
+    "Comparisons",
+    "PreferenceData",
+    "check_prompts",
+    "check_comparisons",
+    "check_demonstrations",
+]
 
 
 @dataclass(frozen=True)
@@ -45,39 +50,53 @@ class Comparisons:
     def __len__(self) -> int:
         return len(self.prompt)
 
-    def __getitem__(self, index) -> "Comparisons":
+    def __getitem__(self, index) -> Comparisons:
         idx = np.arange(len(self))[index]
         idx = np.atleast_1d(idx)
         pick = lambda col: [col[i] for i in idx]  # noqa: E731
-        return Comparisons(pick(self.prompt), pick(self.chosen), pick(self.rejected),
-                           self.featurizer)
+        return Comparisons(
+            pick(self.prompt), pick(self.chosen), pick(self.rejected), self.featurizer
+        )
 
     def to_pandas(self) -> pd.DataFrame:
         """The comparisons as a DataFrame with TRL's column names."""
-        return pd.DataFrame({"prompt": list(self.prompt), "chosen": list(self.chosen),
-                             "rejected": list(self.rejected)})
+        return pd.DataFrame(
+            {
+                "prompt": list(self.prompt),
+                "chosen": list(self.chosen),
+                "rejected": list(self.rejected),
+            }
+        )
 
 
 def _columns(data, names: Sequence[str], what: str) -> dict:
     """Read named columns from a DataFrame, a datasets.Dataset, a dict or rows."""
     if isinstance(data, pd.DataFrame) or _is_hf_dataset(data) or isinstance(data, dict):
-        columns = list(data.columns) if isinstance(data, pd.DataFrame) else (
-            list(data.column_names) if _is_hf_dataset(data) else list(data))
+        columns = (
+            list(data.columns)
+            if isinstance(data, pd.DataFrame)
+            else (list(data.column_names) if _is_hf_dataset(data) else list(data))
+        )
         missing = [n for n in names if n not in columns]
         if missing:
-            raise ValueError(f"{what} need the columns {list(names)}; missing {missing} "
-                             f"(found {columns}).")
+            raise ValueError(
+                f"{what} need the columns {list(names)}; missing {missing} (found {columns})."
+            )
         out = {}
         for n in names:
             col = data[n]
             if isinstance(col, (str, bytes)) or not hasattr(col, "__iter__"):
-                raise TypeError(f"{what}: column {n!r} must be a list of strings, not "
-                                f"{type(col).__name__}; wrap one value in a list: [{col!r}].")
+                raise TypeError(
+                    f"{what}: column {n!r} must be a list of strings, not "
+                    f"{type(col).__name__}; wrap one value in a list: [{col!r}]."
+                )
             out[n] = list(col)
         return out
     if data is None or isinstance(data, (str, bytes)) or not hasattr(data, "__iter__"):
-        raise TypeError(f"{what} must be a table or a list of rows ({', '.join(names)}); "
-                        f"got {type(data).__name__}.")
+        raise TypeError(
+            f"{what} must be a table or a list of rows ({', '.join(names)}); "
+            f"got {type(data).__name__}."
+        )
     rows = list(data)
     out = {n: [] for n in names}
     for i, row in enumerate(rows):
@@ -89,8 +108,10 @@ def _columns(data, names: Sequence[str], what: str) -> dict:
         else:
             values = list(row) if isinstance(row, (tuple, list)) else None
             if values is None or len(values) != len(names):
-                raise ValueError(f"{what} row {i} should be a tuple of {len(names)} "
-                                 f"({', '.join(names)}); got {row!r}.")
+                raise ValueError(
+                    f"{what} row {i} should be a tuple of {len(names)} "
+                    f"({', '.join(names)}); got {row!r}."
+                )
         for n, v in zip(names, values):
             out[n].append(v)
     return out
@@ -104,11 +125,14 @@ def _check_text(values, column: str, what: str, allow_empty: bool = False) -> li
     out = []
     for i, v in enumerate(values):
         if not isinstance(v, str):
-            raise TypeError(f"{what}: {column} at row {i} is {type(v).__name__} "
-                            f"({v!r}); every {column} must be a string.")
+            raise TypeError(
+                f"{what}: {column} at row {i} is {type(v).__name__} "
+                f"({v!r}); every {column} must be a string."
+            )
         if not allow_empty and not v.strip():
-            raise ValueError(f"{what}: {column} at row {i} is empty; remove the row "
-                             "or give it text.")
+            raise ValueError(
+                f"{what}: {column} at row {i} is empty; remove the row or give it text."
+            )
         out.append(v)
     return out
 
@@ -131,8 +155,7 @@ def check_prompts(X) -> list[str]:
     ['the movie was', 'I think']
     """
     if isinstance(X, str):
-        raise TypeError("Prompts must be a list of strings, not one string; "
-                        f"wrap it: [{X!r}].")
+        raise TypeError(f"Prompts must be a list of strings, not one string; wrap it: [{X!r}].")
     if isinstance(X, pd.DataFrame) or _is_hf_dataset(X) or isinstance(X, dict):
         values = _columns(X, ["prompt"], "Prompts")["prompt"]
     elif isinstance(X, pd.Series):
@@ -170,7 +193,7 @@ def check_comparisons(X) -> Comparisons:
     >>> check_comparisons([("q", "same", "same")])
     Traceback (most recent call last):
     ...
-    ValueError: Comparisons: chosen and rejected are identical at row 0 ('same'); such a pair carries no preference, drop it.
+    ValueError: Comparisons: chosen and rejected are identical at row 0 ('same'); ...
     """
     featurizer = None
     if isinstance(X, Comparisons):
@@ -180,8 +203,10 @@ def check_comparisons(X) -> Comparisons:
         cols = _columns(X, ["prompt", "chosen", "rejected"], "Comparisons")
     lengths = {k: len(v) for k, v in cols.items()}
     if len(set(lengths.values())) != 1:
-        raise ValueError(f"Comparisons have columns of different lengths {lengths}; "
-                         "every row needs a prompt, a chosen and a rejected response.")
+        raise ValueError(
+            f"Comparisons have columns of different lengths {lengths}; "
+            "every row needs a prompt, a chosen and a rejected response."
+        )
     if lengths["prompt"] == 0:
         raise ValueError("No comparisons were given; pass at least one (prompt, chosen, rejected).")
     prompt = _check_text(cols["prompt"], "prompt", "Comparisons")
@@ -189,8 +214,10 @@ def check_comparisons(X) -> Comparisons:
     rejected = _check_text(cols["rejected"], "rejected", "Comparisons", allow_empty=True)
     for i, (c, r) in enumerate(zip(chosen, rejected)):
         if c == r:
-            raise ValueError(f"Comparisons: chosen and rejected are identical at row {i} "
-                             f"({c!r}); such a pair carries no preference, drop it.")
+            raise ValueError(
+                f"Comparisons: chosen and rejected are identical at row {i} "
+                f"({c!r}); such a pair carries no preference, drop it."
+            )
     return Comparisons(prompt, chosen, rejected, featurizer)
 
 
@@ -205,12 +232,16 @@ def check_demonstrations(X) -> tuple[list[str], list[str]]:
     cols = _columns(X, ["prompt", "completion"], "Demonstrations")
     lengths = {k: len(v) for k, v in cols.items()}
     if len(set(lengths.values())) != 1:
-        raise ValueError(f"Demonstrations have columns of different lengths {lengths}; "
-                         "every row needs a prompt and a completion.")
+        raise ValueError(
+            f"Demonstrations have columns of different lengths {lengths}; "
+            "every row needs a prompt and a completion."
+        )
     if len(cols["prompt"]) == 0:
         raise ValueError("No demonstrations were given; pass (prompt, completion) rows.")
-    return (_check_text(cols["prompt"], "prompt", "Demonstrations"),
-            _check_text(cols["completion"], "completion", "Demonstrations"))
+    return (
+        _check_text(cols["prompt"], "prompt", "Demonstrations"),
+        _check_text(cols["completion"], "completion", "Demonstrations"),
+    )
 
 
 @dataclass
@@ -253,7 +284,7 @@ class PreferenceData:
     policy: object = None
     reward_model: object = None
 
-    def with_(self, **changes) -> "PreferenceData":
+    def with_(self, **changes) -> PreferenceData:
         """A copy with some fields replaced."""
         from dataclasses import replace
 
@@ -262,6 +293,8 @@ class PreferenceData:
     def require(self, field_name: str, step: str):
         value = getattr(self, field_name)
         if value is None:
-            raise ValueError(f"{step} needs PreferenceData.{field_name}, which is empty; fill it "
-                             "or fit this step on its own data.")
+            raise ValueError(
+                f"{step} needs PreferenceData.{field_name}, which is empty; fill it "
+                "or fit this step on its own data."
+            )
         return value

@@ -54,8 +54,11 @@ def kl_estimate(logprobs, ref_logprobs, kind: str = "k1"):
     """
     is_tensor = isinstance(logprobs, torch.Tensor)
     lp = logprobs if is_tensor else torch.as_tensor(np.asarray(logprobs, dtype=float))
-    ref = ref_logprobs if isinstance(ref_logprobs, torch.Tensor) else torch.as_tensor(
-        np.asarray(ref_logprobs, dtype=float))
+    ref = (
+        ref_logprobs
+        if isinstance(ref_logprobs, torch.Tensor)
+        else torch.as_tensor(np.asarray(ref_logprobs, dtype=float))
+    )
     log_r = ref - lp
     if kind == "k1":
         out = -log_r
@@ -83,8 +86,10 @@ class _KLController(BaseEstimator):
         self._validate_params()
         start = self.beta if self.beta is not None else beta
         if start is None:
-            raise ValueError(f"{type(self).__name__} needs a starting beta: set beta=... "
-                             "on the controller or on the policy.")
+            raise ValueError(
+                f"{type(self).__name__} needs a starting beta: set beta=... "
+                "on the controller or on the policy."
+            )
         if start < 0:
             raise ValueError(f"beta must be >= 0; got {start!r}.")
         self.beta_ = float(start)
@@ -207,8 +212,15 @@ class AdaptiveKLController(_KLController):
         "clip": [Interval(Real, 0, None, closed="left")],
     }
 
-    def __init__(self, *, beta: float | None = None, target: float = 6.0,
-                 gain: float = 0.1, horizon: float | None = None, clip: float = 0.2):
+    def __init__(
+        self,
+        *,
+        beta: float | None = None,
+        target: float = 6.0,
+        gain: float = 0.1,
+        horizon: float | None = None,
+        clip: float = 0.2,
+    ):
         self.beta = beta
         self.target = target
         self.gain = gain

@@ -47,16 +47,20 @@ def _reward_of(estimator, reward):
         return reward
     fitted = getattr(estimator, "reward_model_", None)
     if fitted is None:
-        raise ValueError(f"{type(estimator).__name__} has no reward_model_: give the scorer "
-                         "a reward, or score a policy fitted with one.")
+        raise ValueError(
+            f"{type(estimator).__name__} has no reward_model_: give the scorer "
+            "a reward, or score a policy fitted with one."
+        )
     return fitted
 
 
 def _log_ratio(estimator, prompts, completions) -> np.ndarray:
     """log pi(y|x) - log pi_ref(y|x) for each sampled completion (the k1 estimator)."""
     if not hasattr(estimator, "log_prob"):
-        raise TypeError(f"{type(estimator).__name__} has no log_prob(); the KL scorers need "
-                        "a fitted prefopt policy.")
+        raise TypeError(
+            f"{type(estimator).__name__} has no log_prob(); the KL scorers need "
+            "a fitted prefopt policy."
+        )
     # log-probs are deterministic: score each distinct (prompt, completion) pair once
     # (many samples repeat in small worlds and with peaked policies).
     pairs = list(dict.fromkeys(zip(prompts, completions)))
@@ -64,8 +68,9 @@ def _log_ratio(estimator, prompts, completions) -> np.ndarray:
     rows = np.array([index[pair] for pair in zip(prompts, completions)])
     unique_prompts, unique_completions = [p for p, _ in pairs], [c for _, c in pairs]
     logp = np.asarray(estimator.log_prob(unique_prompts, unique_completions), dtype=np.float64)
-    ref = np.asarray(estimator.log_prob(unique_prompts, unique_completions, reference=True),
-                     dtype=np.float64)
+    ref = np.asarray(
+        estimator.log_prob(unique_prompts, unique_completions, reference=True), dtype=np.float64
+    )
     return (logp - ref)[rows]
 
 
@@ -73,8 +78,10 @@ class _RewardScorer(_SampledScorer):
     def __init__(self, reward, n_samples, random_state, name="make_reward_scorer"):
         super().__init__(n_samples, random_state)
         if reward is not None and not callable(reward):
-            raise TypeError(f"reward must be callable as reward(prompts, completions); got "
-                            f"{type(reward).__name__}.")
+            raise TypeError(
+                f"reward must be callable as reward(prompts, completions); got "
+                f"{type(reward).__name__}."
+            )
         self.reward = reward
         self._name = name
 
@@ -111,8 +118,10 @@ class _ObjectiveScorer(_SampledScorer):
 
 # ----- public constructors ------------------------------------------------------------
 
-def make_reward_scorer(reward: Callable | None = None, *, n_samples: int = 4,
-                       random_state=0) -> Callable:
+
+def make_reward_scorer(
+    reward: Callable | None = None, *, n_samples: int = 4, random_state=0
+) -> Callable:
     """Mean reward of sampled completions.
 
     Parameters
@@ -179,8 +188,9 @@ def gold_reward_scorer(gold: Callable, *, n_samples: int = 4, random_state=0) ->
     0.5
     """
     if not callable(gold):
-        raise TypeError(f"gold must be callable as gold(prompts, completions); got "
-                        f"{type(gold).__name__}.")
+        raise TypeError(
+            f"gold must be callable as gold(prompts, completions); got {type(gold).__name__}."
+        )
     return _RewardScorer(gold, n_samples, random_state, name="gold_reward_scorer")
 
 
@@ -218,8 +228,9 @@ def make_kl_scorer(*, n_samples: int = 4, random_state=0) -> Callable:
     return _KLScorer(n_samples, random_state)
 
 
-def make_objective_scorer(reward: Callable | None = None, beta: float | None = None, *,
-                          n_samples: int = 4, random_state=0) -> Callable:
+def make_objective_scorer(
+    reward: Callable | None = None, beta: float | None = None, *, n_samples: int = 4, random_state=0
+) -> Callable:
     """The KL-regularised objective E[r] - beta KL(pi || pi_ref), from samples.
 
     Parameters

@@ -173,12 +173,34 @@ class SeedSearchCV(BaseSearchCV):
         "seed_param": [str],
     }
 
-    def __init__(self, estimator, param_grid, *, seeds=5, cv=None, scoring=None, n_jobs=None,
-                 refit=True, confidence=0.95, verbose=0, pre_dispatch="2*n_jobs",
-                 error_score=np.nan, return_train_score=False, seed_param="random_state"):
-        super().__init__(estimator=estimator, scoring=scoring, n_jobs=n_jobs, refit=refit, cv=cv,
-                         verbose=verbose, pre_dispatch=pre_dispatch, error_score=error_score,
-                         return_train_score=return_train_score)
+    def __init__(
+        self,
+        estimator,
+        param_grid,
+        *,
+        seeds=5,
+        cv=None,
+        scoring=None,
+        n_jobs=None,
+        refit=True,
+        confidence=0.95,
+        verbose=0,
+        pre_dispatch="2*n_jobs",
+        error_score=np.nan,
+        return_train_score=False,
+        seed_param="random_state",
+    ):
+        super().__init__(
+            estimator=estimator,
+            scoring=scoring,
+            n_jobs=n_jobs,
+            refit=refit,
+            cv=cv,
+            verbose=verbose,
+            pre_dispatch=pre_dispatch,
+            error_score=error_score,
+            return_train_score=return_train_score,
+        )
         self.param_grid = param_grid
         self.seeds = seeds
         self.confidence = confidence
@@ -210,11 +232,15 @@ class SeedSearchCV(BaseSearchCV):
         self.seeds_ = _check_seeds(self.seeds)
         for grid in ParameterGrid(self.param_grid).param_grid:
             if self.seed_param in grid:
-                raise ValueError(f"param_grid sets {self.seed_param!r}, which SeedSearchCV sets "
-                                 "to each seed; give the seeds as seeds=[...].")
+                raise ValueError(
+                    f"param_grid sets {self.seed_param!r}, which SeedSearchCV sets "
+                    "to each seed; give the seeds as seeds=[...]."
+                )
         if self.seed_param not in self.estimator.get_params():
-            raise ValueError(f"{type(self.estimator).__name__} has no parameter "
-                             f"{self.seed_param!r} to set the seed on; name it with seed_param=.")
+            raise ValueError(
+                f"{type(self.estimator).__name__} has no parameter "
+                f"{self.seed_param!r} to set the seed on; name it with seed_param=."
+            )
         # BaseSearchCV reads self.estimator (refit) and self.cv: for the duration of the fit
         # the template carries the first seed, so the refit uses it (every candidate sets its
         # own), and cv=None becomes the all-prompts split.
@@ -230,14 +256,21 @@ class SeedSearchCV(BaseSearchCV):
 
     def _run_search(self, evaluate_candidates):
         # Seeds vary fastest: candidate g under seed j is entry g * n_seeds + j.
-        evaluate_candidates([{**params, self.seed_param: seed}
-                             for params in ParameterGrid(self.param_grid) for seed in self.seeds_])
+        evaluate_candidates(
+            [
+                {**params, self.seed_param: seed}
+                for params in ParameterGrid(self.param_grid)
+                for seed in self.seeds_
+            ]
+        )
 
     def _format_results(self, candidate_params, n_splits, out, more_results=None):
         n_seeds = len(self.seeds_)
         n_candidates = len(candidate_params) // n_seeds
-        params = [{k: v for k, v in p.items() if k != self.seed_param}
-                  for p in candidate_params[::n_seeds]]
+        params = [
+            {k: v for k, v in p.items() if k != self.seed_param}
+            for p in candidate_params[::n_seeds]
+        ]
 
         def cells(values):  # (candidate, seed, split)
             return np.asarray(values, dtype=np.float64).reshape(n_candidates, n_seeds, n_splits)

@@ -17,8 +17,12 @@ __all__ = ["plot_exact_path", "plot_history", "plot_response_probs"]
 
 DEFAULT_HISTORY_KEYS = ("objective/reward", "objective/kl", "objective/beta", "policy/clipfrac")
 
-_PATH_LABELS = {"reward": "reward", "true_quality": "true quality", "kl": "KL (nats)",
-                "objective": "objective"}
+_PATH_LABELS = {
+    "reward": "reward",
+    "true_quality": "true quality",
+    "kl": "KL (nats)",
+    "objective": "objective",
+}
 
 
 def _as_histories(histories) -> list[list[dict]]:
@@ -34,21 +38,30 @@ def _as_histories(histories) -> list[list[dict]]:
     for i, h in enumerate(histories):
         rows = list(h.history_) if hasattr(h, "history_") else list(h)
         if not rows or not all(isinstance(row, Mapping) for row in rows):
-            raise ValueError(f"History {i} is not a non-empty list of dicts (a fitted "
-                             "policy's history_).")
+            raise ValueError(
+                f"History {i} is not a non-empty list of dicts (a fitted policy's history_)."
+            )
         out.append(rows)
     return out
 
 
 def _curve(history: list[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
     steps = np.array([row.get("step", i + 1) for i, row in enumerate(history)], dtype=float)
-    values = np.array([np.nan if row.get(key) is None else row[key] for row in history],
-                      dtype=float)
+    values = np.array(
+        [np.nan if row.get(key) is None else row[key] for row in history], dtype=float
+    )
     return steps, values
 
 
-def plot_history(histories, keys: Sequence[str] = DEFAULT_HISTORY_KEYS, *, band: str = "std",
-                 ax=None, color=None, label=None):
+def plot_history(
+    histories,
+    keys: Sequence[str] = DEFAULT_HISTORY_KEYS,
+    *,
+    band: str = "std",
+    ax=None,
+    color=None,
+    label=None,
+):
     """Training curves from one ``history_`` or from several (one per seed).
 
     One panel per key. With one history each panel shows its curve; with
@@ -63,7 +76,8 @@ def plot_history(histories, keys: Sequence[str] = DEFAULT_HISTORY_KEYS, *, band:
     histories : list of dict, list of lists of dict, or fitted policies
         A fitted policy's ``history_``, several of them, or the fitted
         policies themselves.
-    keys : sequence of str, default=("objective/reward", "objective/kl", "objective/beta", "policy/clipfrac")
+    keys : sequence of str, default=DEFAULT_HISTORY_KEYS
+        ``("objective/reward", "objective/kl", "objective/beta", "policy/clipfrac")``.
         History keys to plot. Keys that no history records (RLOO has no
         ``policy/clipfrac``) are skipped.
     band : {"std", "minmax"}, default="std"
@@ -106,8 +120,13 @@ def plot_history(histories, keys: Sequence[str] = DEFAULT_HISTORY_KEYS, *, band:
     if not recorded:
         raise ValueError(f"None of the keys {list(keys)} is recorded in the histories.")
     if ax is None:
-        _, ax = plt.subplots(1, len(recorded), figsize=(3.6 * len(recorded), 3.0),
-                             squeeze=False, layout="constrained")
+        _, ax = plt.subplots(
+            1,
+            len(recorded),
+            figsize=(3.6 * len(recorded), 3.0),
+            squeeze=False,
+            layout="constrained",
+        )
     axes = np.ravel(np.array(ax, dtype=object))
     if len(axes) != len(recorded):
         raise ValueError(f"Got {len(axes)} Axes for {len(recorded)} recorded keys {recorded}.")
@@ -131,8 +150,15 @@ def plot_history(histories, keys: Sequence[str] = DEFAULT_HISTORY_KEYS, *, band:
                 else:
                     low, high = np.nanmin(table, axis=0), np.nanmax(table, axis=0)
             a.plot(steps, mean, color=c, label=label or f"mean of {len(runs)} runs")
-            a.fill_between(steps, low, high, color=c, alpha=0.25, linewidth=0,
-                           label=None if label else ("±1 std" if band == "std" else "min–max"))
+            a.fill_between(
+                steps,
+                low,
+                high,
+                color=c,
+                alpha=0.25,
+                linewidth=0,
+                label=None if label else ("±1 std" if band == "std" else "min–max"),
+            )
             if a is axes[0] and label is None:  # one legend says it for every panel
                 a.legend(fontsize="small")
         a.set_title(key)
@@ -140,8 +166,13 @@ def plot_history(histories, keys: Sequence[str] = DEFAULT_HISTORY_KEYS, *, band:
     return axes
 
 
-def plot_exact_path(path: Sequence[Mapping], optimum: Mapping,
-                    keys: Sequence[str] = ("reward", "true_quality", "kl"), *, ax=None):
+def plot_exact_path(
+    path: Sequence[Mapping],
+    optimum: Mapping,
+    keys: Sequence[str] = ("reward", "true_quality", "kl"),
+    *,
+    ax=None,
+):
     """Exact expectations of a policy along training, with the optimum dashed.
 
     Parameters
@@ -182,16 +213,19 @@ def plot_exact_path(path: Sequence[Mapping], optimum: Mapping,
     missing = [k for k in ("step", *keys) if k not in path[0]]
     missing += [f"optimum[{k!r}]" for k in keys if k not in optimum]
     if missing:
-        raise ValueError(f"Missing keys {missing}: path rows need 'step' and {list(keys)}, "
-                         "the optimum needs the same keys.")
+        raise ValueError(
+            f"Missing keys {missing}: path rows need 'step' and {list(keys)}, "
+            "the optimum needs the same keys."
+        )
     if ax is None:
         _, ax = plt.subplots(figsize=(5.5, 4.0), layout="constrained")
     steps = [row["step"] for row in path]
     handles = []
     for i, key in enumerate(keys):
         color = f"C{i}"
-        (line,) = ax.plot(steps, [row[key] for row in path], color=color,
-                          label=_PATH_LABELS.get(key, key))
+        (line,) = ax.plot(
+            steps, [row[key] for row in path], color=color, label=_PATH_LABELS.get(key, key)
+        )
         ax.axhline(optimum[key], color=color, linestyle="--", linewidth=1.2)
         handles.append(line)
     handles.append(Line2D([], [], color="0.4", linestyle="--", label="closed-form optimum"))
@@ -201,8 +235,15 @@ def plot_exact_path(path: Sequence[Mapping], optimum: Mapping,
     return ax
 
 
-def plot_response_probs(before, after, labels: Sequence[str], *, optimum=None,
-                        names: Sequence[str] = ("before", "after"), ax=None):
+def plot_response_probs(
+    before,
+    after,
+    labels: Sequence[str],
+    *,
+    optimum=None,
+    names: Sequence[str] = ("before", "after"),
+    ax=None,
+):
     """Grouped bars: each response type's probability before and after training.
 
     Parameters
@@ -240,8 +281,10 @@ def plot_response_probs(before, after, labels: Sequence[str], *, optimum=None,
         p = np.asarray(p, dtype=float)
         p = p.mean(axis=0) if p.ndim == 2 else p
         if p.shape != (len(labels),):
-            raise ValueError(f"{name} has {p.shape[-1] if p.ndim else 0} response types but "
-                             f"{len(labels)} labels were given.")
+            raise ValueError(
+                f"{name} has {p.shape[-1] if p.ndim else 0} response types but "
+                f"{len(labels)} labels were given."
+            )
         return p
 
     before, after = mean_probs(before, "before"), mean_probs(after, "after")
@@ -253,8 +296,15 @@ def plot_response_probs(before, after, labels: Sequence[str], *, optimum=None,
     ax.bar(x + width / 2, after, width, label=names[1], color="C0")
     if optimum is not None:
         optimum = mean_probs(optimum, "optimum")
-        ax.hlines(optimum, x - width, x + width, colors="k", linestyles="--", linewidth=1.2,
-                  label="closed-form optimum")
+        ax.hlines(
+            optimum,
+            x - width,
+            x + width,
+            colors="k",
+            linestyles="--",
+            linewidth=1.2,
+            label="closed-form optimum",
+        )
     ax.set_xticks(x, labels, rotation=30, ha="right")
     ax.set_ylabel("probability (mean over prompts)")
     ax.legend(fontsize="small")
@@ -267,7 +317,7 @@ __all__ += ["plot_comparison", "plot_search"]
 
 
 def _search_metric(results: Mapping, metric, refit) -> str:
-    metrics = [k[len("mean_test_"):] for k in results if k.startswith("mean_test_")]
+    metrics = [k[len("mean_test_") :] for k in results if k.startswith("mean_test_")]
     if metric is None:
         if len(metrics) == 1:
             return metrics[0]
@@ -282,13 +332,14 @@ def _search_metric(results: Mapping, metric, refit) -> str:
 def _param_values(results: Mapping, name: str) -> np.ndarray:
     key = f"param_{name}"
     if key not in results:
-        names = [k[len("param_"):] for k in results if k.startswith("param_")]
+        names = [k[len("param_") :] for k in results if k.startswith("param_")]
         raise ValueError(f"The search has no parameter {name!r}; it searched {names}.")
     return np.asarray(np.ma.getdata(results[key]), dtype=object)
 
 
-def plot_search(search, param: str = "beta", group: str | None = "k", metric: str | None = None,
-                *, ax=None):
+def plot_search(
+    search, param: str = "beta", group: str | None = "k", metric: str | None = None, *, ax=None
+):
     """A seed-aware search's mean score against one parameter, one line per group.
 
     Each point is a candidate's mean over seeds with its confidence interval as
@@ -338,35 +389,53 @@ def plot_search(search, param: str = "beta", group: str | None = "k", metric: st
     results = search if isinstance(search, Mapping) else search.cv_results_
     metric = _search_metric(results, metric, getattr(search, "refit", None))
     x = _param_values(results, param)
-    varied = {k[len("param_"):] for k in results if k.startswith("param_")
-              and len(set(map(repr, _param_values(results, k[len("param_"):])))) > 1}
+    varied = {
+        k[len("param_") :]
+        for k in results
+        if k.startswith("param_")
+        and len(set(map(repr, _param_values(results, k[len("param_") :])))) > 1
+    }
     if group is not None and group not in varied:
         group = None
     others = sorted(varied - {param} - ({group} if group else set()))
     if others:
-        raise ValueError(f"The search also varies {others}; plot a search over {param!r} "
-                         f"{'and ' + repr(group) + ' ' if group else ''}only, or group by one "
-                         "of them.")
+        raise ValueError(
+            f"The search also varies {others}; plot a search over {param!r} "
+            f"{'and ' + repr(group) + ' ' if group else ''}only, or group by one "
+            "of them."
+        )
     mean = np.asarray(results[f"mean_test_{metric}"], dtype=float)
     low = np.asarray(results[f"ci_low_test_{metric}"], dtype=float)
     high = np.asarray(results[f"ci_high_test_{metric}"], dtype=float)
     pattern = re.compile(rf"seed(\d+)_test_{re.escape(metric)}")
-    seed_keys = sorted((k for k in results if pattern.fullmatch(k)),
-                       key=lambda k: int(pattern.fullmatch(k).group(1)))
+    seed_keys = sorted(
+        (k for k in results if pattern.fullmatch(k)),
+        key=lambda k: int(pattern.fullmatch(k).group(1)),
+    )
     seeds = np.array([np.asarray(results[k], dtype=float) for k in seed_keys]).reshape(
-        len(seed_keys), len(mean))
+        len(seed_keys), len(mean)
+    )
     groups = [None] if group is None else sorted(set(_param_values(results, group)), key=repr)
     if ax is None:
         _, ax = plt.subplots(figsize=(5.5, 4.0), layout="constrained")
     for i, g in enumerate(groups):
-        rows = np.arange(len(mean)) if g is None else np.flatnonzero(
-            [v == g for v in _param_values(results, group)])
+        rows = (
+            np.arange(len(mean))
+            if g is None
+            else np.flatnonzero([v == g for v in _param_values(results, group)])
+        )
         rows = rows[np.argsort(x[rows].astype(float))]
         xs = x[rows].astype(float)
         color = f"C{i}"
-        ax.errorbar(xs, mean[rows], yerr=[mean[rows] - low[rows], high[rows] - mean[rows]],
-                    color=color, marker="o", capsize=3,
-                    label=None if g is None else f"{group}={g}")
+        ax.errorbar(
+            xs,
+            mean[rows],
+            yerr=[mean[rows] - low[rows], high[rows] - mean[rows]],
+            color=color,
+            marker="o",
+            capsize=3,
+            label=None if g is None else f"{group}={g}",
+        )
         for s in seeds:
             ax.plot(xs, s[rows], linestyle="none", marker=".", color=color, alpha=0.35)
     if np.all(x.astype(float) > 0) and x.astype(float).max() >= 10 * x.astype(float).min():
@@ -380,8 +449,14 @@ def plot_search(search, param: str = "beta", group: str | None = "k", metric: st
     return ax
 
 
-def plot_comparison(comparison, metric: str | None = None, *, reference: float | None = None,
-                    reference_label: str = "closed-form optimum", ax=None):
+def plot_comparison(
+    comparison,
+    metric: str | None = None,
+    *,
+    reference: float | None = None,
+    reference_label: str = "closed-form optimum",
+    ax=None,
+):
     """Each algorithm's mean score with its confidence interval, and the seeds' scores.
 
     Parameters
@@ -433,12 +508,27 @@ def plot_comparison(comparison, metric: str | None = None, *, reference: float |
     if ax is None:
         _, ax = plt.subplots(figsize=(1.2 * len(names) + 2.5, 4.0), layout="constrained")
     x = np.arange(len(names))
-    ax.errorbar(x, mean, yerr=[mean - low, high - mean], linestyle="none", marker="o",
-                color="C0", capsize=4, label=f"mean, {comparison.confidence:.0%} CI")
+    ax.errorbar(
+        x,
+        mean,
+        yerr=[mean - low, high - mean],
+        linestyle="none",
+        marker="o",
+        color="C0",
+        capsize=4,
+        label=f"mean, {comparison.confidence:.0%} CI",
+    )
     for i, name in enumerate(names):
         values = results[(results["algorithm"] == name) & (results["metric"] == metric)]["value"]
-        ax.plot(np.full(len(values), x[i] + 0.12), values, linestyle="none", marker=".",
-                color="0.5", alpha=0.6, label="seeds" if i == 0 else None)
+        ax.plot(
+            np.full(len(values), x[i] + 0.12),
+            values,
+            linestyle="none",
+            marker=".",
+            color="0.5",
+            alpha=0.6,
+            label="seeds" if i == 0 else None,
+        )
     if reference is not None:
         ax.axhline(reference, color="k", linestyle="--", linewidth=1.2, label=reference_label)
     ax.set_xticks(x, names)

@@ -44,23 +44,29 @@ def check_rewards(values, n: int, source: str = "the reward") -> np.ndarray:
     >>> check_rewards([1.0, float("nan")], 2)
     Traceback (most recent call last):
     ...
-    ValueError: the reward returned a non-finite value (nan) for completion 1; a reward must be a finite number for every completion.
+    ValueError: the reward returned a non-finite value (nan) for completion 1; ...
     """
     try:
-        arr = np.asarray(values.detach().cpu() if hasattr(values, "detach") else values,
-                         dtype=np.float64)
+        arr = np.asarray(
+            values.detach().cpu() if hasattr(values, "detach") else values, dtype=np.float64
+        )
     except (TypeError, ValueError):
-        raise TypeError(f"{source} must return numbers, one per completion; got "
-                        f"{type(values).__name__}.") from None
+        raise TypeError(
+            f"{source} must return numbers, one per completion; got {type(values).__name__}."
+        ) from None
     if arr.ndim == 2 and arr.shape[1] == 1:
         arr = arr[:, 0]
     if arr.shape != (n,):
-        raise ValueError(f"{source} returned shape {arr.shape} for {n} completions; it must "
-                         f"return an array of shape ({n},), one number per completion.")
+        raise ValueError(
+            f"{source} returned shape {arr.shape} for {n} completions; it must "
+            f"return an array of shape ({n},), one number per completion."
+        )
     bad = np.flatnonzero(~np.isfinite(arr))
     if bad.size:
-        raise ValueError(f"{source} returned a non-finite value ({arr[bad[0]]}) for completion "
-                         f"{bad[0]}; a reward must be a finite number for every completion.")
+        raise ValueError(
+            f"{source} returned a non-finite value ({arr[bad[0]]}) for completion "
+            f"{bad[0]}; a reward must be a finite number for every completion."
+        )
     return arr
 
 
@@ -167,10 +173,24 @@ class RewardModel(BaseEstimator):
         "verbose": ["verbose"],
     }
 
-    def __init__(self, *, model=None, tokenizer=None, features=None, alpha: float = 0.0,
-                 learning_rate=None, n_epochs=1, batch_size=8, normalize=True,
-                 normalize_samples=256, temperature=None, max_new_tokens=None, head_std=None,
-                 random_state=None, verbose=0):
+    def __init__(
+        self,
+        *,
+        model=None,
+        tokenizer=None,
+        features=None,
+        alpha: float = 0.0,
+        learning_rate=None,
+        n_epochs=1,
+        batch_size=8,
+        normalize=True,
+        normalize_samples=256,
+        temperature=None,
+        max_new_tokens=None,
+        head_std=None,
+        random_state=None,
+        verbose=0,
+    ):
         self.model = model
         self.tokenizer = tokenizer
         self.features = features
@@ -234,7 +254,8 @@ class RewardModel(BaseEstimator):
                 "RewardModel(model=None) fits a linear reward on features, but these "
                 "comparisons carry no featurizer; pass features=callable(prompts, "
                 "completions) -> (n, d) array, model= a language model, or comparisons "
-                "from a prefopt world.")
+                "from a prefopt world."
+            )
         f_chosen = self._features(featurizer, data.prompt, data.chosen)
         f_rejected = self._features(featurizer, data.prompt, data.rejected)
         diff = f_chosen - f_rejected
@@ -250,8 +271,10 @@ class RewardModel(BaseEstimator):
     def _features(featurizer, prompts, completions) -> np.ndarray:
         F = np.asarray(featurizer(list(prompts), list(completions)), dtype=np.float64)
         if F.ndim != 2 or F.shape[0] != len(prompts):
-            raise ValueError(f"features returned shape {F.shape} for {len(prompts)} "
-                             "responses; it must return an (n, d) array.")
+            raise ValueError(
+                f"features returned shape {F.shape} for {len(prompts)} "
+                "responses; it must return an (n, d) array."
+            )
         return F
 
     def predict(self, prompts, completions) -> np.ndarray:
@@ -271,8 +294,10 @@ class RewardModel(BaseEstimator):
         prompts = list(prompts)
         completions = list(completions)
         if len(prompts) != len(completions):
-            raise ValueError(f"Got {len(prompts)} prompts and {len(completions)} completions; "
-                             "pass one prompt per completion.")
+            raise ValueError(
+                f"Got {len(prompts)} prompts and {len(completions)} completions; "
+                "pass one prompt per completion."
+            )
         if not prompts:
             return np.zeros(0)
         if hasattr(self, "coef_"):
@@ -384,4 +409,3 @@ class NoisyReward:
     def __call__(self, prompts, completions) -> np.ndarray:
         clean = check_rewards(self.reward(prompts, completions), len(completions))
         return clean + self._rng.normal(0.0, self.std, size=clean.shape)
-

@@ -26,8 +26,15 @@ def word_tokenizer(pad=True, eos="</s>"):
 
 
 def tiny_config(tokenizer, **overrides):
-    params = dict(vocab_size=len(tokenizer), n_positions=32, n_embd=32, n_layer=2, n_head=2,
-                  bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id)
+    params = dict(
+        vocab_size=len(tokenizer),
+        n_positions=32,
+        n_embd=32,
+        n_layer=2,
+        n_head=2,
+        bos_token_id=tokenizer.eos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
     params.update(overrides)
     return GPT2Config(**params)
 

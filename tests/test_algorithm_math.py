@@ -34,8 +34,9 @@ def t(values):
 
 
 def close(actual, expected, atol=1e-10):
-    torch.testing.assert_close(actual, torch.as_tensor(expected, dtype=actual.dtype),
-                               atol=atol, rtol=0)
+    torch.testing.assert_close(
+        actual, torch.as_tensor(expected, dtype=actual.dtype), atol=atol, rtol=0
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -45,16 +46,20 @@ def close(actual, expected, atol=1e-10):
 
 def test_rloo_k2_hand_numbers():
     # group (1, 3): 1 - 3 = -2, 3 - 1 = 2; group (0, 4): -4, 4; group (5, 5): 0, 0
-    close(leave_one_out_advantages(t([1.0, 3.0, 0.0, 4.0, 5.0, 5.0]), k=2),
-          [-2.0, 2.0, -4.0, 4.0, 0.0, 0.0])
+    close(
+        leave_one_out_advantages(t([1.0, 3.0, 0.0, 4.0, 5.0, 5.0]), k=2),
+        [-2.0, 2.0, -4.0, 4.0, 0.0, 0.0],
+    )
 
 
 def test_rloo_k3_hand_numbers():
     # group (1, 2, 6): baselines (2+6)/2 = 4, (1+6)/2 = 3.5, (1+2)/2 = 1.5
     #   -> advantages 1-4 = -3, 2-3.5 = -1.5, 6-1.5 = 4.5
     # group (0, 0, 3): baselines 1.5, 1.5, 0 -> -1.5, -1.5, 3
-    close(leave_one_out_advantages(t([1.0, 2.0, 6.0, 0.0, 0.0, 3.0]), k=3),
-          [-3.0, -1.5, 4.5, -1.5, -1.5, 3.0])
+    close(
+        leave_one_out_advantages(t([1.0, 2.0, 6.0, 0.0, 0.0, 3.0]), k=3),
+        [-3.0, -1.5, 4.5, -1.5, -1.5, 3.0],
+    )
 
 
 @pytest.mark.parametrize("k", [2, 3, 4, 8])
@@ -102,8 +107,7 @@ def test_rloo_k2_loss_is_the_contrastive_form():
     # Two prompts, k = 2. Prompt 0: R+ = 3 (seq 0), R- = 1 (seq 1);
     # prompt 1: R- = -2 (seq 2), R+ = 0.5 (seq 3).
     rewards = t([3.0, 1.0, -2.0, 0.5])
-    logprobs = t([[-0.1, -0.2, -9.0], [-1.0, -9.0, -9.0],
-                  [-0.3, -0.3, -0.3], [-2.0, -0.5, -9.0]])
+    logprobs = t([[-0.1, -0.2, -9.0], [-1.0, -9.0, -9.0], [-0.3, -0.3, -0.3], [-2.0, -0.5, -9.0]])
     mask = t([[1, 1, 0], [1, 0, 0], [1, 1, 1], [1, 1, 0]])
     # sums S = [-0.3, -1.0, -0.9, -2.5]
     adv = leave_one_out_advantages(rewards, k=2)
@@ -114,8 +118,9 @@ def test_rloo_k2_loss_is_the_contrastive_form():
     # = -2.0; loss = -(0.7 - 2.0) / 2 = 0.65
     close(loss, 0.65)
     s = (logprobs * mask).sum(1)
-    contrastive = 0.5 * (rewards[0] - rewards[1]) * (s[0] - s[1]) \
-        + 0.5 * (rewards[3] - rewards[2]) * (s[3] - s[2])
+    contrastive = 0.5 * (rewards[0] - rewards[1]) * (s[0] - s[1]) + 0.5 * (
+        rewards[3] - rewards[2]
+    ) * (s[3] - s[2])
     close(loss, -contrastive / 2)
 
 
@@ -126,11 +131,17 @@ def test_rloo_policy_advantages_use_shaped_sequence_reward():
     zeros = torch.zeros(n, 3, dtype=D)
     batch = RolloutBatch(
         prompts=EncodedPrompts(torch.ones(n, 1, dtype=torch.long), torch.ones(n, 1)),
-        prompt_index=torch.tensor([0, 0, 1, 1]), response_ids=torch.zeros(n, 3, dtype=torch.long),
+        prompt_index=torch.tensor([0, 0, 1, 1]),
+        response_ids=torch.zeros(n, 3, dtype=torch.long),
         response_mask=t([[1, 1, 0], [1, 0, 0], [1, 1, 1], [1, 1, 0]]),
-        ended=torch.ones(n, dtype=torch.bool), old_logprobs=zeros, ref_logprobs=zeros,
-        scores=t([1.0, 2.0, 0.0, 0.0]), kl=t([[0.1, 0.2, 0], [0.5, 0, 0], [0, 0, 0], [0.5, 0.5, 0]]),
-        rewards=zeros, beta=0.1)
+        ended=torch.ones(n, dtype=torch.bool),
+        old_logprobs=zeros,
+        ref_logprobs=zeros,
+        scores=t([1.0, 2.0, 0.0, 0.0]),
+        kl=t([[0.1, 0.2, 0], [0.5, 0, 0], [0, 0, 0], [0.5, 0.5, 0]]),
+        rewards=zeros,
+        beta=0.1,
+    )
     close(batch.sequence_rewards, [0.97, 1.95, 0.0, -0.1])
     close(batch.last_index.to(D), [1.0, 0.0, 2.0, 1.0])
     RLOOPolicy(k=2)._advantages(batch)
@@ -185,16 +196,18 @@ def test_clipped_surrogate_two_rows_masked_mean_over_tokens():
 
 def test_clipped_surrogate_without_clip():
     # unclipped: -A rho = [-1.1, 1.1, -1.5, 0.5, -0.5, 1.5] -> mean 0 / 6 = 0
-    loss, clipfrac = clipped_surrogate(ADV, RATIO.log(), torch.zeros_like(ADV),
-                                       torch.ones_like(ADV), clip=False)
+    loss, clipfrac = clipped_surrogate(
+        ADV, RATIO.log(), torch.zeros_like(ADV), torch.ones_like(ADV), clip=False
+    )
     close(loss, 0.0, atol=1e-12)
     close(clipfrac, 2 / 6, atol=1e-12)  # still reported, as a diagnostic
 
 
 def test_clipped_surrogate_other_clip_coef():
     # eps = 0.6: all ratios lie in [0.4, 1.6], nothing is clipped -> same as clip=False
-    loss, clipfrac = clipped_surrogate(ADV, RATIO.log(), torch.zeros_like(ADV),
-                                       torch.ones_like(ADV), clip_coef=0.6)
+    loss, clipfrac = clipped_surrogate(
+        ADV, RATIO.log(), torch.zeros_like(ADV), torch.ones_like(ADV), clip_coef=0.6
+    )
     close(loss, 0.0, atol=1e-12)
     close(clipfrac, 0.0)
 
@@ -251,8 +264,11 @@ def test_clipped_value_loss_hand_numbers():
 def test_clipped_value_loss_clip_coef_and_nonzero_old():
     # V_old = 1, V = 2, G = 3, eps = 0.5: clip(V) = 1.5: max((2-3)^2, (1.5-3)^2) = 2.25
     # -> 0.5 * 2.25 = 1.125
-    close(clipped_value_loss(t([[2.0]]), t([[1.0]]), t([[3.0]]), t([[1]]), clip_coef=0.5),
-          1.125, atol=1e-12)
+    close(
+        clipped_value_loss(t([[2.0]]), t([[1.0]]), t([[3.0]]), t([[1]]), clip_coef=0.5),
+        1.125,
+        atol=1e-12,
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -321,8 +337,11 @@ def test_ppo_returns_computed_before_whitening():
     # mean 2.91175 / 4 = 0.7279375; deviations -0.3811875, -0.3629375, -0.0279375, 0.7720625;
     # population var (0.14530391 + 0.13172363 + 0.00078050 + 0.59608050) / 4 = 0.21847214
     # -> whitened [-0.8155313, -0.7764863, -0.0597709, 1.6517885]; pads stay 0
-    close(batch.advantages, [[-0.8155313, -0.7764863, -0.0597709, 0, 0],
-                             [1.6517885, 0, 0, 0, 0]], atol=1e-6)
+    close(
+        batch.advantages,
+        [[-0.8155313, -0.7764863, -0.0597709, 0, 0], [1.6517885, 0, 0, 0, 0]],
+        atol=1e-6,
+    )
     valid = batch.advantages[MASK.bool()]
     close(valid.mean(), 0.0, atol=1e-7)
     close(valid.pow(2).mean(), 1.0, atol=1e-6)
@@ -334,8 +353,9 @@ def test_ppo_returns_computed_before_whitening():
 
 
 def test_masked_mean_hand_numbers():
-    close(masked_mean(t([[1.0, 2.0, 100.0], [3.0, 50.0, 50.0]]), t([[1, 1, 0], [1, 0, 0]])),
-          2.0)  # (1 + 2 + 3) / 3
+    close(
+        masked_mean(t([[1.0, 2.0, 100.0], [3.0, 50.0, 50.0]]), t([[1, 1, 0], [1, 0, 0]])), 2.0
+    )  # (1 + 2 + 3) / 3
     close(masked_mean(t([[5.0]]), t([[0]])), 0.0)  # empty mask: 0, not NaN
 
 
@@ -344,7 +364,7 @@ def test_masked_whiten_population_variance():
     # (x - 2.5) / sqrt(1.25) = [-1.3416408, -0.4472136, 0.4472136, 1.3416408]
     x = t([[1.0, 2.0, 3.0, 4.0]])
     out = masked_whiten(x, torch.ones_like(x))
-    s = 1.25 ** 0.5
+    s = 1.25**0.5
     close(out, [[-1.5 / s, -0.5 / s, 0.5 / s, 1.5 / s]], atol=1e-7)
     close(out, [[-1.3416408, -0.4472136, 0.4472136, 1.3416408]], atol=1e-7)
 
@@ -499,8 +519,10 @@ def test_pad_right():
 
 def test_position_ids_from_mask():
     # left padding: real tokens count 0, 1, 2 whatever the padding
-    assert position_ids_from_mask(torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])).tolist() \
-        == [[0, 0, 0, 1, 2], [0, 1, 2, 3, 4]]
+    assert position_ids_from_mask(torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])).tolist() == [
+        [0, 0, 0, 1, 2],
+        [0, 1, 2, 3, 4],
+    ]
     # prompt then response, as in the training forward
     enc = pad_left([[1, 2, 3], [4]], 0)
     full = torch.cat([enc.attention_mask, torch.ones(2, 2, dtype=torch.long)], 1)

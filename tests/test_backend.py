@@ -5,6 +5,7 @@ import copy
 import numpy as np
 import pytest
 import torch
+from _tiny import tiny_config, tiny_lm, word_tokenizer
 from transformers import GPT2Model
 
 from prefopt import PPOPolicy, RewardModel, RLOOPolicy, SFTPolicy
@@ -21,11 +22,14 @@ from prefopt.backend import (
     score_sequences,
     truncate_after_eos,
 )
-from _tiny import tiny_config, tiny_lm, word_tokenizer
 
 PROMPTS = ["the movie was", "the plot was"]
-DEMOS = [("the movie was", "good ."), ("the movie was", "bad ."),
-         ("the plot was", "great ."), ("the plot was", "awful .")] * 8
+DEMOS = [
+    ("the movie was", "good ."),
+    ("the movie was", "bad ."),
+    ("the plot was", "great ."),
+    ("the plot was", "awful ."),
+] * 8
 
 
 def test_pad_token_added_when_missing_or_equal_to_eos():
@@ -55,10 +59,16 @@ def test_left_padding_does_not_change_log_probs():
     prompt = tok("the movie was", add_special_tokens=False)["input_ids"]
     response = torch.tensor([tok.convert_tokens_to_ids(["good", "."])])
     mask = torch.ones_like(response)
-    alone = response_logprobs(model, pad_left([prompt], tok.pad_token_id), response, mask,
-                              temperature=0.7)
-    padded = response_logprobs(model, pad_left([prompt, prompt + [5, 6, 7]], tok.pad_token_id),
-                               response.repeat(2, 1), mask.repeat(2, 1), temperature=0.7)
+    alone = response_logprobs(
+        model, pad_left([prompt], tok.pad_token_id), response, mask, temperature=0.7
+    )
+    padded = response_logprobs(
+        model,
+        pad_left([prompt, prompt + [5, 6, 7]], tok.pad_token_id),
+        response.repeat(2, 1),
+        mask.repeat(2, 1),
+        temperature=0.7,
+    )
     torch.testing.assert_close(alone[0], padded[0], rtol=0, atol=1e-5)
 
 
@@ -68,8 +78,14 @@ def test_sampling_matches_the_training_forward_pass():
     model = tiny_lm().eval()
     tok = model.tokenizer
     enc = encode_prompts(tok, PROMPTS)
-    raw = sample(model, enc, max_new_tokens=6, temperature=0.7, generator=make_generator(0),
-                 suppress_ids=(tok.pad_token_id,))
+    raw = sample(
+        model,
+        enc,
+        max_new_tokens=6,
+        temperature=0.7,
+        generator=make_generator(0),
+        suppress_ids=(tok.pad_token_id,),
+    )
     assert raw.shape == (2, 6)
     assert not (raw == tok.pad_token_id).any()  # the pad token is never sampled
     ids, mask, _ = truncate_after_eos(raw, tok.eos_token_id, tok.pad_token_id)
@@ -85,8 +101,9 @@ class _NoCache(torch.nn.Module):
         self.model = model
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, **kwargs):
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask,
-                         position_ids=position_ids)
+        out = self.model(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
+        )
         return type("Out", (), {"logits": out.logits})()
 
 
@@ -126,38 +143,66 @@ def _started(policy, reward):
 
 def test_missing_eos_reward_replaces_the_score():
     # An EOS-less response scores -1 whatever the reward says (replaced, not offset).
-    policy = _started(RLOOPolicy(model=tiny_lm(), k=2, max_new_tokens=2, batch_size=16,
-                                 random_state=0), lambda p, c: np.full(len(c), 5.0))
+    policy = _started(
+        RLOOPolicy(model=tiny_lm(), k=2, max_new_tokens=2, batch_size=16, random_state=0),
+        lambda p, c: np.full(len(c), 5.0),
+    )
     batch = policy._rollout(np.array([0, 1] * 4))
     assert (~batch.ended).any() and batch.ended.any()
     expected = torch.where(batch.ended, torch.tensor(5.0), torch.tensor(-1.0))
     torch.testing.assert_close(batch.scores, expected)
     # The score sits at each response's last real token in the shaped reward.
     last = batch.response_mask.sum(1) - 1
-    shaped = batch.rewards[torch.arange(len(batch)), last] + batch.beta * batch.kl[
-        torch.arange(len(batch)), last]
+    shaped = (
+        batch.rewards[torch.arange(len(batch)), last]
+        + batch.beta * batch.kl[torch.arange(len(batch)), last]
+    )
     torch.testing.assert_close(shaped, expected)
 
 
 def test_missing_eos_reward_none_keeps_the_score():
-    policy = _started(RLOOPolicy(model=tiny_lm(), k=2, max_new_tokens=2, batch_size=16,
-                                 missing_eos_reward=None, random_state=0),
-                      lambda p, c: np.full(len(c), 5.0))
+    policy = _started(
+        RLOOPolicy(
+            model=tiny_lm(),
+            k=2,
+            max_new_tokens=2,
+            batch_size=16,
+            missing_eos_reward=None,
+            random_state=0,
+        ),
+        lambda p, c: np.full(len(c), 5.0),
+    )
     batch = policy._rollout(np.array([0, 1] * 4))
     assert (batch.scores == 5.0).all()
 
 
 def test_ratio_exactly_one_and_no_clipping_at_first_epoch():
     reward = lambda p, c: np.array([len(x) for x in c], dtype=float)  # noqa: E731
-    policy = _started(PPOPolicy(model=tiny_lm(), max_new_tokens=5, batch_size=8,
-                                learning_rate=1e-2, random_state=0), reward)
+    policy = _started(
+        PPOPolicy(
+            model=tiny_lm(), max_new_tokens=5, batch_size=8, learning_rate=1e-2, random_state=0
+        ),
+        reward,
+    )
     batch = policy._rollout(np.array([0, 1] * 4))
-    again = response_logprobs(policy.model_, batch.prompts, batch.response_ids,
-                              batch.response_mask, temperature=policy.temperature_,
-                              suppress_ids=policy._suppress_ids)
+    again = response_logprobs(
+        policy.model_,
+        batch.prompts,
+        batch.response_ids,
+        batch.response_mask,
+        temperature=policy.temperature_,
+        suppress_ids=policy._suppress_ids,
+    )
     assert torch.equal(again, batch.old_logprobs)
-    ppo = PPOPolicy(model=tiny_lm(), max_new_tokens=5, batch_size=8, n_epochs=1,
-                    learning_rate=1e-2, n_steps=1, random_state=0).fit(PROMPTS, reward)
+    ppo = PPOPolicy(
+        model=tiny_lm(),
+        max_new_tokens=5,
+        batch_size=8,
+        n_epochs=1,
+        learning_rate=1e-2,
+        n_steps=1,
+        random_state=0,
+    ).fit(PROMPTS, reward)
     row = ppo.history_[0]
     assert row["policy/clipfrac"] == 0.0
     assert row["policy/approxkl"] == 0.0
@@ -167,8 +212,9 @@ def test_ratio_exactly_one_and_no_clipping_at_first_epoch():
 def test_dropout_off_in_every_model():
     model = tiny_lm(resid_pdrop=0.5, embd_pdrop=0.5, attn_pdrop=0.5)
     reward = lambda p, c: np.zeros(len(c))  # noqa: E731
-    ppo = PPOPolicy(model=model, max_new_tokens=3, batch_size=4, n_steps=1,
-                    random_state=0).fit(PROMPTS, reward)
+    ppo = PPOPolicy(model=model, max_new_tokens=3, batch_size=4, n_steps=1, random_state=0).fit(
+        PROMPTS, reward
+    )
     for m in (ppo.model_, ppo.ref_model_, ppo.value_model_):
         drops = [mod.p for mod in m.modules() if isinstance(mod, torch.nn.Dropout)]
         assert drops and all(p == 0.0 for p in drops)
@@ -183,12 +229,21 @@ def test_dropout_off_in_every_model():
 def test_reference_model_is_frozen_and_unchanged():
     reward = lambda p, c: np.array([c_.count("good") for c_ in c], dtype=float)  # noqa: E731
     start = tiny_lm()
-    policy = RLOOPolicy(model=start, k=2, max_new_tokens=4, batch_size=8, n_steps=3,
-                        learning_rate=1e-2, random_state=0).fit(PROMPTS, reward)
+    policy = RLOOPolicy(
+        model=start,
+        k=2,
+        max_new_tokens=4,
+        batch_size=8,
+        n_steps=3,
+        learning_rate=1e-2,
+        random_state=0,
+    ).fit(PROMPTS, reward)
     for (name, p_ref), p_start in zip(policy.ref_model_.named_parameters(), start.parameters()):
         assert not p_ref.requires_grad
         assert torch.equal(p_ref, p_start), name
-    changed = [not torch.equal(p, q) for p, q in zip(policy.model_.parameters(), start.parameters())]
+    changed = [
+        not torch.equal(p, q) for p, q in zip(policy.model_.parameters(), start.parameters())
+    ]
     assert all(changed)  # every trained weight moved
 
 
@@ -218,15 +273,21 @@ def test_reward_read_at_the_last_real_token():
 
 
 def test_sft_learns_to_emit_eos():
-    sft = SFTPolicy(model=tiny_lm(), learning_rate=1e-2, n_epochs=20, batch_size=8,
-                    random_state=0).fit(DEMOS)
+    sft = SFTPolicy(
+        model=tiny_lm(), learning_rate=1e-2, n_epochs=20, batch_size=8, random_state=0
+    ).fit(DEMOS)
     assert sft.max_new_tokens_ == 3  # longest completion (2 words) plus EOS
     assert sft.history_[-1]["loss/sft"] < 0.5 * sft.history_[0]["loss/sft"]
     completions = [c for row in sft.sample(PROMPTS, n=16) for c in row]
     enc = encode_prompts(sft.tokenizer_, PROMPTS * 16)
-    raw = sample(sft.model_, enc, max_new_tokens=sft.max_new_tokens_,
-                 temperature=sft.temperature_, generator=make_generator(1),
-                 suppress_ids=sft._suppress_ids)
+    raw = sample(
+        sft.model_,
+        enc,
+        max_new_tokens=sft.max_new_tokens_,
+        temperature=sft.temperature_,
+        generator=make_generator(1),
+        suppress_ids=sft._suppress_ids,
+    )
     _, _, ended = truncate_after_eos(raw, sft.tokenizer_.eos_token_id, sft.tokenizer_.pad_token_id)
     assert ended.float().mean() > 0.9
     assert sum(c.endswith(".") for c in completions) > 0.9 * len(completions)
@@ -234,17 +295,23 @@ def test_sft_learns_to_emit_eos():
 
 @pytest.fixture(scope="module")
 def sft():
-    return SFTPolicy(model=tiny_lm(), learning_rate=1e-2, n_epochs=20, batch_size=8,
-                     random_state=0).fit(DEMOS)
+    return SFTPolicy(
+        model=tiny_lm(), learning_rate=1e-2, n_epochs=20, batch_size=8, random_state=0
+    ).fit(DEMOS)
 
 
-COMPARISONS = [("the movie was", "good .", "bad ."), ("the plot was", "great .", "awful ."),
-               ("the movie was", "great .", "awful ."), ("the plot was", "good .", "bad .")] * 8
+COMPARISONS = [
+    ("the movie was", "good .", "bad ."),
+    ("the plot was", "great .", "awful ."),
+    ("the movie was", "great .", "awful ."),
+    ("the plot was", "good .", "bad ."),
+] * 8
 
 
 def test_reward_model_normalised_on_starting_policy(sft):
-    rm = RewardModel(model=sft, learning_rate=3e-3, normalize_samples=128,
-                     random_state=0).fit(COMPARISONS)
+    rm = RewardModel(model=sft, learning_rate=3e-3, normalize_samples=128, random_state=0).fit(
+        COMPARISONS
+    )
     assert rm.score(COMPARISONS) == 1.0
     norm = rm.normalization_
     assert rm.gain_ * norm["mean"] + rm.bias_ == pytest.approx(0.0, abs=1e-9)
@@ -253,39 +320,50 @@ def test_reward_model_normalised_on_starting_policy(sft):
     # no decoding), have mean ~0 and std ~1: 512 draws give a standard error of 0.044 on
     # the mean, so 0.15 is over 3 standard errors.
     enc = encode_prompts(sft.tokenizer_, PROMPTS * 256)
-    raw = sample(sft.model_, enc, max_new_tokens=sft.max_new_tokens_,
-                 temperature=sft.temperature_, generator=make_generator(7),
-                 suppress_ids=sft._suppress_ids)
-    ids, mask, _ = truncate_after_eos(raw, sft.tokenizer_.eos_token_id,
-                                      sft.tokenizer_.pad_token_id)
+    raw = sample(
+        sft.model_,
+        enc,
+        max_new_tokens=sft.max_new_tokens_,
+        temperature=sft.temperature_,
+        generator=make_generator(7),
+        suppress_ids=sft._suppress_ids,
+    )
+    ids, mask, _ = truncate_after_eos(raw, sft.tokenizer_.eos_token_id, sft.tokenizer_.pad_token_id)
     scores = rm.score_tokens(enc, ids, mask).detach().numpy()
     assert abs(scores.mean()) < 0.15 and 0.85 < scores.std() < 1.15
 
 
 def test_reward_model_reference_shift(sft):
     refs = [("the movie was", "good ."), ("the plot was", "great .")]
-    rm = RewardModel(model=sft, learning_rate=3e-3, normalize_samples=64,
-                     random_state=0).fit(COMPARISONS, references=refs)
-    assert rm.predict([p for p, _ in refs], [c for _, c in refs]).mean() == pytest.approx(0, abs=1e-5)
+    rm = RewardModel(model=sft, learning_rate=3e-3, normalize_samples=64, random_state=0).fit(
+        COMPARISONS, references=refs
+    )
+    assert rm.predict([p for p, _ in refs], [c for _, c in refs]).mean() == pytest.approx(
+        0, abs=1e-5
+    )
 
 
 def test_reward_model_scores_tokens_like_text(sft):
-    rm = RewardModel(model=sft, learning_rate=3e-3, normalize_samples=16,
-                     random_state=0).fit(COMPARISONS)
+    rm = RewardModel(model=sft, learning_rate=3e-3, normalize_samples=16, random_state=0).fit(
+        COMPARISONS
+    )
     tok = rm.tokenizer_
     text = rm.predict(["the movie was"], ["good ."])
     enc = encode_prompts(tok, ["the movie was"])
     ids = torch.tensor([tok.convert_tokens_to_ids(["good", ".", tok.eos_token])])
-    tokens = rm.score_tokens(EncodedPrompts(enc.input_ids, enc.attention_mask), ids,
-                             torch.ones_like(ids))
+    tokens = rm.score_tokens(
+        EncodedPrompts(enc.input_ids, enc.attention_mask), ids, torch.ones_like(ids)
+    )
     assert tokens.item() == pytest.approx(text[0], abs=1e-5)
 
 
 def test_ppo_value_model_initialised_from_reward_model(sft):
-    rm = RewardModel(model=sft, learning_rate=3e-3, normalize_samples=16,
-                     random_state=0).fit(COMPARISONS)
-    ppo = PPOPolicy(model=sft, n_steps=1, batch_size=4, learning_rate=1e-12,
-                    random_state=0).fit(PROMPTS, rm)
+    rm = RewardModel(model=sft, learning_rate=3e-3, normalize_samples=16, random_state=0).fit(
+        COMPARISONS
+    )
+    ppo = PPOPolicy(model=sft, n_steps=1, batch_size=4, learning_rate=1e-12, random_state=0).fit(
+        PROMPTS, rm
+    )
     assert ppo.value_model_ is not rm.model_
     start = copy.deepcopy(rm.model_)
     for p, q in zip(ppo.value_model_.parameters(), start.parameters()):

@@ -22,14 +22,39 @@ def load_throughput():
 def test_throughput_prints_the_table():
     # The smallest run: tiny model, 1 warm-up + 2 measured steps, no peer, one process.
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--size", "tiny", "--steps", "2", "--warmup", "1",
-         "--batch-size", "8", "--max-new-tokens", "8", "--eval-episodes", "8",
-         "--n-reviews", "200", "--threads", "1", "--in-process"],
-        capture_output=True, text=True, timeout=300, check=False)
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--size",
+            "tiny",
+            "--steps",
+            "2",
+            "--warmup",
+            "1",
+            "--batch-size",
+            "8",
+            "--max-new-tokens",
+            "8",
+            "--eval-episodes",
+            "8",
+            "--n-reviews",
+            "200",
+            "--threads",
+            "1",
+            "--in-process",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
-    assert re.search(r"^algorithm +impl +updates +episodes/s +tokens/s +s/step +peak RSS MB",
-                     out, flags=re.MULTILINE), out
+    assert re.search(
+        r"^algorithm +impl +updates +episodes/s +tokens/s +s/step +peak RSS MB",
+        out,
+        flags=re.MULTILINE,
+    ), out
     for name in ("PPO", "RLOO", "REINFORCE", "RAFT"):
         match = re.search(rf"^{name} +prefopt +\d+x\d+ +(.*)$", out, flags=re.MULTILINE)
         assert match, f"no row for {name} in:\n{out}"
@@ -48,10 +73,14 @@ def test_lexicon_reward_and_padded_tokenizer():
     tok = tp.padded_tokenizer(world.tokenizer, 100)
     assert len(tok) == 100
     assert tok.get_vocab()["great"] == world.tokenizer.get_vocab()["great"]
-    assert (tok.pad_token_id, tok.eos_token_id) == (world.tokenizer.pad_token_id,
-                                                    world.tokenizer.eos_token_id)
-    assert tok.decode(tok("the movie was great", add_special_tokens=False)["input_ids"]) == \
-        "the movie was great"
+    assert (tok.pad_token_id, tok.eos_token_id) == (
+        world.tokenizer.pad_token_id,
+        world.tokenizer.eos_token_id,
+    )
+    assert (
+        tok.decode(tok("the movie was great", add_special_tokens=False)["input_ids"])
+        == "the movie was great"
+    )
 
 
 def test_trl_settings_match_rloo_policy(tmp_path):
@@ -59,9 +88,20 @@ def test_trl_settings_match_rloo_policy(tmp_path):
     from prefopt import RLOOPolicy
 
     tp = load_throughput()
-    spec = dict(batch_size=64, k=4, max_new_tokens=27, temperature=0.7, beta=0.05,
-                learning_rate=1e-3, steps=10, warmup=2, seed=0, device="cpu", dtype="auto",
-                pad_token_id=0)
+    spec = dict(
+        batch_size=64,
+        k=4,
+        max_new_tokens=27,
+        temperature=0.7,
+        beta=0.05,
+        learning_rate=1e-3,
+        steps=10,
+        warmup=2,
+        seed=0,
+        device="cpu",
+        dtype="auto",
+        pad_token_id=0,
+    )
     config = tp.trl_config(spec, str(tmp_path))
     ours = RLOOPolicy().get_params()
     assert config.generation_batch_size == spec["batch_size"]

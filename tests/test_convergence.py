@@ -34,20 +34,42 @@ BATCH = 64
 
 def _ppo(world, **kw):
     # The plate: step size 0.3, 4 epochs (default), clip 0.2 (default).
-    return PPOPolicy(model=world.policy_model(), beta=BETA, learning_rate=0.3, optimizer="sgd",
-                     n_steps=N_STEPS, batch_size=BATCH, clip_coef=0.2).set_params(**kw)
+    return PPOPolicy(
+        model=world.policy_model(),
+        beta=BETA,
+        learning_rate=0.3,
+        optimizer="sgd",
+        n_steps=N_STEPS,
+        batch_size=BATCH,
+        clip_coef=0.2,
+    ).set_params(**kw)
 
 
 def _rloo(world, **kw):
     # Same 3840 episodes; a REINFORCE-style gradient is not normalised like PPO's
     # whitened advantages, so it needs a larger SGD step (measured: 2.0).
-    return RLOOPolicy(model=world.policy_model(), beta=BETA, k=4, learning_rate=2.0,
-                      optimizer="sgd", n_steps=N_STEPS, batch_size=BATCH, **kw)
+    return RLOOPolicy(
+        model=world.policy_model(),
+        beta=BETA,
+        k=4,
+        learning_rate=2.0,
+        optimizer="sgd",
+        n_steps=N_STEPS,
+        batch_size=BATCH,
+        **kw,
+    )
 
 
 def _reinforce(world, **kw):
-    return ReinforcePolicy(model=world.policy_model(), beta=BETA, learning_rate=2.0,
-                           optimizer="sgd", n_steps=N_STEPS, batch_size=BATCH, **kw)
+    return ReinforcePolicy(
+        model=world.policy_model(),
+        beta=BETA,
+        learning_rate=2.0,
+        optimizer="sgd",
+        n_steps=N_STEPS,
+        batch_size=BATCH,
+        **kw,
+    )
 
 
 ALGORITHMS = {"ppo": _ppo, "rloo": _rloo, "reinforce": _reinforce}
@@ -66,10 +88,12 @@ def test_reaches_the_closed_form_optimum(world, rm, name):
     objective = np.array([r["objective"] for r in runs])
     gap = reward.mean() - best["reward"]
     kl_rel = kl.mean() / best["kl"] - 1
-    print(f"\n{name}: reward {reward.mean():.4f} (optimum {best['reward']:.4f}, gap {gap:+.4f}, "
-          f"seed std {reward.std(ddof=1):.4f}); KL {kl.mean():.4f} (optimum {best['kl']:.4f}, "
-          f"{100 * kl_rel:+.1f}%, seed std {kl.std(ddof=1):.4f}); objective gap "
-          f"{objective.mean() - best['objective']:+.5f}")
+    print(
+        f"\n{name}: reward {reward.mean():.4f} (optimum {best['reward']:.4f}, gap {gap:+.4f}, "
+        f"seed std {reward.std(ddof=1):.4f}); KL {kl.mean():.4f} (optimum {best['kl']:.4f}, "
+        f"{100 * kl_rel:+.1f}%, seed std {kl.std(ddof=1):.4f}); objective gap "
+        f"{objective.mean() - best['objective']:+.5f}"
+    )
     assert episodes == {N_STEPS * BATCH}
     assert abs(gap) <= 0.03
     assert abs(kl_rel) <= 0.10
@@ -140,8 +164,8 @@ def test_raft_ignores_beta_and_sharpens_towards_the_argmax(world, rm):
     assert best.tolist() == [1] * world.n_prompts
     rows = np.arange(world.n_prompts)
     star = world.optimum(rm, BETA)
-    p_star = world.optimal_probs(rm, BETA)[rows, best].mean()     # 0.458
-    p_ref = world.reference_probs()[rows, best].mean()            # 0.131
+    p_star = world.optimal_probs(rm, BETA)[rows, best].mean()  # 0.458
+    p_ref = world.reference_probs()[rows, best].mean()  # 0.131
     final = {}
     for beta in (0.03, 0.3, 3.0):
         path = []
@@ -150,13 +174,23 @@ def test_raft_ignores_beta_and_sharpens_towards_the_argmax(world, rm):
             if row["step"] % 20 == 0:
                 path.append(world.policy_probs(policy)[rows, best].mean())
 
-        raft = RAFTPolicy(model=world.policy_model(), beta=beta, k=4, learning_rate=0.3,
-                          optimizer="sgd", lr_schedule="constant", n_steps=N_STEPS,
-                          batch_size=BATCH, random_state=0).fit(world.prompts, rm, callback=track)
+        raft = RAFTPolicy(
+            model=world.policy_model(),
+            beta=beta,
+            k=4,
+            learning_rate=0.3,
+            optimizer="sgd",
+            lr_schedule="constant",
+            n_steps=N_STEPS,
+            batch_size=BATCH,
+            random_state=0,
+        ).fit(world.prompts, rm, callback=track)
         final[beta] = (world.policy_probs(raft), world.evaluate(raft, rm, BETA))
         if beta == BETA:
-            print(f"\nRAFT p(argmax) at steps 20/40/60: {np.round(path, 4).tolist()} "
-                  f"(pi_ref {p_ref:.3f}, pi* {p_star:.3f}); {final[beta][1]}")
+            print(
+                f"\nRAFT p(argmax) at steps 20/40/60: {np.round(path, 4).tolist()} "
+                f"(pi_ref {p_ref:.3f}, pi* {p_star:.3f}); {final[beta][1]}"
+            )
             # Measured 0.744, 0.888, 0.929 (seed 1: 0.755, 0.891, 0.930; 0.967 by step
             # 120). With the plate's linearly annealed step it stops at 0.846, KL 1.37.
             assert np.all(np.diff(path) > 0)

@@ -23,8 +23,11 @@ from prefopt.rewards import check_rewards
 
 PROMPTS = ["the movie was", "I think", "x"]
 ROWS = [("q1", "good.", "bad."), ("q2", "yes", ""), ("q3", " a", "a")]
-COLUMNS = {"prompt": ["q1", "q2", "q3"], "chosen": ["good.", "yes", " a"],
-           "rejected": ["bad.", "", "a"]}
+COLUMNS = {
+    "prompt": ["q1", "q2", "q3"],
+    "chosen": ["good.", "yes", " a"],
+    "rejected": ["bad.", "", "a"],
+}
 
 
 # ---------------------------------------------------------------------------
@@ -32,16 +35,20 @@ COLUMNS = {"prompt": ["q1", "q2", "q3"], "chosen": ["good.", "yes", " a"],
 # ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("make", [
-    lambda: list(PROMPTS),
-    lambda: tuple(PROMPTS),
-    lambda: iter(PROMPTS),
-    lambda: np.array(PROMPTS),
-    lambda: pd.Series(PROMPTS),
-    lambda: pd.DataFrame({"prompt": PROMPTS, "other": [1, 2, 3]}),
-    lambda: {"prompt": PROMPTS},
-    lambda: datasets.Dataset.from_dict({"prompt": PROMPTS}),
-], ids=["list", "tuple", "iterator", "ndarray", "series", "dataframe", "dict", "dataset"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: list(PROMPTS),
+        lambda: tuple(PROMPTS),
+        lambda: iter(PROMPTS),
+        lambda: np.array(PROMPTS),
+        lambda: pd.Series(PROMPTS),
+        lambda: pd.DataFrame({"prompt": PROMPTS, "other": [1, 2, 3]}),
+        lambda: {"prompt": PROMPTS},
+        lambda: datasets.Dataset.from_dict({"prompt": PROMPTS}),
+    ],
+    ids=["list", "tuple", "iterator", "ndarray", "series", "dataframe", "dict", "dataset"],
+)
 def test_check_prompts_accepted_forms(make):
     out = check_prompts(make())
     assert out == PROMPTS
@@ -117,16 +124,20 @@ def test_check_prompts_string_column_is_rejected():
 # ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("make", [
-    lambda: list(ROWS),
-    lambda: [list(r) for r in ROWS],
-    lambda: [{"prompt": p, "chosen": c, "rejected": r, "extra": 0} for p, c, r in ROWS],
-    lambda: pd.DataFrame(COLUMNS),
-    lambda: dict(COLUMNS),
-    lambda: datasets.Dataset.from_dict(COLUMNS),
-    lambda: Comparisons(*COLUMNS.values()),
-    lambda: iter(ROWS),
-], ids=["tuples", "lists", "dicts", "dataframe", "dict", "dataset", "comparisons", "iterator"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: list(ROWS),
+        lambda: [list(r) for r in ROWS],
+        lambda: [{"prompt": p, "chosen": c, "rejected": r, "extra": 0} for p, c, r in ROWS],
+        lambda: pd.DataFrame(COLUMNS),
+        lambda: dict(COLUMNS),
+        lambda: datasets.Dataset.from_dict(COLUMNS),
+        lambda: Comparisons(*COLUMNS.values()),
+        lambda: iter(ROWS),
+    ],
+    ids=["tuples", "lists", "dicts", "dataframe", "dict", "dataset", "comparisons", "iterator"],
+)
 def test_check_comparisons_accepted_forms(make):
     out = check_comparisons(make())
     assert isinstance(out, Comparisons)
@@ -180,8 +191,9 @@ def test_check_comparisons_missing_columns():
     with pytest.raises(ValueError, match=r"missing \['chosen', 'rejected'\]"):
         check_comparisons(datasets.Dataset.from_dict({"prompt": ["q"], "text": ["a"]}))
     with pytest.raises(ValueError, match=r"row 1 has no \['rejected'\]"):
-        check_comparisons([{"prompt": "q", "chosen": "a", "rejected": "b"},
-                           {"prompt": "q", "chosen": "a"}])
+        check_comparisons(
+            [{"prompt": "q", "chosen": "a", "rejected": "b"}, {"prompt": "q", "chosen": "a"}]
+        )
 
 
 def test_check_comparisons_wrong_row_length_names_row():
@@ -221,13 +233,17 @@ def test_check_comparisons_string_columns_are_rejected():
 # ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("make", [
-    lambda: [("p1", " c1"), ("p2", " c2")],
-    lambda: [{"prompt": "p1", "completion": " c1"}, {"prompt": "p2", "completion": " c2"}],
-    lambda: pd.DataFrame({"prompt": ["p1", "p2"], "completion": [" c1", " c2"]}),
-    lambda: {"prompt": ["p1", "p2"], "completion": [" c1", " c2"]},
-    lambda: datasets.Dataset.from_dict({"prompt": ["p1", "p2"], "completion": [" c1", " c2"]}),
-], ids=["tuples", "dicts", "dataframe", "dict", "dataset"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: [("p1", " c1"), ("p2", " c2")],
+        lambda: [{"prompt": "p1", "completion": " c1"}, {"prompt": "p2", "completion": " c2"}],
+        lambda: pd.DataFrame({"prompt": ["p1", "p2"], "completion": [" c1", " c2"]}),
+        lambda: {"prompt": ["p1", "p2"], "completion": [" c1", " c2"]},
+        lambda: datasets.Dataset.from_dict({"prompt": ["p1", "p2"], "completion": [" c1", " c2"]}),
+    ],
+    ids=["tuples", "dicts", "dataframe", "dict", "dataset"],
+)
 def test_check_demonstrations_accepted_forms(make):
     assert check_demonstrations(make()) == (["p1", "p2"], [" c1", " c2"])
 
@@ -253,14 +269,16 @@ def test_check_demonstrations_mismatched_column_lengths():
 # ---------------------------------------------------------------------------
 
 nonblank = st.text(min_size=1).filter(lambda s: s.strip() != "")
-scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(),
-                    st.binary())
+scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(), st.binary())
 junk = st.recursive(
     scalars,
-    lambda inner: st.one_of(st.lists(inner, max_size=4), st.tuples(inner, inner, inner),
-                            st.dictionaries(st.sampled_from(["prompt", "chosen", "rejected",
-                                                             "x"]), inner, max_size=4)),
-    max_leaves=10)
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4),
+        st.tuples(inner, inner, inner),
+        st.dictionaries(st.sampled_from(["prompt", "chosen", "rejected", "x"]), inner, max_size=4),
+    ),
+    max_leaves=10,
+)
 
 
 @settings(max_examples=50, deadline=None)
@@ -271,9 +289,11 @@ def test_fuzz_check_prompts_valid_unchanged(prompts):
 
 
 @settings(max_examples=50, deadline=None)
-@given(st.lists(nonblank, min_size=1, max_size=4),
-       st.lists(st.one_of(scalars, st.just(""), st.just("  ")), min_size=1, max_size=3),
-       st.randoms(use_true_random=False))
+@given(
+    st.lists(nonblank, min_size=1, max_size=4),
+    st.lists(st.one_of(scalars, st.just(""), st.just("  ")), min_size=1, max_size=3),
+    st.randoms(use_true_random=False),
+)
 def test_fuzz_check_prompts_bad_entry_raises(good, bad, rnd):
     # At least one entry that is not a non-blank string: always an error.
     bad = [b for b in bad if not (isinstance(b, str) and b.strip())]
@@ -297,8 +317,13 @@ def test_fuzz_check_prompts_never_crashes_otherwise(value):
 
 
 @settings(max_examples=50, deadline=None)
-@given(st.lists(st.tuples(nonblank, st.text(), st.text()).filter(lambda r: r[1] != r[2]),
-                min_size=1, max_size=5))
+@given(
+    st.lists(
+        st.tuples(nonblank, st.text(), st.text()).filter(lambda r: r[1] != r[2]),
+        min_size=1,
+        max_size=5,
+    )
+)
 def test_fuzz_check_comparisons_valid_unchanged(rows):
     out = check_comparisons(rows)
     assert list(zip(out.prompt, out.chosen, out.rejected)) == rows
@@ -344,8 +369,9 @@ def test_check_rewards_wrong_shape_names_source():
         check_rewards([1, 2, 3], 2, "my reward")
 
 
-@pytest.mark.parametrize("bad,shown", [(float("nan"), "nan"), (float("inf"), "inf"),
-                                       (-float("inf"), "-inf")])
+@pytest.mark.parametrize(
+    "bad,shown", [(float("nan"), "nan"), (float("inf"), "inf"), (-float("inf"), "-inf")]
+)
 def test_check_rewards_non_finite_names_completion(bad, shown):
     with pytest.raises(ValueError, match=rf"non-finite value \({shown}\) for completion 2"):
         check_rewards([0.0, 1.0, bad], 3)
@@ -372,8 +398,9 @@ def test_noisy_reward_seed_determinism():
     np.testing.assert_allclose(first, 1.0 + np.random.RandomState(7).normal(0.0, 2.0, 4))
     # a second call draws fresh noise; another seed gives other noise
     assert not np.array_equal(first, a(["p"] * 4, ["c"] * 4))
-    assert not np.array_equal(first, NoisyReward(clean, std=2.0, random_state=8)(["p"] * 4,
-                                                                                 ["c"] * 4))
+    assert not np.array_equal(
+        first, NoisyReward(clean, std=2.0, random_state=8)(["p"] * 4, ["c"] * 4)
+    )
 
 
 def test_noisy_reward_checks_inner_reward_and_std():

@@ -30,14 +30,36 @@ def table_row(output, name):
 def test_preference_world_example_runs(tmp_path):
     out = tmp_path / "plate.png"
     proc = subprocess.run(
-        [sys.executable, str(EXAMPLES / "preference_world.py"), "--steps", "3", "--seed", "1",
-         "--out", str(out), "--no-progress"],
-        capture_output=True, text=True, timeout=120, check=False)
+        [
+            sys.executable,
+            str(EXAMPLES / "preference_world.py"),
+            "--steps",
+            "3",
+            "--seed",
+            "1",
+            "--out",
+            str(out),
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr
     assert out.exists() and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     text = proc.stdout
-    for name in ("reward", "true quality", "KL (nats)", "objective", "PPO", "RLOO (k=4)",
-                 "REINFORCE", "RAFT (k=4)", "optimum"):
+    for name in (
+        "reward",
+        "true quality",
+        "KL (nats)",
+        "objective",
+        "PPO",
+        "RLOO (k=4)",
+        "REINFORCE",
+        "RAFT (k=4)",
+        "optimum",
+    ):
         table_row(text, name)
     assert "RAFT converges towards" in text
 
@@ -46,8 +68,7 @@ def test_preference_world_example_runs(tmp_path):
     rm = RewardModel().fit(world.comparisons(1000, random_state=1))
     start = world.evaluate(world.reference_probs(), rm, 0.3)
     optimum = world.optimum(rm, 0.3)
-    for name, key in [("reward", "reward"), ("true quality", "true_quality"),
-                      ("KL (nats)", "kl")]:
+    for name, key in [("reward", "reward"), ("true quality", "true_quality"), ("KL (nats)", "kl")]:
         row = table_row(text, name)
         assert row[0] == pytest.approx(start[key], abs=1e-3)
         assert row[2] == pytest.approx(optimum[key], abs=1e-3)
@@ -60,10 +81,15 @@ def test_path_callback_does_not_change_the_fit():
     rm = RewardModel().fit(world.comparisons(1000, random_state=0))
     with prefopt.config_context(show_progress_bar=False):
         stepped, path = example.fit_path(
-            example.make_policies(world, beta=0.3, n_steps=3, seed=0)["PPO"], world, rm, 0.3,
-            progress=False)
+            example.make_policies(world, beta=0.3, n_steps=3, seed=0)["PPO"],
+            world,
+            rm,
+            0.3,
+            progress=False,
+        )
         whole = example.make_policies(world, beta=0.3, n_steps=3, seed=0)["PPO"].fit(
-            world.prompts, rm)
+            world.prompts, rm
+        )
     assert [row["step"] for row in path] == [0, 1, 2, 3]
     assert path[0]["kl"] == pytest.approx(0.0, abs=1e-12)
     np.testing.assert_array_equal(world.policy_probs(stepped), world.policy_probs(whole))

@@ -5,14 +5,19 @@ import copy
 import numpy as np
 import pytest
 import torch
+from _tiny import tiny_lm
 from torch import nn
 from transformers.activations import NewGELUActivation
 
 from prefopt import RLOOPolicy
-from prefopt.backend import encode_prompts, fuse_activations, load_causal_lm, make_generator
-from prefopt.backend import generation
+from prefopt.backend import (
+    encode_prompts,
+    fuse_activations,
+    generation,
+    load_causal_lm,
+    make_generator,
+)
 from prefopt.backend.generation import draw_tokens, response_logprobs, sample
-from _tiny import tiny_lm
 
 PROMPTS = ["the movie was", "the", "the plot was good"] * 4
 
@@ -32,16 +37,20 @@ def test_loaded_models_are_fused_and_keep_their_log_probs():
     enc = encode_prompts(tok, PROMPTS)
     ids = torch.randint(3, len(tok), (len(PROMPTS), 5), generator=make_generator(0))
     kwargs = dict(temperature=0.7)
-    torch.testing.assert_close(response_logprobs(fused, enc, ids, torch.ones_like(ids), **kwargs),
-                               response_logprobs(model, enc, ids, torch.ones_like(ids), **kwargs),
-                               rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        response_logprobs(fused, enc, ids, torch.ones_like(ids), **kwargs),
+        response_logprobs(model, enc, ids, torch.ones_like(ids), **kwargs),
+        rtol=1e-5,
+        atol=1e-5,
+    )
 
 
 def test_fused_policy_round_trips_through_joblib(tmp_path):
     import joblib
 
-    policy = RLOOPolicy(model=tiny_lm(), k=2, batch_size=4, n_steps=1, max_new_tokens=3,
-                        random_state=0).fit(["the movie was"], lambda p, c: np.zeros(len(c)))
+    policy = RLOOPolicy(
+        model=tiny_lm(), k=2, batch_size=4, n_steps=1, max_new_tokens=3, random_state=0
+    ).fit(["the movie was"], lambda p, c: np.zeros(len(c)))
     joblib.dump(policy, tmp_path / "p.joblib")
     loaded = joblib.load(tmp_path / "p.joblib")
     assert not any(isinstance(m, NewGELUActivation) for m in loaded.model_.modules())
@@ -75,8 +84,9 @@ def test_ready_decode_mask_gives_the_same_samples_and_log_probs(monkeypatch):
     model, tok = load_causal_lm(tiny_lm())
     model.eval()
     enc = encode_prompts(tok, PROMPTS)  # left padding of different lengths
-    kwargs = dict(max_new_tokens=8, temperature=1.0, suppress_ids=(tok.pad_token_id,),
-                  return_logprobs=True)
+    kwargs = dict(
+        max_new_tokens=8, temperature=1.0, suppress_ids=(tok.pad_token_id,), return_logprobs=True
+    )
     ids, logp = sample(model, enc, generator=make_generator(3), **kwargs)
     assert generation._READY_MASK_OK[model] is True  # GPT-2 with SDPA reads the 4D mask
     monkeypatch.setattr(generation, "_may_take_ready_mask", lambda model: False)
@@ -125,18 +135,21 @@ def test_compiled_models_train_as_the_plain_ones(tmp_path):
     import prefopt
 
     def fit():
-        return RLOOPolicy(model=tiny_lm(), k=2, batch_size=4, n_steps=2, max_new_tokens=3,
-                          random_state=0).fit(["the movie was", "the plot was"],
-                                              lambda p, c: np.array([x.count("good") for x in c],
-                                                                    dtype=float))
+        return RLOOPolicy(
+            model=tiny_lm(), k=2, batch_size=4, n_steps=2, max_new_tokens=3, random_state=0
+        ).fit(
+            ["the movie was", "the plot was"],
+            lambda p, c: np.array([x.count("good") for x in c], dtype=float),
+        )
 
     plain = fit()
     with prefopt.config_context(compile="eager"):
         compiled = fit()
     assert compiled.model_._compiled_call_impl is not None
     assert compiled.ref_model_._compiled_call_impl is not None
-    assert [r["objective/reward"] for r in compiled.history_] == \
-        [r["objective/reward"] for r in plain.history_]
+    assert [r["objective/reward"] for r in compiled.history_] == [
+        r["objective/reward"] for r in plain.history_
+    ]
     for a, b in zip(compiled.model_.parameters(), plain.model_.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     joblib.dump(compiled, tmp_path / "c.joblib")  # the compiled wrapper is not saved

@@ -12,9 +12,9 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from _tiny import tiny_lm
 
 from prefopt import PPOPolicy, RAFTPolicy, ReinforcePolicy, RewardModel, RLOOPolicy, SFTPolicy
-from _tiny import tiny_lm
 
 PROMPTS = ["the movie was", "the plot was"]
 T = 4
@@ -41,19 +41,23 @@ def _trunk_hook(module, args, kwargs, output):
     TRUNK_CALLS[id(module)] += 1
 
 
-@pytest.mark.parametrize("cls, kwargs, epochs, minibatches", [
-    (PPOPolicy, {}, 4, 1),
-    (PPOPolicy, {"n_epochs": 2, "n_minibatches": 2}, 2, 2),
-    (RLOOPolicy, {"k": 2}, 1, 2),
-    (ReinforcePolicy, {}, 1, 2),
-    (RAFTPolicy, {"k": 2}, 1, 1),
-])
+@pytest.mark.parametrize(
+    "cls, kwargs, epochs, minibatches",
+    [
+        (PPOPolicy, {}, 4, 1),
+        (PPOPolicy, {"n_epochs": 2, "n_minibatches": 2}, 2, 2),
+        (RLOOPolicy, {"k": 2}, 1, 2),
+        (ReinforcePolicy, {}, 1, 2),
+        (RAFTPolicy, {"k": 2}, 1, 1),
+    ],
+)
 def test_forward_calls_per_step(cls, kwargs, epochs, minibatches):
     model = tiny_lm()
     calls, handle = _count(model)  # deepcopies of the model keep the hook
     # PPO's value model copies the policy's transformer trunk: hook the trunk too.
     model.transformer.register_forward_hook(_trunk_hook, with_kwargs=True)
     reward = lambda p, c: np.array([x.count("good") for x in c], dtype=float)  # noqa: E731
+
     def count_second_step_only(policy, row):
         # The first step of a model also checks, once, that it reads a ready 4D decode
         # mask (one extra one-token call in its lifetime); count a step after it.
@@ -61,8 +65,9 @@ def test_forward_calls_per_step(cls, kwargs, epochs, minibatches):
             calls.clear()
             TRUNK_CALLS.clear()
 
-    policy = cls(model=model, max_new_tokens=T, batch_size=8, n_steps=2, random_state=0,
-                 **kwargs).fit(PROMPTS, reward, callback=count_second_step_only)
+    policy = cls(
+        model=model, max_new_tokens=T, batch_size=8, n_steps=2, random_state=0, **kwargs
+    ).fit(PROMPTS, reward, callback=count_second_step_only)
     handle.remove()
     # PPO (ratio) recomputes old log-probs in a training-identical pass; the others read
     # them from the sampling pass.
@@ -83,7 +88,8 @@ def test_language_model_reward_scores_a_batch_in_one_forward():
     demos = [("the movie was", "good ."), ("the plot was", "bad .")] * 4
     sft = SFTPolicy(model=tiny_lm(), learning_rate=1e-2, n_epochs=2, random_state=0).fit(demos)
     rm = RewardModel(model=sft, normalize_samples=8, random_state=0).fit(
-        [("the movie was", "good .", "bad .")] * 8)
+        [("the movie was", "good .", "bad .")] * 8
+    )
     calls, handle = _count(rm.model_)
     RLOOPolicy(model=sft, k=2, batch_size=8, n_steps=1, random_state=0).fit(PROMPTS, rm)
     handle.remove()

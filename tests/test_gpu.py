@@ -3,13 +3,15 @@
 import numpy as np
 import pytest
 import torch
+from _tiny import tiny_lm
 
 import prefopt
 from prefopt import PPOPolicy, RLOOPolicy
-from _tiny import tiny_lm
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
 
 PROMPTS = ["the movie was", "the plot was"]
 
@@ -21,8 +23,16 @@ def reward(prompts, completions):
 @pytest.mark.parametrize("cls", [PPOPolicy, RLOOPolicy])
 def test_cuda_bf16_first_epoch_ratio_is_one(cls):
     with prefopt.config_context(device="cuda", dtype="bfloat16"):
-        policy = cls(model=tiny_lm(), batch_size=8, max_new_tokens=4, n_steps=2, n_epochs=1,
-                     n_minibatches=1, learning_rate=1e-3, random_state=0).fit(PROMPTS, reward)
+        policy = cls(
+            model=tiny_lm(),
+            batch_size=8,
+            max_new_tokens=4,
+            n_steps=2,
+            n_epochs=1,
+            n_minibatches=1,
+            learning_rate=1e-3,
+            random_state=0,
+        ).fit(PROMPTS, reward)
     assert policy.device_.type == "cuda"
     assert next(policy.model_.parameters()).is_cuda
     first = policy.history_[0]

@@ -194,8 +194,13 @@ def test_fit_is_start():
 def test_controllers_are_sklearn_estimators():
     kl = AdaptiveKLController(beta=0.1, target=3.0, horizon=10000).start()
     kl.update(100.0, n_episodes=512)
-    assert kl.get_params() == {"beta": 0.1, "target": 3.0, "gain": 0.1,
-                               "horizon": 10000, "clip": 0.2}
+    assert kl.get_params() == {
+        "beta": 0.1,
+        "target": 3.0,
+        "gain": 0.1,
+        "horizon": 10000,
+        "clip": 0.2,
+    }
     copy = clone(kl)
     assert copy.get_params() == kl.get_params()
     assert not hasattr(copy, "beta_") and not hasattr(copy, "n_updates_")
@@ -224,13 +229,16 @@ def test_kl_estimators_hand_values():
     # k1 = -log r = [1, -1, 0]
     # k2 = (log r)^2 / 2 = [0.5, 0.5, 0]
     # k3 = (r - 1) - log r = [e^-1 - 1 + 1, e - 1 - 1, 0] = [0.36787944, 0.71828183, 0]
-    torch.testing.assert_close(kl_estimate(logprobs, ref, "k1"),
-                               torch.tensor([1.0, -1.0, 0.0], dtype=torch.float64))
-    torch.testing.assert_close(kl_estimate(logprobs, ref, "k2"),
-                               torch.tensor([0.5, 0.5, 0.0], dtype=torch.float64))
-    torch.testing.assert_close(kl_estimate(logprobs, ref, "k3"),
-                               torch.tensor([0.36787944117144233, 0.7182818284590451, 0.0],
-                                            dtype=torch.float64))
+    torch.testing.assert_close(
+        kl_estimate(logprobs, ref, "k1"), torch.tensor([1.0, -1.0, 0.0], dtype=torch.float64)
+    )
+    torch.testing.assert_close(
+        kl_estimate(logprobs, ref, "k2"), torch.tensor([0.5, 0.5, 0.0], dtype=torch.float64)
+    )
+    torch.testing.assert_close(
+        kl_estimate(logprobs, ref, "k3"),
+        torch.tensor([0.36787944117144233, 0.7182818284590451, 0.0], dtype=torch.float64),
+    )
     # default is k1
     torch.testing.assert_close(kl_estimate(logprobs, ref), kl_estimate(logprobs, ref, "k1"))
 
@@ -241,12 +249,15 @@ def test_kl_estimators_on_a_2d_batch_keep_shape_and_dtype():
     # k1 = log(pi / ref) = [[ln 2, 0], [ln 0.5, ln 2]]
     out = kl_estimate(logprobs, ref, "k1")
     assert out.shape == (2, 2) and out.dtype == torch.float32
-    torch.testing.assert_close(out, torch.tensor([[math.log(2), 0.0],
-                                                  [math.log(0.5), math.log(2)]]))
+    torch.testing.assert_close(
+        out, torch.tensor([[math.log(2), 0.0], [math.log(0.5), math.log(2)]])
+    )
     # k3 with r = ref/pi = [[0.5, 1], [2, 0.5]]: (r - 1) - ln r
     # = [[-0.5 + ln 2, 0], [1 - ln 2, -0.5 + ln 2]] = [[0.19314718, 0], [0.30685282, 0.19314718]]
-    torch.testing.assert_close(kl_estimate(logprobs, ref, "k3"),
-                               torch.tensor([[0.19314718, 0.0], [0.30685282, 0.19314718]]))
+    torch.testing.assert_close(
+        kl_estimate(logprobs, ref, "k3"),
+        torch.tensor([[0.19314718, 0.0], [0.30685282, 0.19314718]]),
+    )
 
 
 def test_kl_estimators_numpy_in_numpy_out():
@@ -272,8 +283,9 @@ def test_k2_and_k3_never_negative():
     ref = torch.randn(2000, generator=g, dtype=torch.float64) * 5
     # include exact ties and tiny differences, where rounding could go below 0
     logprobs = torch.cat([logprobs, torch.tensor([-1.0, -1.0, -3.0, -30.0], dtype=torch.float64)])
-    ref = torch.cat([ref, torch.tensor([-1.0, -1.0 + 1e-12, -3.0 - 1e-9, -1e-3],
-                                       dtype=torch.float64)])
+    ref = torch.cat(
+        [ref, torch.tensor([-1.0, -1.0 + 1e-12, -3.0 - 1e-9, -1e-3], dtype=torch.float64)]
+    )
     assert (kl_estimate(logprobs, ref, "k2") >= 0).all()
     assert (kl_estimate(logprobs, ref, "k3") >= 0).all()
     assert (kl_estimate(logprobs.float(), ref.float(), "k3") >= 0).all()
@@ -315,9 +327,12 @@ def test_k3_unbiased_on_a_second_pair():
     assert true_kl == pytest.approx(0.3680642071684971, abs=1e-12)
     for kind in ("k1", "k3"):
         assert float((q * kl_estimate(q.log(), p.log(), kind)).sum()) == pytest.approx(
-            true_kl, abs=1e-12)
+            true_kl, abs=1e-12
+        )
     # k2: 0.5 * (0.9 * ln(1.8)^2 + 0.1 * ln(0.2)^2) = 0.5 * (0.311046 + 0.259029) = 0.285037
     assert float((q * kl_estimate(q.log(), p.log(), "k2")).sum()) == pytest.approx(
-        0.5 * (0.9 * math.log(1.8) ** 2 + 0.1 * math.log(0.2) ** 2), abs=1e-12)
+        0.5 * (0.9 * math.log(1.8) ** 2 + 0.1 * math.log(0.2) ** 2), abs=1e-12
+    )
     assert float((q * kl_estimate(q.log(), p.log(), "k2")).sum()) != pytest.approx(
-        true_kl, abs=1e-3)
+        true_kl, abs=1e-3
+    )

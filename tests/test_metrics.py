@@ -49,13 +49,17 @@ def diff_judge(prompt, completion, reference):
 @pytest.fixture
 def stub():
     # With n_samples=2: "a" -> x, yy; "b" -> zzz, zzz.
-    return StubPolicy({"a": ["x", "yy"], "b": ["zzz"]},
-                      logp={"x": -0.5, "yy": -1.0, "zzz": -2.0},
-                      ref_logp={"x": -1.0, "yy": -1.0, "zzz": -1.0},
-                      reward_model=length_reward, beta=0.5)
+    return StubPolicy(
+        {"a": ["x", "yy"], "b": ["zzz"]},
+        logp={"x": -0.5, "yy": -1.0, "zzz": -2.0},
+        ref_logp={"x": -1.0, "yy": -1.0, "zzz": -1.0},
+        reward_model=length_reward,
+        beta=0.5,
+    )
 
 
 # ----- hand computation on a stub ------------------------------------------------------
+
 
 def test_reward_scorer_by_hand(stub):
     # rewards 1, 2, 3, 3
@@ -100,17 +104,25 @@ def test_win_rate_counts_ties_half_and_skips_prompts_without_reference(stub):
 
 
 def test_length_binned_win_rate_by_hand():
-    policy = StubPolicy({"p1": ["one two three four"], "p2": ["one"], "p3": ["a b c d e f"],
-                         "p4": ["a b"]})
-    refs = [("p1", "one two"),        # ratio 2.0  -> bin [2, inf)
-            ("p2", "one two three"),  # ratio 1/3  -> bin [0, 0.5)
-            ("p3", "a b c d e"),      # ratio 1.2  -> bin [0.8, 1.25)
-            ("p4", "x y")]            # ratio 1.0  -> bin [0.8, 1.25)
+    policy = StubPolicy(
+        {"p1": ["one two three four"], "p2": ["one"], "p3": ["a b c d e f"], "p4": ["a b"]}
+    )
+    refs = [
+        ("p1", "one two"),  # ratio 2.0  -> bin [2, inf)
+        ("p2", "one two three"),  # ratio 1/3  -> bin [0, 0.5)
+        ("p3", "a b c d e"),  # ratio 1.2  -> bin [0.8, 1.25)
+        ("p4", "x y"),
+    ]  # ratio 1.0  -> bin [0.8, 1.25)
     verdict = {"p1": 1.0, "p2": -1.0, "p3": 0.0, "p4": 2.0}
     judge = lambda prompt, completion, reference: verdict[prompt]
     table = length_binned_win_rate(policy, ["p1", "p2", "p3", "p4"], judge, refs)
-    assert table["bin"].tolist() == ["[0, 0.5)", "[0.5, 0.8)", "[0.8, 1.25)", "[1.25, 2)",
-                                     "[2, inf)"]
+    assert table["bin"].tolist() == [
+        "[0, 0.5)",
+        "[0.5, 0.8)",
+        "[0.8, 1.25)",
+        "[1.25, 2)",
+        "[2, inf)",
+    ]
     assert table["n"].tolist() == [1, 0, 2, 0, 1]
     assert table["wins"].tolist() == [0, 0, 1, 0, 1]
     assert table["ties"].tolist() == [0, 0, 1, 0, 0]
@@ -122,8 +134,7 @@ def test_length_binned_win_rate_by_hand():
     overall = make_length_binned_win_rate(judge, refs)(policy, list(verdict))
     assert overall == 2.5 / 4 == make_win_rate_scorer(judge, refs)(policy, list(verdict))
     # A custom length (characters) and custom bins; pairs outside every bin are left out.
-    chars = length_binned_win_rate(policy, ["p1", "p2"], judge, refs, bins=[1.0, 3.0],
-                                   length=len)
+    chars = length_binned_win_rate(policy, ["p1", "p2"], judge, refs, bins=[1.0, 3.0], length=len)
     assert chars["n"].tolist() == [1]  # p1: 18 / 7 chars; p2: 3 / 13 is below 1.0
     assert np.isnan(make_length_binned_win_rate(judge, refs, bins=[5.0, 6.0])(policy, ["p1"]))
 
@@ -166,8 +177,14 @@ WORLD = PreferenceWorld(rater_bias=1.0, random_state=0)
 
 @pytest.fixture(scope="module")
 def policy(rm):
-    return RLOOPolicy(model=WORLD.policy_model(), beta=0.3, learning_rate=2.0, optimizer="sgd",
-                      n_steps=20, random_state=0).fit(WORLD.prompts, rm)
+    return RLOOPolicy(
+        model=WORLD.policy_model(),
+        beta=0.3,
+        learning_rate=2.0,
+        optimizer="sgd",
+        n_steps=20,
+        random_state=0,
+    ).fit(WORLD.prompts, rm)
 
 
 def test_sampled_scorers_approach_the_exact_values(policy, rm):
@@ -178,9 +195,11 @@ def test_sampled_scorers_approach_the_exact_values(policy, rm):
         kl = make_kl_scorer(n_samples=n)(policy, WORLD.prompts)
         objective = make_objective_scorer(n_samples=n)(policy, WORLD.prompts)
         gold = gold_reward_scorer(WORLD.true_quality, n_samples=n)(policy, WORLD.prompts)
-    print(f"\nexact reward {exact['reward']:.4f} / sampled {reward:.4f}; KL {exact['kl']:.4f} / "
-          f"{-kl:.4f}; objective {exact['objective']:.4f} / {objective:.4f}; true quality "
-          f"{exact['true_quality']:.4f} / {gold:.4f}")
+    print(
+        f"\nexact reward {exact['reward']:.4f} / sampled {reward:.4f}; KL {exact['kl']:.4f} / "
+        f"{-kl:.4f}; objective {exact['objective']:.4f} / {objective:.4f}; true quality "
+        f"{exact['true_quality']:.4f} / {gold:.4f}"
+    )
     # Standard errors of the 8000 samples (2000 per prompt), from the exact probabilities:
     # 0.0032 (reward), 0.0079 (log ratio), 0.0043 (true quality). Measured gaps: 0.0022
     # (reward), 0.0065 (KL), 0.0001 (objective), 0.0007 (true quality). Bounds at ~3 s.e.
@@ -189,10 +208,12 @@ def test_sampled_scorers_approach_the_exact_values(policy, rm):
     assert objective == pytest.approx(exact["objective"], abs=0.025)
     assert gold == pytest.approx(exact["true_quality"], abs=0.013)
     # Deterministic: the same call gives the same number; another seed another one.
-    assert make_reward_scorer(n_samples=8)(policy, WORLD.prompts) == \
-        make_reward_scorer(n_samples=8)(policy, WORLD.prompts)
-    assert make_reward_scorer(n_samples=8)(policy, WORLD.prompts) != \
-        make_reward_scorer(n_samples=8, random_state=1)(policy, WORLD.prompts)
+    assert make_reward_scorer(n_samples=8)(policy, WORLD.prompts) == make_reward_scorer(
+        n_samples=8
+    )(policy, WORLD.prompts)
+    assert make_reward_scorer(n_samples=8)(policy, WORLD.prompts) != make_reward_scorer(
+        n_samples=8, random_state=1
+    )(policy, WORLD.prompts)
 
 
 def test_win_rate_against_a_reference_response_approaches_the_exact_share(policy):
@@ -210,7 +231,8 @@ def test_win_rate_against_a_reference_response_approaches_the_exact_share(policy
     assert table["n"].sum() == 2000
     overall = (table["win_rate"].fillna(0) * table["n"]).sum() / 2000
     assert overall == pytest.approx(
-        make_win_rate_scorer(judge, refs, n_samples=500)(policy, WORLD.prompts), abs=1e-12)
+        make_win_rate_scorer(judge, refs, n_samples=500)(policy, WORLD.prompts), abs=1e-12
+    )
     # Against the 12-word reference: the 4-word answers (ratio 0.33), the 10-word hedge and
     # the reference type itself (0.83, 1.0), the 22-word flattering answers (1.83).
     assert table.loc[table["n"] > 0, "bin"].tolist() == ["[0, 0.5)", "[0.8, 1.25)", "[1.25, 2)"]

@@ -22,12 +22,19 @@ WORLD = PreferenceWorld(rater_bias=1.0, random_state=0)
 
 
 def small_rloo(**params):
-    est = RLOOPolicy(model=WORLD.policy_model(), beta=0.3, learning_rate=2.0, optimizer="sgd",
-                     n_steps=3, batch_size=16)
+    est = RLOOPolicy(
+        model=WORLD.policy_model(),
+        beta=0.3,
+        learning_rate=2.0,
+        optimizer="sgd",
+        n_steps=3,
+        batch_size=16,
+    )
     return est.set_params(**params)
 
 
 # ----- the statistics ---------------------------------------------------------------
+
 
 def test_t_interval_by_hand():
     mean, std, low, high = t_interval([1.0, 2.0, 4.0])
@@ -60,13 +67,21 @@ def test_seeds_and_ranks():
 
 # ----- SeedSearchCV --------------------------------------------------------------------
 
+
 def test_seed_search_rloo_beta_and_k(rm):
     """The issue's acceptance run: beta x k, 3 seeds, n_jobs=2, checked by hand."""
-    template = RLOOPolicy(model=WORLD.policy_model(), learning_rate=2.0, optimizer="sgd",
-                          n_steps=30)
+    template = RLOOPolicy(
+        model=WORLD.policy_model(), learning_rate=2.0, optimizer="sgd", n_steps=30
+    )
     scoring = {"true_quality": WORLD.scorer("true_quality"), "objective": WORLD.scorer("objective")}
-    search = SeedSearchCV(template, {"beta": [0.1, 0.3, 1.0], "k": [2, 4]}, seeds=3, n_jobs=2,
-                          scoring=scoring, refit="true_quality")
+    search = SeedSearchCV(
+        template,
+        {"beta": [0.1, 0.3, 1.0], "k": [2, 4]},
+        seeds=3,
+        n_jobs=2,
+        scoring=scoring,
+        refit="true_quality",
+    )
     # Threads: loky's worker processes would each spend ~10 s importing torch on this box
     # (checked by hand: loky gives the same numbers).
     with joblib.parallel_backend("threading", n_jobs=2):
@@ -84,16 +99,25 @@ def test_seed_search_rloo_beta_and_k(rm):
         np.testing.assert_allclose(res[f"std_test_{metric}"], std, rtol=1e-12)
         np.testing.assert_allclose(res[f"ci_low_test_{metric}"], mean - t * std / np.sqrt(3))
         np.testing.assert_allclose(res[f"ci_high_test_{metric}"], mean + t * std / np.sqrt(3))
-        np.testing.assert_array_equal(res[f"rank_test_{metric}"],
-                                      stats.rankdata(-mean, method="min"))
+        np.testing.assert_array_equal(
+            res[f"rank_test_{metric}"], stats.rankdata(-mean, method="min")
+        )
     quality = res["mean_test_true_quality"]
-    print("\n" + "\n".join(
-        f"beta={p['beta']} k={p['k']}: true quality {m:.4f} +- {s:.4f} "
-        f"[{lo:.4f}, {hi:.4f}], objective {o:.4f}"
-        for p, m, s, lo, hi, o in zip(res["params"], quality, res["std_test_true_quality"],
-                                      res["ci_low_test_true_quality"],
-                                      res["ci_high_test_true_quality"],
-                                      res["mean_test_objective"])))
+    print(
+        "\n"
+        + "\n".join(
+            f"beta={p['beta']} k={p['k']}: true quality {m:.4f} +- {s:.4f} "
+            f"[{lo:.4f}, {hi:.4f}], objective {o:.4f}"
+            for p, m, s, lo, hi, o in zip(
+                res["params"],
+                quality,
+                res["std_test_true_quality"],
+                res["ci_low_test_true_quality"],
+                res["ci_high_test_true_quality"],
+                res["mean_test_objective"],
+            )
+        )
+    )
     # Measured true quality (k=2 / k=4): 1.498 / 1.502 at beta=0.1, 1.701 / 1.699 at 0.3,
     # 1.655 / 1.649 at 1.0; the optimum's 1.489, 1.715, 1.642: the moderate beta wins.
     assert search.best_params_ == {"beta": 0.3, "k": 2}
@@ -107,8 +131,10 @@ def test_seed_search_rloo_beta_and_k(rm):
     # The refit is the best candidate under the first seed; with cv=None it repeats that fit.
     best = search.best_estimator_
     assert best.random_state == 0 and best.beta == 0.3 and best.k == 2
-    assert WORLD.scorer("true_quality")(best, WORLD.prompts) == \
-        res["seed0_test_true_quality"][search.best_index_]
+    assert (
+        WORLD.scorer("true_quality")(best, WORLD.prompts)
+        == res["seed0_test_true_quality"][search.best_index_]
+    )
     assert search.score(WORLD.prompts) == res["seed0_test_true_quality"][search.best_index_]
     assert len(search.sample(WORLD.prompts[:2], n=3)[0]) == 3
     # Any cell is an ordinary fit with that seed.
@@ -118,8 +144,14 @@ def test_seed_search_rloo_beta_and_k(rm):
 
 
 def test_seed_search_with_folds_and_explicit_seeds(rm):
-    search = SeedSearchCV(small_rloo(), {"beta": [0.1, 1.0]}, seeds=[3, 5], cv=KFold(2),
-                          scoring=make_reward_scorer(n_samples=4), return_train_score=True)
+    search = SeedSearchCV(
+        small_rloo(),
+        {"beta": [0.1, 1.0]},
+        seeds=[3, 5],
+        cv=KFold(2),
+        scoring=make_reward_scorer(n_samples=4),
+        return_train_score=True,
+    )
     search.fit(WORLD.prompts, reward_model=rm)
     res = search.cv_results_
     assert search.seeds_ == [3, 5] and search.n_splits_ == 2
@@ -137,8 +169,10 @@ def test_seed_search_with_folds_and_explicit_seeds(rm):
     train, test = list(KFold(2).split(WORLD.prompts))[1]
     prompts = np.asarray(WORLD.prompts)
     cell = small_rloo(beta=1.0, random_state=5).fit(prompts[train].tolist(), rm)
-    assert make_reward_scorer(n_samples=4)(cell, prompts[test].tolist()) == \
-        res["split1_seed1_test_score"][1]
+    assert (
+        make_reward_scorer(n_samples=4)(cell, prompts[test].tolist())
+        == res["split1_seed1_test_score"][1]
+    )
 
 
 def test_seed_search_default_scoring_refit_false_and_errors(rm):
@@ -153,17 +187,21 @@ def test_seed_search_default_scoring_refit_false_and_errors(rm):
         SeedSearchCV(small_rloo(), {"random_state": [0, 1]}).fit(WORLD.prompts, reward_model=rm)
     with pytest.raises(ValueError, match="no parameter 'seed'"):
         SeedSearchCV(small_rloo(), {"beta": [0.3]}, seed_param="seed").fit(
-            WORLD.prompts, reward_model=rm)
+            WORLD.prompts, reward_model=rm
+        )
     with pytest.raises(ValueError, match="seeds"):
         SeedSearchCV(small_rloo(), {"beta": [0.3]}, seeds=0).fit(WORLD.prompts, reward_model=rm)
     with pytest.raises(ValueError, match="confidence"):
         SeedSearchCV(small_rloo(), {"beta": [0.3]}, confidence=95).fit(
-            WORLD.prompts, reward_model=rm)
+            WORLD.prompts, reward_model=rm
+        )
+
     # A failed seed makes its candidate's mean NaN and ranks it last.
     def fragile(estimator, X, y=None):
         if estimator.beta == 0.1 and estimator.random_state == 1:
             raise RuntimeError("diverged")
         return 1.0
+
     search = SeedSearchCV(small_rloo(), {"beta": [0.1, 0.3]}, seeds=2, scoring=fragile)
     with pytest.warns(UserWarning):
         search.fit(WORLD.prompts, reward_model=rm)
@@ -194,9 +232,14 @@ def test_seed_search_under_ray_equals_the_local_run(rm):
     from ray.util.joblib import register_ray
 
     def search():
-        return SeedSearchCV(small_rloo(), {"beta": [0.1, 1.0]}, seeds=2, n_jobs=2, refit=False,
-                            scoring={"objective": WORLD.scorer("objective"),
-                                     "kl": make_kl_scorer(n_samples=8)})
+        return SeedSearchCV(
+            small_rloo(),
+            {"beta": [0.1, 1.0]},
+            seeds=2,
+            n_jobs=2,
+            refit=False,
+            scoring={"objective": WORLD.scorer("objective"), "kl": make_kl_scorer(n_samples=8)},
+        )
 
     local = search().fit(WORLD.prompts, reward_model=rm)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
@@ -213,6 +256,7 @@ def test_seed_search_under_ray_equals_the_local_run(rm):
 
 # ----- compare -------------------------------------------------------------------------
 
+
 def test_compare_on_policy_algorithms_reach_the_optimum_and_raft_does_not(rm):
     def model():
         return WORLD.policy_model()
@@ -224,11 +268,21 @@ def test_compare_on_policy_algorithms_reach_the_optimum_and_raft_does_not(rm):
         "REINFORCE": ReinforcePolicy(model=model(), learning_rate=2.0, **common),
         "RAFT": RAFTPolicy(model=model(), learning_rate=0.3, **common),
     }
-    scoring = {"objective": WORLD.scorer("objective"), "kl": WORLD.scorer("kl"),
-               "true_quality": WORLD.scorer("true_quality")}
+    scoring = {
+        "objective": WORLD.scorer("objective"),
+        "kl": WORLD.scorer("kl"),
+        "true_quality": WORLD.scorer("true_quality"),
+    }
     with joblib.parallel_backend("threading", n_jobs=2):
-        result = compare(algorithms, WORLD.prompts, reward_model=rm, seeds=5, scoring=scoring,
-                         baseline="RLOO", n_jobs=2)
+        result = compare(
+            algorithms,
+            WORLD.prompts,
+            reward_model=rm,
+            seeds=5,
+            scoring=scoring,
+            baseline="RLOO",
+            n_jobs=2,
+        )
     results, summary = result.results, result.summary
     assert results.columns.tolist() == ["algorithm", "seed", "metric", "value"]
     assert len(results) == 4 * 5 * 3 and result.seeds == [0, 1, 2, 3, 4]
@@ -237,7 +291,7 @@ def test_compare_on_policy_algorithms_reach_the_optimum_and_raft_does_not(rm):
     table = summary.set_index(["algorithm", "metric"])
     t = stats.t.ppf(0.975, 4)
     # The summary is the hand computation over seeds; the paired test is ttest_rel.
-    for (name, metric), row in table.iterrows():
+    for (name, _metric), row in table.iterrows():
         v = results.query("algorithm == @name and metric == @metric").sort_values("seed")
         v = v["value"].to_numpy()
         assert row["mean"] == pytest.approx(v.mean(), rel=1e-12)
@@ -250,7 +304,8 @@ def test_compare_on_policy_algorithms_reach_the_optimum_and_raft_does_not(rm):
         d = v - base["value"].to_numpy()
         assert row["diff_mean"] == pytest.approx(d.mean())
         assert row["diff_ci_high"] - row["diff_mean"] == pytest.approx(
-            t * d.std(ddof=1) / np.sqrt(5))
+            t * d.std(ddof=1) / np.sqrt(5)
+        )
         assert row["p_value"] == pytest.approx(stats.ttest_rel(v, base["value"]).pvalue)
 
     best = WORLD.optimum(rm, 0.3)
@@ -274,8 +329,14 @@ def test_compare_on_policy_algorithms_reach_the_optimum_and_raft_does_not(rm):
 
 def test_compare_default_scoring_and_kept_estimators(rm):
     algorithms = {"beta=0.1": small_rloo(beta=0.1), "beta=1": small_rloo(beta=1.0)}
-    result = compare(algorithms, WORLD.prompts, reward_model=rm, seeds=[4, 9],
-                     return_estimators=True, confidence=0.9)
+    result = compare(
+        algorithms,
+        WORLD.prompts,
+        reward_model=rm,
+        seeds=[4, 9],
+        return_estimators=True,
+        confidence=0.9,
+    )
     assert result.results["metric"].unique().tolist() == ["score"]
     assert "diff_mean" not in result.summary
     kept = result.estimators["beta=1"]

@@ -14,11 +14,16 @@ def test_compare_algorithms_notebook_runs(monkeypatch):
     monkeypatch.setenv("PREFOPT_NOTEBOOK_SMALL", "1")
     monkeypatch.setenv("MPLBACKEND", "Agg")
     nb = nbformat.read(NOTEBOOK, as_version=4)
-    client = nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
-                                     resources={"metadata": {"path": str(NOTEBOOK.parent)}})
+    client = nbclient.NotebookClient(
+        nb,
+        timeout=600,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(NOTEBOOK.parent)}},
+    )
     client.execute()
     outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
-    text = "".join(str(o.get("text", "")) + str(o.get("data", {}).get("text/plain", ""))
-                   for o in outputs)
+    text = "".join(
+        str(o.get("text", "")) + str(o.get("data", {}).get("text/plain", "")) for o in outputs
+    )
     assert "closed-form optimum" in text and "RAFT" in text

@@ -1,21 +1,29 @@
 """SFT -> reward model -> policy as one scikit-learn Pipeline on one data bundle."""
 
 import numpy as np
+from _tiny import tiny_lm
 from sklearn.pipeline import make_pipeline
 
 from prefopt import RewardModel, RLOOPolicy, SFTPolicy
 from prefopt.data import PreferenceData
-from _tiny import tiny_lm
 
 PROMPTS = ["the movie was", "the plot was"]
-DEMOS = [("the movie was", "good ."), ("the movie was", "bad ."),
-         ("the plot was", "great ."), ("the plot was", "awful .")] * 6
+DEMOS = [
+    ("the movie was", "good ."),
+    ("the movie was", "bad ."),
+    ("the plot was", "great ."),
+    ("the plot was", "awful ."),
+] * 6
 COMPARISONS = [("the movie was", "good .", "bad ."), ("the plot was", "great .", "awful .")] * 8
 
 
 def test_pipeline_runs_sft_reward_and_policy_on_one_bundle():
-    data = PreferenceData(prompts=PROMPTS, demonstrations=DEMOS, comparisons=COMPARISONS,
-                          references=[("the movie was", "good .")])
+    data = PreferenceData(
+        prompts=PROMPTS,
+        demonstrations=DEMOS,
+        comparisons=COMPARISONS,
+        references=[("the movie was", "good .")],
+    )
     pipe = make_pipeline(
         SFTPolicy(model=tiny_lm(), learning_rate=1e-2, n_epochs=6, random_state=0),
         RewardModel(learning_rate=3e-3, normalize_samples=16, random_state=0),

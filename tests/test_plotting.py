@@ -21,8 +21,12 @@ def history(seed, n_steps=5, clipfrac=True):
     rng = np.random.RandomState(seed)
     rows = []
     for step in range(1, n_steps + 1):
-        row = {"step": step, "objective/reward": step + rng.normal(),
-               "objective/kl": 0.1 * step, "objective/beta": 0.3}
+        row = {
+            "step": step,
+            "objective/reward": step + rng.normal(),
+            "objective/kl": 0.1 * step,
+            "objective/beta": 0.3,
+        }
         if clipfrac:
             row["policy/clipfrac"] = 0.05
         rows.append(row)
@@ -48,8 +52,11 @@ def test_plot_history_several_histories_mean_and_band(band):
     assert len(ax.lines) == 1 and len(ax.collections) == 1  # the mean and its band
     table = np.array([[row["objective/reward"] for row in h] for h in runs])
     np.testing.assert_allclose(ax.lines[0].get_ydata(), table.mean(0))
-    low, high = ((table.mean(0) - table.std(0), table.mean(0) + table.std(0)) if band == "std"
-                 else (table.min(0), table.max(0)))
+    low, high = (
+        (table.mean(0) - table.std(0), table.mean(0) + table.std(0))
+        if band == "std"
+        else (table.min(0), table.max(0))
+    )
     band_y = ax.collections[0].get_paths()[0].vertices[:, 1]
     np.testing.assert_allclose([band_y.min(), band_y.max()], [low.min(), high.max()])
     assert ax.get_legend() is not None
@@ -84,8 +91,9 @@ def test_plot_history_accepts_ax():
 
 
 def test_plot_exact_path_solid_and_dashed_lines():
-    path = [{"step": s, "reward": 0.1 * s, "true_quality": 0.2 * s, "kl": 0.05 * s}
-            for s in range(4)]
+    path = [
+        {"step": s, "reward": 0.1 * s, "true_quality": 0.2 * s, "kl": 0.05 * s} for s in range(4)
+    ]
     optimum = {"reward": 0.5, "true_quality": 0.4, "kl": 0.2}
     _, ax = plt.subplots()
     out = plot_exact_path(path, optimum, ax=ax)
@@ -102,8 +110,10 @@ def test_plot_exact_path_solid_and_dashed_lines():
 
 def test_plot_exact_path_names_missing_keys():
     with pytest.raises(ValueError, match="kl"):
-        plot_exact_path([{"step": 0, "reward": 0.0, "true_quality": 0.0}],
-                        {"reward": 1.0, "true_quality": 1.0, "kl": 0.1})
+        plot_exact_path(
+            [{"step": 0, "reward": 0.0, "true_quality": 0.0}],
+            {"reward": 1.0, "true_quality": 1.0, "kl": 0.1},
+        )
 
 
 def test_plot_response_probs_bars_average_over_prompts():
@@ -119,12 +129,16 @@ def test_plot_response_probs_bars_average_over_prompts():
 
 def test_plot_response_probs_optimum_and_ax():
     _, ax = plt.subplots()
-    out = plot_response_probs([0.5, 0.5], [0.9, 0.1], ["x", "y"], optimum=[[0.8, 0.2]],
-                              names=("ref", "PPO"), ax=ax)
+    out = plot_response_probs(
+        [0.5, 0.5], [0.9, 0.1], ["x", "y"], optimum=[[0.8, 0.2]], names=("ref", "PPO"), ax=ax
+    )
     assert out is ax
     assert len(ax.patches) == 4 and len(ax.collections) == 1
     np.testing.assert_allclose(ax.collections[0].get_segments()[0][:, 1], [0.8, 0.8])
     assert {t.get_text() for t in ax.get_legend().get_texts()} == {
-        "ref", "PPO", "closed-form optimum"}
+        "ref",
+        "PPO",
+        "closed-form optimum",
+    }
     with pytest.raises(ValueError, match="3 labels"):
         plot_response_probs([0.5, 0.5], [0.9, 0.1], ["x", "y", "z"])

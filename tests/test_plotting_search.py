@@ -29,20 +29,34 @@ def rm():
 
 
 def small_rloo(**params):
-    return RLOOPolicy(model=WORLD.policy_model(), beta=0.3, learning_rate=2.0, optimizer="sgd",
-                      n_steps=3, batch_size=16).set_params(**params)
+    return RLOOPolicy(
+        model=WORLD.policy_model(),
+        beta=0.3,
+        learning_rate=2.0,
+        optimizer="sgd",
+        n_steps=3,
+        batch_size=16,
+    ).set_params(**params)
 
 
 def error_bars(ax, i=0):
     """(x, low, high) of the i-th errorbar container's vertical bars."""
     segments = ax.containers[i].lines[2][0].get_segments()
-    return (np.array([s[0, 0] for s in segments]), np.array([s[0, 1] for s in segments]),
-            np.array([s[1, 1] for s in segments]))
+    return (
+        np.array([s[0, 0] for s in segments]),
+        np.array([s[0, 1] for s in segments]),
+        np.array([s[1, 1] for s in segments]),
+    )
 
 
 def test_plot_search_one_line_per_k_with_ci_bars_and_seed_dots(rm):
-    search = SeedSearchCV(small_rloo(), {"beta": [1.0, 0.1], "k": [2, 4]}, seeds=2,
-                          scoring=WORLD.scorer("objective"), refit=False)
+    search = SeedSearchCV(
+        small_rloo(),
+        {"beta": [1.0, 0.1], "k": [2, 4]},
+        seeds=2,
+        scoring=WORLD.scorer("objective"),
+        refit=False,
+    )
     search.fit(WORLD.prompts, reward_model=rm)
     res = search.cv_results_
     ax = plot_search(search)
@@ -67,10 +81,15 @@ def test_plot_search_one_line_per_k_with_ci_bars_and_seed_dots(rm):
 
 RESULTS = {
     "params": [{"beta": b, "lr": 1.0} for b in (0.5, 0.1, 0.3)],
-    "param_beta": np.ma.array([0.5, 0.1, 0.3]), "param_lr": np.ma.array([1.0, 1.0, 1.0]),
-    "mean_test_a": np.array([1.0, 2.0, 3.0]), "ci_low_test_a": np.array([0.5, 1.5, 2.5]),
-    "ci_high_test_a": np.array([1.5, 2.5, 3.5]), "seed0_test_a": np.array([1.0, 2.0, 3.0]),
-    "mean_test_b": np.zeros(3), "ci_low_test_b": np.zeros(3), "ci_high_test_b": np.zeros(3),
+    "param_beta": np.ma.array([0.5, 0.1, 0.3]),
+    "param_lr": np.ma.array([1.0, 1.0, 1.0]),
+    "mean_test_a": np.array([1.0, 2.0, 3.0]),
+    "ci_low_test_a": np.array([0.5, 1.5, 2.5]),
+    "ci_high_test_a": np.array([1.5, 2.5, 3.5]),
+    "seed0_test_a": np.array([1.0, 2.0, 3.0]),
+    "mean_test_b": np.zeros(3),
+    "ci_low_test_b": np.zeros(3),
+    "ci_high_test_b": np.zeros(3),
 }
 
 
@@ -93,11 +112,25 @@ def test_plot_search_from_results_one_line_and_metric_choice():
 
 
 def comparison():
-    results = pd.DataFrame({"algorithm": ["A"] * 3 + ["B"] * 3, "seed": [0, 1, 2] * 2,
-                            "metric": "objective", "value": [1.0, 1.2, 1.1, 2.0, 2.4, 2.2]})
-    summary = pd.DataFrame({"algorithm": ["A", "B"], "metric": "objective", "n_seeds": 3,
-                            "mean": [1.1, 2.2], "std": [0.1, 0.2], "ci_low": [0.85, 1.7],
-                            "ci_high": [1.35, 2.7]})
+    results = pd.DataFrame(
+        {
+            "algorithm": ["A"] * 3 + ["B"] * 3,
+            "seed": [0, 1, 2] * 2,
+            "metric": "objective",
+            "value": [1.0, 1.2, 1.1, 2.0, 2.4, 2.2],
+        }
+    )
+    summary = pd.DataFrame(
+        {
+            "algorithm": ["A", "B"],
+            "metric": "objective",
+            "n_seeds": 3,
+            "mean": [1.1, 2.2],
+            "std": [0.1, 0.2],
+            "ci_low": [0.85, 1.7],
+            "ci_high": [1.35, 2.7],
+        }
+    )
     return Comparison(results=results, summary=summary, seeds=[0, 1, 2], confidence=0.9)
 
 
@@ -111,16 +144,23 @@ def test_plot_comparison_points_bars_seeds_and_reference():
     seeds = [line for line in ax.lines if line.get_marker() == "."]
     np.testing.assert_allclose(seeds[1].get_ydata(), [2.0, 2.4, 2.2])
     assert [t.get_text() for t in ax.get_legend().get_texts()] == [
-        "seeds", "closed-form optimum", "mean, 90% CI"]
+        "seeds",
+        "closed-form optimum",
+        "mean, 90% CI",
+    ]
     assert ax.get_ylabel() == "objective"
     with pytest.raises(ValueError, match="'kl' is not"):
         plot_comparison(comparison(), metric="kl")
 
 
 def test_plot_comparison_of_a_real_compare(rm):
-    result = compare({"RLOO": small_rloo(), "RLOO beta=1": small_rloo(beta=1.0)}, WORLD.prompts,
-                     reward_model=rm, seeds=2,
-                     scoring={"kl": WORLD.scorer("kl"), "objective": WORLD.scorer("objective")})
+    result = compare(
+        {"RLOO": small_rloo(), "RLOO beta=1": small_rloo(beta=1.0)},
+        WORLD.prompts,
+        reward_model=rm,
+        seeds=2,
+        scoring={"kl": WORLD.scorer("kl"), "objective": WORLD.scorer("objective")},
+    )
     _, axes = plt.subplots(1, 2)
     plot_comparison(result, ax=axes[0])  # the first metric: kl
     plot_comparison(result, "objective", ax=axes[1])

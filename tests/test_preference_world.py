@@ -25,6 +25,7 @@ def _hand_rewards(world, rm):
 
 # ----- exactness of evaluate / optimal_probs / optimum ---------------------------
 
+
 def test_rewards_table_is_the_linear_reward(world, rm):
     np.testing.assert_allclose(world.rewards(rm), _hand_rewards(world, rm), rtol=0, atol=1e-12)
 
@@ -34,8 +35,9 @@ def test_evaluate_reference_by_hand(world, rm):
     out = world.evaluate(ref, rm, beta=BETA)
     r = _hand_rewards(world, rm)
     reward = np.mean([sum(ref[x, y] * r[x, y] for y in range(6)) for x in range(world.n_prompts)])
-    quality = np.mean([sum(ref[x, y] * world.quality_[y] for y in range(6))
-                       for x in range(world.n_prompts)])
+    quality = np.mean(
+        [sum(ref[x, y] * world.quality_[y] for y in range(6)) for x in range(world.n_prompts)]
+    )
     assert out["kl"] == 0.0
     assert out["reward"] == pytest.approx(reward, abs=1e-12)
     assert out["true_quality"] == pytest.approx(quality, abs=1e-12)
@@ -48,8 +50,12 @@ def test_evaluate_reference_by_hand(world, rm):
 def test_evaluate_kl_by_hand_on_a_table(world, rm):
     ref = world.reference_probs()
     probs = np.full_like(ref, 1.0 / 6)
-    kl = np.mean([sum(probs[x, y] * np.log(probs[x, y] / ref[x, y]) for y in range(6))
-                  for x in range(world.n_prompts)])
+    kl = np.mean(
+        [
+            sum(probs[x, y] * np.log(probs[x, y] / ref[x, y]) for y in range(6))
+            for x in range(world.n_prompts)
+        ]
+    )
     out = world.evaluate(probs, rm, beta=BETA)
     assert out["kl"] == pytest.approx(kl, abs=1e-12)
     assert out["objective"] == pytest.approx(out["reward"] - BETA * kl, abs=1e-12)
@@ -112,21 +118,30 @@ def test_optimum_is_the_maximiser(world, rm):
 
 # ----- the policy model is the reference at theta = 0 -----------------------------
 
+
 def test_fresh_policy_model_is_the_reference(world):
     model = world.policy_model()
     tok = world.tokenizer
     prompts = [p for p in world.prompts for _ in world.responses]
     ids = torch.tensor([[tok.convert_tokens_to_ids(r)] for r in world.responses * world.n_prompts])
-    lp = response_logprobs(model, encode_prompts(tok, prompts), ids, torch.ones_like(ids),
-                           temperature=1.0)
+    lp = response_logprobs(
+        model, encode_prompts(tok, prompts), ids, torch.ones_like(ids), temperature=1.0
+    )
     probs = lp.detach().exp().double().numpy().reshape(world.n_prompts, 6)
     np.testing.assert_allclose(probs, world.reference_probs(), rtol=1e-6, atol=0)
 
 
 def test_policy_probs_of_an_unmoved_policy_is_the_reference(world, rm):
     # One step at a negligible learning rate: theta stays ~0, so pi = pi_ref.
-    ppo = PPOPolicy(model=world.policy_model(), beta=BETA, learning_rate=1e-12, optimizer="sgd",
-                    n_steps=1, batch_size=8, random_state=0).fit(world.prompts, rm)
+    ppo = PPOPolicy(
+        model=world.policy_model(),
+        beta=BETA,
+        learning_rate=1e-12,
+        optimizer="sgd",
+        n_steps=1,
+        batch_size=8,
+        random_state=0,
+    ).fit(world.prompts, rm)
     ref = world.reference_probs()
     np.testing.assert_allclose(world.policy_probs(ppo), ref, rtol=1e-6, atol=0)
     out = world.evaluate(ppo, rm, BETA)
@@ -135,24 +150,33 @@ def test_policy_probs_of_an_unmoved_policy_is_the_reference(world, rm):
 
 
 def test_evaluate_a_fitted_policy_equals_its_table(world, rm):
-    ppo = PPOPolicy(model=world.policy_model(), beta=BETA, learning_rate=0.3, optimizer="sgd",
-                    n_steps=5, random_state=0).fit(world.prompts, rm)
+    ppo = PPOPolicy(
+        model=world.policy_model(),
+        beta=BETA,
+        learning_rate=0.3,
+        optimizer="sgd",
+        n_steps=5,
+        random_state=0,
+    ).fit(world.prompts, rm)
     probs = world.policy_probs(ppo)
     assert world.evaluate(probs, rm, BETA) == world.evaluate(ppo, rm, BETA)
     # The reference log-probs of the fitted policy are still pi_ref.
     prompts = [p for p in world.prompts for _ in world.responses]
     ref_lp = ppo.log_prob(prompts, world.responses * world.n_prompts, reference=True)
-    np.testing.assert_allclose(np.exp(ref_lp).reshape(world.n_prompts, 6),
-                               world.reference_probs(), rtol=1e-6)
+    np.testing.assert_allclose(
+        np.exp(ref_lp).reshape(world.n_prompts, 6), world.reference_probs(), rtol=1e-6
+    )
     # The scorer restricted to the first two questions is evaluate on those rows.
     sub = world.scorer("reward")(ppo, world.prompts[:2])
     r = world.rewards(rm)
     assert sub == pytest.approx(float((probs[:2] * r[:2]).sum(1).mean()), abs=1e-12)
     assert world.scorer("kl")(ppo, world.prompts) == pytest.approx(
-        -world.evaluate(ppo, rm, BETA)["kl"], abs=1e-12)
+        -world.evaluate(ppo, rm, BETA)["kl"], abs=1e-12
+    )
 
 
 # ----- comparisons and the reward model -------------------------------------------
+
 
 def test_comparisons_deterministic_by_seed(world):
     a = world.comparisons(300, random_state=7)
@@ -206,6 +230,7 @@ def test_reward_model_score_is_pairwise_accuracy(world, rm):
 
 # ----- over-optimisation --------------------------------------------------------------
 
+
 def test_over_optimisation_with_biased_raters(world, rm):
     # rater_bias=1: the reward model's favourite is the flattering correct answer
     # (true quality 1.4 < 2.0), so pushing harder (small beta) lowers true quality.
@@ -230,6 +255,7 @@ def test_no_over_optimisation_with_unbiased_raters():
 
 # ----- errors ---------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("n_prompts", [0, 9, -1])
 def test_bad_n_prompts(n_prompts):
     with pytest.raises(ValueError, match="n_prompts must be between 1 and 8"):
@@ -239,8 +265,7 @@ def test_bad_n_prompts(n_prompts):
 def test_n_prompts_sets_the_questions():
     one = PreferenceWorld(n_prompts=1)
     assert len(one.prompts) == 1 and one.reference_probs().shape == (1, 6)
-    np.testing.assert_allclose(one.reference_probs()[0],
-                               [0.50, 0.14, 0.12, 0.07, 0.11, 0.06])
+    np.testing.assert_allclose(one.reference_probs()[0], [0.50, 0.14, 0.12, 0.07, 0.11, 0.06])
     eight = PreferenceWorld(n_prompts=8)
     np.testing.assert_allclose(eight.reference_probs()[-1], [0.30, 0.12, 0.15, 0.14, 0.20, 0.09])
 
@@ -253,13 +278,20 @@ def test_unknown_prompts_and_responses(world, rm):
         world.features([p], ["maybe"])
     with pytest.raises(ValueError, match="not one of this world's responses"):
         rm.predict([p], ["maybe"])
-    ppo = PPOPolicy(model=world.policy_model(), n_steps=1, batch_size=4, optimizer="sgd",
-                    learning_rate=1e-3, random_state=0)
+    ppo = PPOPolicy(
+        model=world.policy_model(),
+        n_steps=1,
+        batch_size=4,
+        optimizer="sgd",
+        learning_rate=1e-3,
+        random_state=0,
+    )
     with pytest.raises(ValueError, match="not one of this world's questions"):
         ppo.fit(["Who is there?"], rm)
     with pytest.raises(ValueError, match="not one of this world's prompts"):
         world.scorer("reward", reward_model=rm, beta=BETA)(
-            ppo.fit(world.prompts, rm), ["Who is there?"])
+            ppo.fit(world.prompts, rm), ["Who is there?"]
+        )
 
 
 def test_bad_tables_and_arguments(world, rm):

@@ -12,12 +12,18 @@ import joblib
 import numpy as np
 import pytest
 import torch
+from _tiny import tiny_lm, word_tokenizer
 from sklearn.utils._param_validation import InvalidParameterError
 
-from prefopt import (AdaptiveKLController, PPOPolicy, RewardModel, RLOOPolicy, SFTPolicy,
-                     ReinforcePolicy)
+from prefopt import (
+    AdaptiveKLController,
+    PPOPolicy,
+    ReinforcePolicy,
+    RewardModel,
+    RLOOPolicy,
+    SFTPolicy,
+)
 from prefopt.worlds import PreferenceWorld
-from _tiny import tiny_lm, word_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 WORLD = PreferenceWorld(random_state=0)
@@ -30,8 +36,14 @@ def rm():
 
 
 def world_policy(cls=RLOOPolicy, **kw):
-    params = dict(model=WORLD.policy_model(), beta=0.3, learning_rate=1.0, optimizer="sgd",
-                  n_steps=6, random_state=0)
+    params = dict(
+        model=WORLD.policy_model(),
+        beta=0.3,
+        learning_rate=1.0,
+        optimizer="sgd",
+        n_steps=6,
+        random_state=0,
+    )
     params.update(kw)
     return cls(**params)
 
@@ -42,35 +54,45 @@ def strip(history):
 
 # ----- bad input -----------------------------------------------------------------------
 
-@pytest.mark.parametrize("prompts, error, match", [
-    ([], ValueError, "No prompts"),
-    (["ok", ""], ValueError, "row 1 is empty"),
-    (["ok", 3], TypeError, "row 1 is int"),
-    ("one string", TypeError, "not one string"),
-])
+
+@pytest.mark.parametrize(
+    "prompts, error, match",
+    [
+        ([], ValueError, "No prompts"),
+        (["ok", ""], ValueError, "row 1 is empty"),
+        (["ok", 3], TypeError, "row 1 is int"),
+        ("one string", TypeError, "not one string"),
+    ],
+)
 def test_bad_prompts(rm, prompts, error, match):
     with pytest.raises(error, match=match):
         world_policy().fit(prompts, rm)
 
 
-@pytest.mark.parametrize("reward, match", [
-    (lambda p, c: np.zeros(len(c) + 1), r"shape \(\d+,\) for \d+ completions"),
-    (lambda p, c: np.full(len(c), np.nan), r"step 1\) returned a non-finite value \(nan\)"),
-    (lambda p, c: np.full(len(c), np.inf), r"non-finite value \(inf\)"),
-    (lambda p, c: "good", r"must return numbers|shape"),
-])
+@pytest.mark.parametrize(
+    "reward, match",
+    [
+        (lambda p, c: np.zeros(len(c) + 1), r"shape \(\d+,\) for \d+ completions"),
+        (lambda p, c: np.full(len(c), np.nan), r"step 1\) returned a non-finite value \(nan\)"),
+        (lambda p, c: np.full(len(c), np.inf), r"non-finite value \(inf\)"),
+        (lambda p, c: "good", r"must return numbers|shape"),
+    ],
+)
 def test_bad_rewards(reward, match):
     with pytest.raises((ValueError, TypeError), match=match):
         world_policy().fit(WORLD.prompts, reward)
 
 
-@pytest.mark.parametrize("params, match", [
-    ({"k": 1}, "'k' parameter of RLOOPolicy"),
-    ({"beta": -0.1}, "'beta' parameter"),
-    ({"kl": AdaptiveKLController(target=0.0)}, "'target' parameter"),
-    ({"learning_rate": "fast"}, "'learning_rate' parameter"),
-    ({"batch_size": 30}, "multiple of k=4"),
-])
+@pytest.mark.parametrize(
+    "params, match",
+    [
+        ({"k": 1}, "'k' parameter of RLOOPolicy"),
+        ({"beta": -0.1}, "'beta' parameter"),
+        ({"kl": AdaptiveKLController(target=0.0)}, "'target' parameter"),
+        ({"learning_rate": "fast"}, "'learning_rate' parameter"),
+        ({"batch_size": 30}, "multiple of k=4"),
+    ],
+)
 def test_bad_parameters(rm, params, match):
     with pytest.raises((InvalidParameterError, ValueError), match=match):
         world_policy(**params).fit(WORLD.prompts, rm)
@@ -94,14 +116,23 @@ def test_too_long_prompt_error_and_truncation():
     reward = lambda p, c: np.zeros(len(c))  # noqa: E731
     long_prompt = "the movie was good .\n\n" + "the plot was bad . " * 8
     with pytest.raises(ValueError, match="row 1 has .* tokens, more than the 24"):
-        RLOOPolicy(model=tiny_lm(), max_new_tokens=8, n_steps=1, batch_size=4,
-                   k=2).fit(["the movie was", long_prompt], reward)
-    policy = RLOOPolicy(model=tiny_lm(), max_new_tokens=8, n_steps=1, batch_size=4, k=2,
-                        truncate_prompts=True, random_state=0).fit(["the movie was", long_prompt],
-                                                                    reward)
+        RLOOPolicy(model=tiny_lm(), max_new_tokens=8, n_steps=1, batch_size=4, k=2).fit(
+            ["the movie was", long_prompt], reward
+        )
+    policy = RLOOPolicy(
+        model=tiny_lm(),
+        max_new_tokens=8,
+        n_steps=1,
+        batch_size=4,
+        k=2,
+        truncate_prompts=True,
+        random_state=0,
+    ).fit(["the movie was", long_prompt], reward)
     # Cut at the paragraph boundary: only the first paragraph is left.
-    assert policy._prompt_tokens[1] == policy.tokenizer_("the movie was good .",
-                                                         add_special_tokens=False)["input_ids"]
+    assert (
+        policy._prompt_tokens[1]
+        == policy.tokenizer_("the movie was good .", add_special_tokens=False)["input_ids"]
+    )
 
 
 def test_comparisons_errors():
@@ -138,8 +169,9 @@ KILLED_RUN = textwrap.dedent("""
 def test_killed_run_resumes_to_the_same_result(rm, tmp_path):
     directory = str(tmp_path / "run")
     script = KILLED_RUN.format(tests=str(ROOT / "tests"), directory=directory)
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                            timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == -9, result.stderr[-2000:]  # killed mid-run
     assert sorted(os.listdir(directory)) == ["checkpoint.joblib"]  # no half-written file
     resumed = world_policy(n_steps=10, checkpoint_dir=directory, checkpoint_every=3)
@@ -165,6 +197,7 @@ def test_checkpoint_for_other_prompts_or_version_is_refused(rm, tmp_path):
 
 # ----- numerical guards ----------------------------------------------------------------
 
+
 def test_nan_reward_mid_run_names_the_step_and_keeps_the_checkpoint(tmp_path):
     calls = {"n": 0}
 
@@ -175,7 +208,8 @@ def test_nan_reward_mid_run_names_the_step_and_keeps_the_checkpoint(tmp_path):
     directory = str(tmp_path / "run")
     with pytest.raises(ValueError, match="step 5"):
         world_policy(n_steps=8, checkpoint_dir=directory, checkpoint_every=2).fit(
-            WORLD.prompts, flaky)
+            WORLD.prompts, flaky
+        )
     state = joblib.load(os.path.join(directory, "checkpoint.joblib"))
     assert state["n_iter_"] == 4 and len(state["history_"]) == 4
 
@@ -191,18 +225,29 @@ def test_low_eos_share_warns_once():
     reward = lambda p, c: np.zeros(len(c))  # noqa: E731
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        RLOOPolicy(model=tiny_lm(), k=2, batch_size=4, max_new_tokens=1, n_steps=3,
-                   random_state=0).fit(PROMPTS, reward)
+        RLOOPolicy(
+            model=tiny_lm(), k=2, batch_size=4, max_new_tokens=1, n_steps=3, random_state=0
+        ).fit(PROMPTS, reward)
     eos = [w for w in caught if "ended with EOS" in str(w.message)]
     assert len(eos) == 1
 
 
 # ----- determinism and safe persistence -------------------------------------------------
 
+
 def test_same_seed_same_run_on_cpu():
     reward = lambda p, c: np.array([x.count("good") for x in c], dtype=float)  # noqa: E731
-    runs = [PPOPolicy(model=tiny_lm(), max_new_tokens=4, batch_size=8, n_steps=3,
-                      learning_rate=1e-2, random_state=3).fit(PROMPTS, reward) for _ in range(2)]
+    runs = [
+        PPOPolicy(
+            model=tiny_lm(),
+            max_new_tokens=4,
+            batch_size=8,
+            n_steps=3,
+            learning_rate=1e-2,
+            random_state=3,
+        ).fit(PROMPTS, reward)
+        for _ in range(2)
+    ]
     assert strip(runs[0].history_) == strip(runs[1].history_)
     for p, q in zip(runs[0].model_.parameters(), runs[1].model_.parameters()):
         assert torch.equal(p, q)
@@ -223,15 +268,18 @@ def test_joblib_round_trip_same_samples_and_no_pickled_tensors(rm, tmp_path, cls
     joblib.dump(policy, path)
     loaded = joblib.load(path)
     assert loaded.sample(WORLD.prompts, n=4) == policy.sample(WORLD.prompts, n=4)
-    np.testing.assert_array_equal(loaded.log_prob(WORLD.prompts, WORLD.responses[:4]),
-                                  policy.log_prob(WORLD.prompts, WORLD.responses[:4]))
+    np.testing.assert_array_equal(
+        loaded.log_prob(WORLD.prompts, WORLD.responses[:4]),
+        policy.log_prob(WORLD.prompts, WORLD.responses[:4]),
+    )
 
 
 def test_language_model_estimators_round_trip(tmp_path):
     demos = [("the movie was", "good ."), ("the plot was", "bad .")] * 4
     sft = SFTPolicy(model=tiny_lm(), learning_rate=1e-2, n_epochs=2, random_state=0).fit(demos)
     rm = RewardModel(model=sft, normalize_samples=8, random_state=0).fit(
-        [("the movie was", "good .", "bad .")] * 8)
+        [("the movie was", "good .", "bad .")] * 8
+    )
     for est in (sft, rm):
         _NoTensorPickler(open(os.devnull, "wb")).dump(est)
         joblib.dump(est, tmp_path / "est.joblib")
@@ -239,16 +287,26 @@ def test_language_model_estimators_round_trip(tmp_path):
         if est is sft:
             assert loaded.sample(PROMPTS, n=3) == sft.sample(PROMPTS, n=3)
         else:
-            np.testing.assert_allclose(loaded.predict(PROMPTS, ["good .", "bad ."]),
-                                       rm.predict(PROMPTS, ["good .", "bad ."]), atol=1e-6)
+            np.testing.assert_allclose(
+                loaded.predict(PROMPTS, ["good .", "bad ."]),
+                rm.predict(PROMPTS, ["good .", "bad ."]),
+                atol=1e-6,
+            )
 
 
 def test_save_pretrained_loads_with_transformers(tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     reward = lambda p, c: np.array([x.count("good") for x in c], dtype=float)  # noqa: E731
-    policy = RLOOPolicy(model=tiny_lm(), k=2, batch_size=4, max_new_tokens=4, n_steps=2,
-                        learning_rate=1e-2, random_state=0).fit(PROMPTS, reward)
+    policy = RLOOPolicy(
+        model=tiny_lm(),
+        k=2,
+        batch_size=4,
+        max_new_tokens=4,
+        n_steps=2,
+        learning_rate=1e-2,
+        random_state=0,
+    ).fit(PROMPTS, reward)
     policy.save_pretrained(tmp_path / "model")
     assert (tmp_path / "model" / "model.safetensors").exists()
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "model").eval()
@@ -256,14 +314,17 @@ def test_save_pretrained_loads_with_transformers(tmp_path):
     assert tok.get_vocab() == policy.tokenizer_.get_vocab()
     completions = ["good .", "bad . the"]
     ours = policy.log_prob(PROMPTS, completions)
-    ids = [tok(p + " " + c, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
-           for p, c in zip(PROMPTS, completions)]
+    ids = [
+        tok(p + " " + c, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        for p, c in zip(PROMPTS, completions)
+    ]
     for row, (prompt, seq) in enumerate(zip(PROMPTS, ids)):
         n_prompt = len(tok(prompt, add_special_tokens=False)["input_ids"])
-        logits = model(torch.tensor([seq])).logits[0, n_prompt - 1:-1] / policy.temperature_
+        logits = model(torch.tensor([seq])).logits[0, n_prompt - 1 : -1] / policy.temperature_
         logits[:, tok.pad_token_id] = float("-inf")  # the pad token is never sampled
         lp = torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(seq[n_prompt:])[:, None])
         assert lp.sum().item() == pytest.approx(ours[row], abs=1e-4)
     with pytest.raises(TypeError, match="transformers model"):
         world_policy(n_steps=1).fit(WORLD.prompts, lambda p, c: np.zeros(len(c))).save_pretrained(
-            tmp_path / "world")
+            tmp_path / "world"
+        )

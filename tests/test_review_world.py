@@ -82,8 +82,10 @@ def test_tokenizer_round_trip_and_special_tokens(world):
         assert tok.decode(ids + [tok.eos_token_id, 0, 0], skip_special_tokens=True) == review
     assert tok("the zebra was", add_special_tokens=False)["input_ids"][1] == tok.unk_token_id
     # Leading spaces change no token, so completions tokenize alone as in the review.
-    assert (tok(" was great .", add_special_tokens=False)["input_ids"]
-            == tok("was great .", add_special_tokens=False)["input_ids"])
+    assert (
+        tok(" was great .", add_special_tokens=False)["input_ids"]
+        == tok("was great .", add_special_tokens=False)["input_ids"]
+    )
 
 
 def test_config_points_to_a_loadable_tokenizer(world, tmp_path):
@@ -122,8 +124,12 @@ def test_model_config_builds_a_gpt2_covering_the_vocabulary(world, tmp_path):
 def test_gold_reward_is_vader_on_the_completion(world):
     from vaderSentiment.vaderSentiment import SentimentIntensityAnalyzer
 
-    completions = [" was great and the acting was wonderful .", " was awful and boring .",
-                   " was long .", ""]
+    completions = [
+        " was great and the acting was wonderful .",
+        " was awful and boring .",
+        " was long .",
+        "",
+    ]
     gold = world.gold_reward(["the movie"] * 4, completions)
     assert gold.shape == (4,) and gold.dtype == np.float64
     np.testing.assert_allclose(gold, [0.8316, -0.6486, 0.0, 0.0], atol=1e-4)
@@ -167,8 +173,11 @@ def test_comparisons_are_deterministic_and_never_identical(world):
     assert set(first.prompt) <= set(world.prompts)
     check_comparisons(first)  # would raise on an identical pair
     # The world's own seed is the default.
-    assert world.comparisons(policy, 50).to_pandas().equals(
-        world.comparisons(policy, 50, random_state=0).to_pandas())
+    assert (
+        world.comparisons(policy, 50)
+        .to_pandas()
+        .equals(world.comparisons(policy, 50, random_state=0).to_pandas())
+    )
 
 
 def test_comparisons_follow_the_gold_reward(world):
@@ -176,10 +185,10 @@ def test_comparisons_follow_the_gold_reward(world):
     share = np.mean([c == " was great ." for c in data.chosen])
     assert share > 0.97
     # With random corpus pairs, raters agree with the gold sign most of the time.
-    data = world.comparisons(CorpusPolicy(world.demonstrations.completion), 2000,
-                             random_state=0)
-    gap = (world.gold_reward(data.prompt, data.chosen)
-           - world.gold_reward(data.prompt, data.rejected))
+    data = world.comparisons(CorpusPolicy(world.demonstrations.completion), 2000, random_state=0)
+    gap = world.gold_reward(data.prompt, data.chosen) - world.gold_reward(
+        data.prompt, data.rejected
+    )
     agree = np.mean(gap[gap != 0] > 0)
     assert 0.8 < agree < 0.95
 
@@ -235,8 +244,9 @@ def test_sft_on_the_demonstrations_writes_reviews_that_end():
     from prefopt.policies import SFTPolicy
 
     world = ReviewWorld(n_reviews=600, random_state=0)
-    sft = SFTPolicy(model=world.model_config(), n_epochs=8, learning_rate=3e-3, batch_size=32,
-                    random_state=0).fit(world.demonstrations)
+    sft = SFTPolicy(
+        model=world.model_config(), n_epochs=8, learning_rate=3e-3, batch_size=32, random_state=0
+    ).fit(world.demonstrations)
     held_out = ReviewWorld(n_reviews=300, random_state=1).demonstrations
     logp = sft.log_prob(held_out.prompt, held_out.completion)
     per_token = logp.sum() / sum(len(c.split()) + 1 for c in held_out.completion)

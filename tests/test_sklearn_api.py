@@ -43,8 +43,15 @@ NAMES = POLICIES + ("RewardModel", "FixedKLController", "AdaptiveKLController")
 
 def make(name, **params):
     """A small, fast instance of each estimator (3 steps of 16 rollouts for policies)."""
-    small = {"model": WORLD.policy_model(), "beta": 0.3, "learning_rate": 0.3,
-             "optimizer": "sgd", "n_steps": 3, "batch_size": 16, "random_state": 0}
+    small = {
+        "model": WORLD.policy_model(),
+        "beta": 0.3,
+        "learning_rate": 0.3,
+        "optimizer": "sgd",
+        "n_steps": 3,
+        "batch_size": 16,
+        "random_state": 0,
+    }
     est = {
         "PPOPolicy": lambda: PPOPolicy(**small),
         "RLOOPolicy": lambda: RLOOPolicy(k=4, **small),
@@ -72,8 +79,11 @@ def _same(a, b):
     """Parameter equality that also compares torch modules by their weights."""
     if isinstance(a, torch.nn.Module):
         sa, sb = a.state_dict(), b.state_dict()
-        return type(a) is type(b) and sa.keys() == sb.keys() and all(
-            torch.equal(sa[k], sb[k]) for k in sa)
+        return (
+            type(a) is type(b)
+            and sa.keys() == sb.keys()
+            and all(torch.equal(sa[k], sb[k]) for k in sa)
+        )
     if hasattr(a, "get_params"):
         return type(a) is type(b) and a.get_params() == b.get_params()
     return a == b
@@ -98,6 +108,7 @@ def _learned(est):
 
 
 # ----- clone, get_params, set_params, repr -----------------------------------------
+
 
 @pytest.mark.parametrize("name", NAMES)
 def test_clone_keeps_params(name):
@@ -161,6 +172,7 @@ def test_repr(name):
 
 # ----- fit ---------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("name", NAMES)
 def test_fit_returns_self_sets_only_underscore_attributes_and_keeps_params(name, rm):
     est = make(name)
@@ -203,16 +215,23 @@ def test_same_random_state_same_result(name, rm):
 def test_policy_methods_before_fit_raise(name, rm):
     est = make(name)
     p, y = WORLD.prompts[:1], WORLD.responses[:1]
-    for call in (lambda: est.sample(p), lambda: est.predict(p), lambda: est.score(p, rm),
-                 lambda: est.log_prob(p, y)):
+    for call in (
+        lambda: est.sample(p),
+        lambda: est.predict(p),
+        lambda: est.score(p, rm),
+        lambda: est.log_prob(p, y),
+    ):
         with pytest.raises(NotFittedError):
             call()
 
 
 def test_reward_model_methods_before_fit_raise():
     est, data = RewardModel(), WORLD.comparisons(10, random_state=0)
-    for call in (lambda: est.predict(data.prompt, data.chosen),
-                 lambda: est(data.prompt, data.chosen), lambda: est.score(data)):
+    for call in (
+        lambda: est.predict(data.prompt, data.chosen),
+        lambda: est(data.prompt, data.chosen),
+        lambda: est.score(data),
+    ):
         with pytest.raises(NotFittedError):
             call()
 
@@ -234,11 +253,11 @@ def test_fitted_policy_methods(rm):
     assert [len(s) for s in est.sample(WORLD.prompts[:2], n=5)] == [5, 5]
     # score(X) uses the reward remembered from fit; one sample per prompt.
     completions = est.predict(WORLD.prompts)
-    assert est.score(WORLD.prompts) == pytest.approx(float(np.mean(rm(WORLD.prompts,
-                                                                       completions))))
+    assert est.score(WORLD.prompts) == pytest.approx(float(np.mean(rm(WORLD.prompts, completions))))
 
 
 # ----- scikit-learn's own checks ---------------------------------------------------------
+
 
 def _expected_failed_checks(estimator):
     # None: KL controllers declare no_validation (they take no data) and the text
@@ -259,10 +278,16 @@ def test_sklearn_compatible_estimator(estimator, check):
 
 # The checks that need no data, which scikit-learn skips for text estimators.
 DATA_FREE_CHECKS = [
-    ec.check_estimator_cloneable, ec.check_estimator_tags_renamed, ec.check_valid_tag_types,
-    ec.check_estimator_repr, ec.check_no_attributes_set_in_init,
-    ec.check_do_not_raise_errors_in_init_or_set_params, ec.check_mixin_order,
-    ec.check_get_params_invariance, ec.check_set_params, ec.check_parameters_default_constructible,
+    ec.check_estimator_cloneable,
+    ec.check_estimator_tags_renamed,
+    ec.check_valid_tag_types,
+    ec.check_estimator_repr,
+    ec.check_no_attributes_set_in_init,
+    ec.check_do_not_raise_errors_in_init_or_set_params,
+    ec.check_mixin_order,
+    ec.check_get_params_invariance,
+    ec.check_set_params,
+    ec.check_parameters_default_constructible,
 ]
 
 
@@ -281,16 +306,21 @@ def test_tags_say_text_and_no_y(name):
 
 # ----- GridSearchCV --------------------------------------------------------------------
 
+
 def test_grid_search_over_beta_picks_the_moderate_one(rm):
-    template = PPOPolicy(model=WORLD.policy_model(), learning_rate=0.3, optimizer="sgd",
-                         n_steps=60, random_state=0)
-    search = GridSearchCV(template, {"beta": [0.03, 0.3, 3.0]},
-                          scoring=WORLD.scorer("true_quality"), cv=KFold(2))
+    template = PPOPolicy(
+        model=WORLD.policy_model(), learning_rate=0.3, optimizer="sgd", n_steps=60, random_state=0
+    )
+    search = GridSearchCV(
+        template, {"beta": [0.03, 0.3, 3.0]}, scoring=WORLD.scorer("true_quality"), cv=KFold(2)
+    )
     search.fit(WORLD.prompts, reward_model=rm)
     scores = search.cv_results_["mean_test_score"]
-    print(f"\ncv true quality for beta 0.03 / 0.3 / 3.0: {np.round(scores, 4).tolist()}; folds "
-          f"{np.round(search.cv_results_['split0_test_score'], 4).tolist()}, "
-          f"{np.round(search.cv_results_['split1_test_score'], 4).tolist()}")
+    print(
+        f"\ncv true quality for beta 0.03 / 0.3 / 3.0: {np.round(scores, 4).tolist()}; folds "
+        f"{np.round(search.cv_results_['split0_test_score'], 4).tolist()}, "
+        f"{np.round(search.cv_results_['split1_test_score'], 4).tolist()}"
+    )
     # Measured 1.398, 1.708, 1.262: the optimum's own true quality at these betas is
     # 1.400, 1.715, 1.263, so each candidate reached its pi* on the held-out prompts.
     assert search.best_params_ == {"beta": 0.3}
@@ -301,12 +331,14 @@ def test_grid_search_over_beta_picks_the_moderate_one(rm):
     best = search.best_estimator_
     assert best.reward_model_ is rm and best.beta == 0.3
     assert search.score(WORLD.prompts) == pytest.approx(
-        WORLD.evaluate(best, rm, 0.3)["true_quality"], abs=1e-12)
+        WORLD.evaluate(best, rm, 0.3)["true_quality"], abs=1e-12
+    )
     # Cloning for each candidate never touched the template's model.
     assert torch.count_nonzero(template.model.theta) == 0
 
 
 # ----- a fitted policy as the starting point ------------------------------------------
+
 
 def test_frozen_fitted_policy_survives_clone_without_copy(rm):
     start = fit(make("PPOPolicy"), rm)
@@ -340,8 +372,14 @@ def test_set_config_reaches_grid_search_worker_threads(rm):
     def quiet(estimator, X, y=None):  # runs in the worker: 1.0 when the setting arrived
         return float(not prefopt.get_config()["show_progress_bar"])
 
-    search = GridSearchCV(make("PPOPolicy", n_steps=1), {"beta": [0.1, 0.3]}, scoring=quiet,
-                          cv=KFold(2), n_jobs=2, refit=False)
+    search = GridSearchCV(
+        make("PPOPolicy", n_steps=1),
+        {"beta": [0.1, 0.3]},
+        scoring=quiet,
+        cv=KFold(2),
+        n_jobs=2,
+        refit=False,
+    )
     before = prefopt.get_config()["show_progress_bar"]
     prefopt.set_config(show_progress_bar=False)
     try:

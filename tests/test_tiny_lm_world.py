@@ -76,7 +76,9 @@ def test_same_seed_same_world_other_seed_other_reference():
     # A RandomState is not cached, so this also builds the reference a second time.
     a, b = TinyLMWorld(random_state=3), TinyLMWorld(random_state=np.random.RandomState(3))
     np.testing.assert_array_equal(a.reference_probs(), b.reference_probs())
-    np.testing.assert_array_equal(a.reference_probs(), TinyLMWorld(random_state=3).reference_probs())
+    np.testing.assert_array_equal(
+        a.reference_probs(), TinyLMWorld(random_state=3).reference_probs()
+    )
     c = TinyLMWorld(random_state=4)
     assert np.abs(a.reference_probs() - c.reference_probs()).max() > 0.05
 
@@ -89,8 +91,14 @@ def test_loop_samples_the_enumerated_distribution(world):
     prompt_ids = [tok(p, add_special_tokens=False)["input_ids"] for p in world.prompts]
     enc = pad_left([prompt_ids[i % 2] for i in range(n)], tok.pad_token_id)
     with torch.no_grad():
-        raw = sample(world.policy_model(), enc, max_new_tokens=world.max_len, temperature=1.0,
-                     generator=make_generator(0), suppress_ids=(tok.pad_token_id,))
+        raw = sample(
+            world.policy_model(),
+            enc,
+            max_new_tokens=world.max_len,
+            temperature=1.0,
+            generator=make_generator(0),
+            suppress_ids=(tok.pad_token_id,),
+        )
     ids, mask, _ = truncate_after_eos(raw, tok.eos_token_id, tok.pad_token_id)
     index = {r: j for j, r in enumerate(world.response_ids)}
     counts = np.zeros((2, len(world.responses)))
@@ -103,8 +111,15 @@ def test_loop_samples_the_enumerated_distribution(world):
 
 
 def test_policy_log_prob_is_exact_and_matches_the_world(world):
-    policy = RLOOPolicy(model=world.policy_model(), beta=BETA, k=2, learning_rate=1e-3,
-                        n_steps=1, batch_size=4, random_state=0).fit(world.prompts, world.reward)
+    policy = RLOOPolicy(
+        model=world.policy_model(),
+        beta=BETA,
+        k=2,
+        learning_rate=1e-3,
+        n_steps=1,
+        batch_size=4,
+        random_state=0,
+    ).fit(world.prompts, world.reward)
     assert policy.temperature_ == 1.0 and policy.max_new_tokens_ == world.max_len
     prompts = [p for p in world.prompts for _ in world.response_ids]
     completions = [list(r) for r in world.response_ids] * 2
@@ -114,9 +129,15 @@ def test_policy_log_prob_is_exact_and_matches_the_world(world):
     np.testing.assert_allclose(probs.sum(1), 1.0, atol=1e-5)
     np.testing.assert_allclose(probs, world.model_probs(policy.model_), atol=1e-6)
     assert np.abs(probs - world.reference_probs()).max() > 1e-4  # one step moved it
-    hot = RLOOPolicy(model=world.policy_model(), k=2, learning_rate=1e-3, n_steps=1,
-                     batch_size=2, temperature=0.7, random_state=0).fit(world.prompts[:1],
-                                                                       world.reward)
+    hot = RLOOPolicy(
+        model=world.policy_model(),
+        k=2,
+        learning_rate=1e-3,
+        n_steps=1,
+        batch_size=2,
+        temperature=0.7,
+        random_state=0,
+    ).fit(world.prompts[:1], world.reward)
     with pytest.raises(ValueError, match="temperature 0.7"):
         world.policy_probs(hot)
 
@@ -135,8 +156,15 @@ def test_gold_reward_and_missing_eos_rule(world):
 
 def test_optimum_equals_brute_force_tilt(world):
     ref = world.reference_probs()
-    r = np.array([[world.reward([p], [c])[0] if e else -1.0
-                   for c, e in zip(world.responses, world.ended_)] for p in world.prompts])
+    r = np.array(
+        [
+            [
+                world.reward([p], [c])[0] if e else -1.0
+                for c, e in zip(world.responses, world.ended_)
+            ]
+            for p in world.prompts
+        ]
+    )
     unnorm = ref * np.exp(r / BETA)
     brute = unnorm / unnorm.sum(1, keepdims=True)
     best = world.optimal_probs(world.reward, BETA)
@@ -166,9 +194,11 @@ def test_optimum_equals_brute_force_tilt(world):
 
 def test_objective_share_is_zero_at_reference_and_one_at_optimum(world):
     assert world.objective_share(world.reference_probs(), world.reward, BETA) == pytest.approx(
-        0.0, abs=1e-12)
+        0.0, abs=1e-12
+    )
     assert world.objective_share(world.policy_model(), world.reward, BETA) == pytest.approx(
-        0.0, abs=1e-6)
+        0.0, abs=1e-6
+    )
     best = world.optimal_probs(world.reward, BETA)
     assert world.objective_share(best, world.reward, BETA) == pytest.approx(1.0, abs=1e-12)
     ref = world.evaluate(world.reference_probs(), world.reward, BETA)
@@ -207,9 +237,11 @@ def test_algorithms_reach_ninety_percent_of_the_achievable_objective(world, cls,
     share = world.objective_share(policy, world.reward, BETA)
     reached = world.evaluate(policy, world.reward, BETA)
     best = world.optimum(world.reward, BETA)
-    print(f"\n{cls.__name__}: share {share:.3f} of the achievable objective in {seconds:.1f}s "
-          f"(objective {reached['objective']:.3f} vs optimum {best['objective']:.3f}, "
-          f"kl {reached['kl']:.3f} vs {best['kl']:.3f})")
+    print(
+        f"\n{cls.__name__}: share {share:.3f} of the achievable objective in {seconds:.1f}s "
+        f"(objective {reached['objective']:.3f} vs optimum {best['objective']:.3f}, "
+        f"kl {reached['kl']:.3f} vs {best['kl']:.3f})"
+    )
     assert share >= 0.9
     # Not by luck on a single number: both E[r] and KL are near the optimum's.
     assert abs(reached["reward"] - best["reward"]) < 0.15

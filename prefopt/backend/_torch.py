@@ -98,13 +98,16 @@ def adamw(params, lr: float) -> torch.optim.Optimizer:
 def gradient_step(optimizer, loss, *, who: str, step: int, max_grad_norm=None) -> None:
     """One optimiser step, refusing a non-finite loss with an error that names the step."""
     if not torch.isfinite(loss):
-        raise FloatingPointError(f"{who}: the loss became {loss.item()} at step {step}; lower "
-                                 "learning_rate or check the data and the reward.")
+        raise FloatingPointError(
+            f"{who}: the loss became {loss.item()} at step {step}; lower "
+            "learning_rate or check the data and the reward."
+        )
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     if max_grad_norm is not None:
         torch.nn.utils.clip_grad_norm_(
-            [p for group in optimizer.param_groups for p in group["params"]], max_grad_norm)
+            [p for group in optimizer.param_groups for p in group["params"]], max_grad_norm
+        )
     optimizer.step()
 
 

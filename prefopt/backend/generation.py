@@ -32,7 +32,7 @@ class EncodedPrompts:
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
 
-    def __getitem__(self, index) -> "EncodedPrompts":
+    def __getitem__(self, index) -> EncodedPrompts:
         return EncodedPrompts(self.input_ids[index], self.attention_mask[index])
 
     def __len__(self) -> int:
@@ -67,13 +67,15 @@ def encode_prompts(tokenizer, prompts, *, max_length: int | None = None) -> Enco
     rows = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
     for i, ids in enumerate(rows):
         if len(ids) == 0:
-            raise ValueError(f"Prompt at row {i} ({prompts[i]!r}) has no tokens; "
-                             "remove it or give it some text.")
+            raise ValueError(
+                f"Prompt at row {i} ({prompts[i]!r}) has no tokens; remove it or give it some text."
+            )
         if max_length is not None and len(ids) > max_length:
             raise ValueError(
                 f"Prompt at row {i} has {len(ids)} tokens, more than the {max_length} "
                 "that fit in the model's context with the response; shorten it or "
-                "lower max_new_tokens.")
+                "lower max_new_tokens."
+            )
     return pad_left(rows, tokenizer.pad_token_id)
 
 
@@ -84,8 +86,8 @@ def pad_left(rows, pad_token_id: int) -> EncodedPrompts:
     mask = torch.zeros((len(rows), width), dtype=torch.long)
     for i, r in enumerate(rows):
         if r:
-            ids[i, width - len(r):] = torch.as_tensor(r, dtype=torch.long)
-            mask[i, width - len(r):] = 1
+            ids[i, width - len(r) :] = torch.as_tensor(r, dtype=torch.long)
+            mask[i, width - len(r) :] = 1
     return EncodedPrompts(ids, mask)
 
 
@@ -96,8 +98,8 @@ def pad_right(rows, pad_token_id: int, width: int | None = None):
     mask = torch.zeros((len(rows), width), dtype=torch.long)
     for i, r in enumerate(rows):
         r = r[:width]
-        ids[i, :len(r)] = torch.as_tensor(r, dtype=torch.long)
-        mask[i, :len(r)] = 1
+        ids[i, : len(r)] = torch.as_tensor(r, dtype=torch.long)
+        mask[i, : len(r)] = 1
     return ids, mask
 
 
@@ -110,10 +112,11 @@ def _forward_logits(model, input_ids, attention_mask, position_ids, **kwargs):
     # Pad ids may lie outside the embedding matrix (the pad token is added without
     # resizing, implementation detail 1B); they are masked, so any valid id will do.
     # With a KV cache the mask covers the whole sequence but the ids only the new tokens.
-    ids = input_ids.masked_fill(attention_mask[:, -input_ids.shape[1]:] == 0, 0)
+    ids = input_ids.masked_fill(attention_mask[:, -input_ids.shape[1] :] == 0, 0)
     with autocast(ids.device):
-        return model(input_ids=ids, attention_mask=attention_mask,
-                     position_ids=position_ids, **kwargs)
+        return model(
+            input_ids=ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs
+        )
 
 
 def _cache_of(model, out):
@@ -166,8 +169,9 @@ def draw_tokens(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor
     """
     cdf = probs.double().cumsum(-1)
     total = cdf[:, -1:]
-    u = torch.rand((probs.shape[0], 1), generator=generator, dtype=torch.float64,
-                   device=generator.device).to(probs.device)
+    u = torch.rand(
+        (probs.shape[0], 1), generator=generator, dtype=torch.float64, device=generator.device
+    ).to(probs.device)
     # u < 1, but u * total may round up to total; stay strictly below it, so the draw
     # lands on a token of positive probability (trailing zeros repeat the total).
     v = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
@@ -175,9 +179,17 @@ def draw_tokens(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor
 
 
 @torch.no_grad()
-def sample(model, prompts: EncodedPrompts, *, max_new_tokens: int, temperature: float,
-           generator: torch.Generator, suppress_ids=(), return_logprobs: bool = False,
-           eos_token_id: int | None = None):
+def sample(
+    model,
+    prompts: EncodedPrompts,
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    generator: torch.Generator,
+    suppress_ids=(),
+    return_logprobs: bool = False,
+    eos_token_id: int | None = None,
+):
     """Sample exactly ``max_new_tokens`` tokens per prompt with a KV cache.
 
     Sampling never stops early at EOS (fixed-length sampling, as the original
@@ -228,17 +240,25 @@ def sample(model, prompts: EncodedPrompts, *, max_new_tokens: int, temperature: 
     n, width = ids.shape
     device = ids.device
     # The attention mask of the whole sequence, made once; step t passes a view of it.
-    full_mask = torch.cat([prompts.attention_mask,
-                           prompts.attention_mask.new_ones((n, max_new_tokens))], dim=1)
+    full_mask = torch.cat(
+        [prompts.attention_mask, prompts.attention_mask.new_ones((n, max_new_tokens))], dim=1
+    )
     positions = position_ids_from_mask(prompts.attention_mask)
     # The prompt's pass needs the logits of its last position only.
     keep = {"logits_to_keep": 1} if _accepts(model, "logits_to_keep") else {}
     out = _forward_logits(model, ids, prompts.attention_mask, positions, use_cache=True, **keep)
     cache_arg, past = _cache_of(model, out)
-    suppress = (torch.as_tensor(sorted(set(suppress_ids)), dtype=torch.long, device=device)
-                if suppress_ids else None)
-    tokens = torch.full((n, max_new_tokens), 0 if eos_token_id is None else eos_token_id,
-                        dtype=torch.long, device=device)
+    suppress = (
+        torch.as_tensor(sorted(set(suppress_ids)), dtype=torch.long, device=device)
+        if suppress_ids
+        else None
+    )
+    tokens = torch.full(
+        (n, max_new_tokens),
+        0 if eos_token_id is None else eos_token_id,
+        dtype=torch.long,
+        device=device,
+    )
     logprobs = torch.zeros((n, max_new_tokens), device=device) if return_logprobs else None
     done = torch.zeros(n, dtype=torch.bool, device=device)
     next_position = positions[:, -1:] + 1
@@ -251,30 +271,29 @@ def sample(model, prompts: EncodedPrompts, *, max_new_tokens: int, temperature: 
             logits.index_fill_(-1, suppress, float("-inf"))
         logp = F.log_softmax(logits, dim=-1)
         token = draw_tokens(logp.exp(), generator)
-        tokens[:, step:step + 1] = token
+        tokens[:, step : step + 1] = token
         if return_logprobs:
-            logprobs[:, step:step + 1] = logp.gather(-1, token)
+            logprobs[:, step : step + 1] = logp.gather(-1, token)
         if eos_token_id is not None:
             done |= token.squeeze(1) == eos_token_id
             if bool(done.all()):
                 break  # the rest stays EOS (log-prob 0): discarded by truncate_after_eos
         if step == max_new_tokens - 1:
             break
-        mask = full_mask[:, :width + step + 1]
+        mask = full_mask[:, : width + step + 1]
         if past is not None:
             # Sampled ids are real tokens (mask 1): no pad replacement needed here.
-            args = dict(input_ids=token, position_ids=next_position + step, use_cache=True,
-                        **keep)
+            args = dict(input_ids=token, position_ids=next_position + step, use_cache=True, **keep)
             with autocast(device):
                 if ready is not None and model not in _READY_MASK_OK:
                     out = _check_ready_mask(model, args, cache_arg, past, mask, ready)
                     ready = ready if _READY_MASK_OK[model] else None
                 else:
-                    step_mask = mask if ready is None else ready[..., :mask.shape[1]]
+                    step_mask = mask if ready is None else ready[..., : mask.shape[1]]
                     out = model(attention_mask=step_mask, **args, **{cache_arg: past})
             past = _cache_of(model, out)[1]
         else:  # a model without a cache: recompute the whole sequence
-            seq = torch.cat([ids, tokens[:, :step + 1]], dim=1)
+            seq = torch.cat([ids, tokens[:, : step + 1]], dim=1)
             out = _forward_logits(model, seq, mask, position_ids_from_mask(mask))
     if return_logprobs:
         return tokens, logprobs
@@ -283,7 +302,7 @@ def sample(model, prompts: EncodedPrompts, *, max_new_tokens: int, temperature: 
 
 # Models checked to read a ready 4D mask at a decode step as they read the 2D padding
 # mask (weakly keyed: an entry goes with its model).
-_READY_MASK_OK: "weakref.WeakKeyDictionary[torch.nn.Module, bool]" = weakref.WeakKeyDictionary()
+_READY_MASK_OK: weakref.WeakKeyDictionary[torch.nn.Module, bool] = weakref.WeakKeyDictionary()
 
 
 def _may_take_ready_mask(model) -> bool:
@@ -291,14 +310,17 @@ def _may_take_ready_mask(model) -> bool:
 
     transformers models build their attention mask with ``masking_utils``, which
     returns a 4D mask as it is, and SDPA reads it as given (a boolean mask means
-    "may attend", a float mask is added to the scores). Sliding-window or chunked attention, other attention kernels and
-    code outside transformers keep the 2D mask. A model that passes is still
-    checked once (:func:`_check_ready_mask`).
+    "may attend", a float mask is added to the scores). Sliding-window or chunked
+    attention, other attention kernels and code outside transformers keep the 2D
+    mask. A model that passes is still checked once (:func:`_check_ready_mask`).
     """
     config = getattr(model, "config", None)
-    if (config is None or not type(model).__module__.startswith("transformers.models.")
-            or getattr(config, "_attn_implementation", None) != "sdpa"
-            or getattr(config, "is_encoder_decoder", False)):
+    if (
+        config is None
+        or not type(model).__module__.startswith("transformers.models.")
+        or getattr(config, "_attn_implementation", None) != "sdpa"
+        or getattr(config, "is_encoder_decoder", False)
+    ):
         return False
     if any(getattr(config, key, None) for key in ("sliding_window", "attention_chunk_size")):
         return False
@@ -328,18 +350,17 @@ def _check_ready_mask(model, args: dict, cache_arg: str, past, mask, ready):
     trial_cache = copy.deepcopy(past)
     out = model(attention_mask=mask, **args, **{cache_arg: past})
     try:
-        trial = model(attention_mask=ready[..., :mask.shape[1]], **args,
-                      **{cache_arg: trial_cache})
-        ok = bool(torch.allclose(out.logits.float(), trial.logits.float(),
-                                 atol=1e-4, rtol=1e-4))
+        trial = model(
+            attention_mask=ready[..., : mask.shape[1]], **args, **{cache_arg: trial_cache}
+        )
+        ok = bool(torch.allclose(out.logits.float(), trial.logits.float(), atol=1e-4, rtol=1e-4))
     except Exception:  # noqa: BLE001 - any failure means "keep the 2D mask"
         ok = False
     _READY_MASK_OK[model] = ok
     return out
 
 
-def truncate_after_eos(response_ids: torch.Tensor, eos_token_id: int | None,
-                       pad_token_id: int):
+def truncate_after_eos(response_ids: torch.Tensor, eos_token_id: int | None, pad_token_id: int):
     """Keep each response up to and including its first EOS; pad the rest.
 
     Parameters
@@ -368,8 +389,11 @@ def truncate_after_eos(response_ids: torch.Tensor, eos_token_id: int | None,
     """
     if eos_token_id is None:
         mask = torch.ones_like(response_ids)
-        return response_ids, mask, torch.ones(response_ids.shape[0], dtype=torch.bool,
-                                              device=response_ids.device)
+        return (
+            response_ids,
+            mask,
+            torch.ones(response_ids.shape[0], dtype=torch.bool, device=response_ids.device),
+        )
     is_eos = response_ids == eos_token_id
     ended = is_eos.any(dim=1)
     # Tokens strictly after the first EOS: cumulative count of EOS before them > 0.
@@ -378,9 +402,16 @@ def truncate_after_eos(response_ids: torch.Tensor, eos_token_id: int | None,
     return response_ids.masked_fill(after, pad_token_id), mask, ended
 
 
-def response_logprobs(model, prompts: EncodedPrompts, response_ids: torch.Tensor,
-                      response_mask: torch.Tensor, *, temperature: float,
-                      suppress_ids=(), with_entropy: bool = False):
+def response_logprobs(
+    model,
+    prompts: EncodedPrompts,
+    response_ids: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    temperature: float,
+    suppress_ids=(),
+    with_entropy: bool = False,
+):
     """Per-token log-probabilities of responses under ``model``.
 
     One forward pass over ``[left-padded prompt | response]``; logits are divided
@@ -421,7 +452,7 @@ def response_logprobs(model, prompts: EncodedPrompts, response_ids: torch.Tensor
     # layer: transformers models compute just those with logits_to_keep.
     keep = {"logits_to_keep": n_response + 1} if _accepts(model, "logits_to_keep") else {}
     out = _forward_logits(model, input_ids, mask, position_ids_from_mask(mask), **keep)
-    logits = out.logits[:, -(n_response + 1):-1].float() / temperature
+    logits = out.logits[:, -(n_response + 1) : -1].float() / temperature
     if suppress_ids:  # in place: the division's output is not needed for its backward
         logits[..., list(suppress_ids)] = float("-inf")
     logp_all = F.log_softmax(logits, dim=-1)
@@ -440,7 +471,7 @@ def _accepts(model, name: str) -> bool:
     return name in _forward_parameters(type(model))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _forward_parameters(cls) -> frozenset:
     """Names ``cls.forward`` takes (cached: signatures are slow to read, once a token)."""
     try:
@@ -459,4 +490,4 @@ def sequence_values(value_model, prompts: EncodedPrompts, response_ids, response
     input_ids = torch.cat([prompts.input_ids, response_ids], dim=1)
     mask = torch.cat([prompts.attention_mask, response_mask.long()], dim=1)
     values = _forward_logits(value_model, input_ids, mask, position_ids_from_mask(mask))
-    return values[:, n_prompt - 1:-1].float()
+    return values[:, n_prompt - 1 : -1].float()

@@ -32,9 +32,16 @@ def disable_dropout(model: nn.Module) -> nn.Module:
         if isinstance(module, nn.Dropout) or "Dropout" in type(module).__name__:
             if hasattr(module, "p"):
                 module.p = 0.0
-    for attr in ("attn_pdrop", "resid_pdrop", "embd_pdrop", "hidden_dropout_prob",
-                 "attention_probs_dropout_prob", "dropout", "attention_dropout",
-                 "summary_first_dropout"):
+    for attr in (
+        "attn_pdrop",
+        "resid_pdrop",
+        "embd_pdrop",
+        "hidden_dropout_prob",
+        "attention_probs_dropout_prob",
+        "dropout",
+        "attention_dropout",
+        "summary_first_dropout",
+    ):
         config = getattr(model, "config", None)
         if config is not None and isinstance(getattr(config, attr, None), float):
             setattr(config, attr, 0.0)
@@ -43,8 +50,7 @@ def disable_dropout(model: nn.Module) -> nn.Module:
 
 # Activation modules that compute GELU's tanh approximation with several tensor ops in
 # Python; ``nn.GELU(approximate="tanh")`` is the same function as one fused kernel.
-_TANH_GELU_MODULES = ("NewGELUActivation", "FastGELUActivation", "GELUTanh",
-                      "PytorchGELUTanh")
+_TANH_GELU_MODULES = ("NewGELUActivation", "FastGELUActivation", "GELUTanh", "PytorchGELUTanh")
 
 
 def fuse_activations(model: nn.Module) -> int:
@@ -176,8 +182,12 @@ class ScalarHeadModel(nn.Module):
     torch.Size([2, 3])
     """
 
-    def __init__(self, backbone: nn.Module, head_std: float | None = None,
-                 generator: torch.Generator | None = None):
+    def __init__(
+        self,
+        backbone: nn.Module,
+        head_std: float | None = None,
+        generator: torch.Generator | None = None,
+    ):
         super().__init__()
         self.backbone = backbone
         d_model = hidden_size(backbone)
@@ -192,8 +202,9 @@ class ScalarHeadModel(nn.Module):
         return self.backbone.config
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, **kwargs):
-        out = self.backbone(input_ids=input_ids, attention_mask=attention_mask,
-                            position_ids=position_ids)
+        out = self.backbone(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
+        )
         hidden = out.last_hidden_state
         return self.head(hidden.to(self.head.weight.dtype)).squeeze(-1)
 
@@ -251,8 +262,10 @@ def load_causal_lm(model, tokenizer=None, *, seed: int = 0):
     from transformers import AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
 
     if model is None:
-        raise ValueError("No model was given: pass model= a path, a transformers config, a "
-                         "torch module or a fitted prefopt policy.")
+        raise ValueError(
+            "No model was given: pass model= a path, a transformers config, a "
+            "torch module or a fitted prefopt policy."
+        )
     if type(model).__name__ == "FrozenEstimator":
         model = model.estimator
     if hasattr(model, "model_") and hasattr(model, "tokenizer_"):
@@ -279,19 +292,25 @@ def load_causal_lm(model, tokenizer=None, *, seed: int = 0):
             f"model is an unfitted {type(model).__name__}: fit it first, then pass the fitted "
             "estimator (prefopt keeps a fitted model= as it is when a search clones the "
             "estimator; with scikit-learn's plain clone, wrap it in "
-            "sklearn.frozen.FrozenEstimator).")
+            "sklearn.frozen.FrozenEstimator)."
+        )
     else:
-        raise TypeError(f"model must be a path, a transformers config, a torch module or a "
-                        f"fitted prefopt policy; got {type(model).__name__}.")
+        raise TypeError(
+            f"model must be a path, a transformers config, a torch module or a "
+            f"fitted prefopt policy; got {type(model).__name__}."
+        )
     if tokenizer is not None:
         tok = AutoTokenizer.from_pretrained(tokenizer) if isinstance(tokenizer, str) else tokenizer
     if tok is None:
-        raise ValueError("No tokenizer: pass tokenizer= (a path or a tokenizer object) with "
-                         "this model.")
+        raise ValueError(
+            "No tokenizer: pass tokenizer= (a path or a tokenizer object) with this model."
+        )
     if getattr(tok, "eos_token_id", None) is None and not getattr(module, "fixed_length", False):
-        raise ValueError("The tokenizer has no EOS token; responses could never end. Set "
-                         "tokenizer.eos_token (e.g. tokenizer.add_special_tokens({'eos_token': "
-                         "'</s>'})) and make sure the model knows it.")
+        raise ValueError(
+            "The tokenizer has no EOS token; responses could never end. Set "
+            "tokenizer.eos_token (e.g. tokenizer.add_special_tokens({'eos_token': "
+            "'</s>'})) and make sure the model knows it."
+        )
     fuse_activations(module)  # the copy is ours: same function, one kernel
     return module, tok
 

@@ -35,7 +35,9 @@ def join_right_padded(prompt_rows, response_rows, pad_token_id: int):
 
 def unpad(prompts: EncodedPrompts, response_ids, response_mask):
     """Token lists of left-padded prompts and masked responses (for re-padding)."""
-    p = [r[m.bool()].tolist() for r, m in zip(prompts.input_ids.cpu(), prompts.attention_mask.cpu())]
+    p = [
+        r[m.bool()].tolist() for r, m in zip(prompts.input_ids.cpu(), prompts.attention_mask.cpu())
+    ]
     q = [r[m.bool()].tolist() for r, m in zip(response_ids.cpu(), response_mask.cpu())]
     return p, q
 
@@ -44,6 +46,9 @@ def score_sequences(model, input_ids, attention_mask, last_index) -> torch.Tenso
     """Run a scalar-head model and read its output at ``last_index`` of each row."""
     ids = input_ids.masked_fill(attention_mask == 0, 0)
     with autocast(ids.device):
-        values = model(input_ids=ids, attention_mask=attention_mask,
-                       position_ids=position_ids_from_mask(attention_mask))
+        values = model(
+            input_ids=ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids_from_mask(attention_mask),
+        )
     return values.float()[torch.arange(ids.shape[0], device=ids.device), last_index]

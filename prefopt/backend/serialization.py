@@ -68,12 +68,17 @@ def dump_module(module: nn.Module) -> dict:
     weights = st_save(_tensors(module))
     if isinstance(module, PreTrainedModel):
         generation = getattr(module, "generation_config", None)
-        extra = {k: v for k, v in vars(module).items()
-                 if k == "tokenizer" or k == "fixed_length"}
-        return {"kind": "transformers", "class": _qualname(module),
-                "config_class": _qualname(module.config), "config": module.config.to_dict(),
-                "generation_config": None if generation is None else generation.to_dict(),
-                "extra": extra, "weights": weights, "device": str(device)}
+        extra = {k: v for k, v in vars(module).items() if k == "tokenizer" or k == "fixed_length"}
+        return {
+            "kind": "transformers",
+            "class": _qualname(module),
+            "config_class": _qualname(module.config),
+            "config": module.config.to_dict(),
+            "generation_config": None if generation is None else generation.to_dict(),
+            "extra": extra,
+            "weights": weights,
+            "device": str(device),
+        }
     # Tied (shared) parameters: remember which names alias which, to re-tie them on load.
     first, aliases = {}, {}
     for name, param in module.named_parameters(remove_duplicate=False):
@@ -82,8 +87,13 @@ def dump_module(module: nn.Module) -> dict:
         else:
             first[id(param)] = name
     skeleton = copy.deepcopy(module).to("meta")
-    return {"kind": "skeleton", "skeleton": skeleton, "weights": weights, "aliases": aliases,
-            "device": str(device)}
+    return {
+        "kind": "skeleton",
+        "skeleton": skeleton,
+        "weights": weights,
+        "aliases": aliases,
+        "device": str(device),
+    }
 
 
 def load_module(state: dict, device=None) -> nn.Module:
@@ -105,14 +115,16 @@ def load_module(state: dict, device=None) -> nn.Module:
             owner, _, attr = alias.rpartition(".")
             setattr(module.get_submodule(owner), attr, module.get_parameter(name))
     else:
-        raise ValueError(f"Unknown module format {state['kind']!r}; this file was written by "
-                         "another prefopt version.")
+        raise ValueError(
+            f"Unknown module format {state['kind']!r}; this file was written by "
+            "another prefopt version."
+        )
     params = dict(module.named_parameters())
     buffers = dict(module.named_buffers())
     with torch.no_grad():
         for name, value in tensors.items():
             if name.startswith("buffer::"):
-                target = buffers.get(name[len("buffer::"):])
+                target = buffers.get(name[len("buffer::") :])
             else:
                 target = params.get(name)
             if target is None:
@@ -142,13 +154,18 @@ def dump_state(obj) -> dict:
         elif isinstance(value, torch.optim.Optimizer):
             out[key] = {_OPTIMIZER_KEY: dump_optimizer(value)}
         elif isinstance(value, torch.Generator):
-            out[key] = {_GENERATOR_KEY: value.get_state().numpy().tobytes(),
-                        "device": str(value.device)}
+            out[key] = {
+                _GENERATOR_KEY: value.get_state().numpy().tobytes(),
+                "device": str(value.device),
+            }
         elif key == "reward_model_" and not _picklable(value):
-            warnings.warn(f"The reward given to {type(obj).__name__}.fit ({value!r}) cannot be "
-                          "pickled (a lambda or local function?); it is not saved. After "
-                          "loading, pass it again: score(X, y=reward) or fit(..., reward).",
-                          UserWarning, stacklevel=3)
+            warnings.warn(
+                f"The reward given to {type(obj).__name__}.fit ({value!r}) cannot be "
+                "pickled (a lambda or local function?); it is not saved. After "
+                "loading, pass it again: score(X, y=reward) or fit(..., reward).",
+                UserWarning,
+                stacklevel=3,
+            )
             out[key] = None
         else:
             out[key] = value
@@ -174,7 +191,8 @@ def restore_state(obj, state: dict, make_optimizer=None) -> None:
         raise ValueError(
             f"This {type(obj).__name__} was saved in prefopt format {version!r}, but this "
             f"prefopt reads format {FORMAT_VERSION}; load it with the prefopt version that "
-            "wrote it, or refit.")
+            "wrote it, or refit."
+        )
     optimizers = {}
     for key, value in state.items():
         if key == "__prefopt_format__":
@@ -186,8 +204,9 @@ def restore_state(obj, state: dict, make_optimizer=None) -> None:
             continue
         elif isinstance(value, dict) and _GENERATOR_KEY in value:
             generator = torch.Generator(device=value["device"])
-            generator.set_state(torch.frombuffer(bytearray(value[_GENERATOR_KEY]),
-                                                 dtype=torch.uint8))
+            generator.set_state(
+                torch.frombuffer(bytearray(value[_GENERATOR_KEY]), dtype=torch.uint8)
+            )
             value = generator
         obj.__dict__[key] = value
     for key, saved in optimizers.items():

@@ -8,5 +8,12 @@ from .reinforce import ReinforcePolicy
 from .rloo import RLOOPolicy
 from .sft import SFTPolicy
 
-__all__ = ["BasePolicy", "RolloutBatch", "PPOPolicy", "RLOOPolicy", "ReinforcePolicy",
-           "RAFTPolicy", "SFTPolicy"]
+__all__ = [
+    "BasePolicy",
+    "RolloutBatch",
+    "PPOPolicy",
+    "RLOOPolicy",
+    "ReinforcePolicy",
+    "RAFTPolicy",
+    "SFTPolicy",
+]

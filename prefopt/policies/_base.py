@@ -53,9 +53,6 @@ from ._lm import GenerativeEstimator
 logger = logging.getLogger("prefopt")
 
 
-
-
-
 _COMMON_CONSTRAINTS = {
     "model": "no_validation",
     "tokenizer": "no_validation",
@@ -105,8 +102,9 @@ def _with_lora(model, lora):
         raise ImportError("lora= needs the peft package: pip install 'prefopt[lora]'.") from None
     config = LoraConfig(**lora) if isinstance(lora, dict) else lora
     if not getattr(config, "target_modules", None):
-        raise ValueError("lora= needs target_modules, e.g. {'r': 8, 'target_modules': "
-                         "['c_attn']} for GPT-2.")
+        raise ValueError(
+            "lora= needs target_modules, e.g. {'r': 8, 'target_modules': ['c_attn']} for GPT-2."
+        )
     return get_peft_model(model, copy.deepcopy(config))
 
 
@@ -122,8 +120,13 @@ class BasePolicy(GenerativeEstimator):
     def _advantages(self, batch: RolloutBatch) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def _loss(self, batch: RolloutBatch, rows: torch.Tensor, logprobs: torch.Tensor,
-              values: torch.Tensor | None):  # pragma: no cover - abstract
+    def _loss(
+        self,
+        batch: RolloutBatch,
+        rows: torch.Tensor,
+        logprobs: torch.Tensor,
+        values: torch.Tensor | None,
+    ):  # pragma: no cover - abstract
         raise NotImplementedError
 
     def _make_value_model(self, model, reward):
@@ -171,14 +174,20 @@ class BasePolicy(GenerativeEstimator):
         prompts = check_prompts(X)
         reward = reward_model if reward_model is not None else y
         if reward is None:
-            raise ValueError(f"{type(self).__name__}.fit needs a reward: fit(prompts, "
-                             "reward_model) or fit(prompts, reward_model=...).")
+            raise ValueError(
+                f"{type(self).__name__}.fit needs a reward: fit(prompts, "
+                "reward_model) or fit(prompts, reward_model=...)."
+            )
         if not callable(reward):
-            raise TypeError("The reward must be callable as reward(prompts, completions); "
-                            f"got {type(reward).__name__}.")
+            raise TypeError(
+                "The reward must be callable as reward(prompts, completions); "
+                f"got {type(reward).__name__}."
+            )
         if self.batch_size % self._k:
-            raise ValueError(f"batch_size={self.batch_size} must be a multiple of k={self._k} "
-                             "(k samples are drawn for each prompt).")
+            raise ValueError(
+                f"batch_size={self.batch_size} must be a multiple of k={self._k} "
+                "(k samples are drawn for each prompt)."
+            )
         prompts_key = _fingerprint(prompts)
         if not load_checkpoint(self, prompts_key):
             if not (self.warm_start and hasattr(self, "model_")):
@@ -187,9 +196,11 @@ class BasePolicy(GenerativeEstimator):
             self._stream = np.zeros(0, dtype=int)
             self._prompts_key = prompts_key
         self.reward_model_ = reward
-        self._scores_tokens = (hasattr(reward, "score_tokens")
-                               and getattr(reward, "tokenizer_", None) is not None
-                               and reward.tokenizer_.get_vocab() == self.tokenizer_.get_vocab())
+        self._scores_tokens = (
+            hasattr(reward, "score_tokens")
+            and getattr(reward, "tokenizer_", None) is not None
+            and reward.tokenizer_.get_vocab() == self.tokenizer_.get_vocab()
+        )
         self._eos_warned = False
         self._prompts = prompts
         self._prompt_tokens = self._tokenize_prompts(prompts)
@@ -213,12 +224,16 @@ class BasePolicy(GenerativeEstimator):
             self.ref_model_ = None
         else:
             self.ref_model_ = frozen_copy(model)
-        self.value_model_ = None if value_model is None else disable_dropout(value_model).to(
-            self.device_).eval()
+        self.value_model_ = (
+            None if value_model is None else disable_dropout(value_model).to(self.device_).eval()
+        )
         self.kl_ = clone(self.kl) if self.kl is not None else FixedKLController()
         self.beta_ = self.kl_.start(self.beta).beta_
-        self.learning_rate_ = float(self.learning_rate) if self.learning_rate is not None else \
-            default_learning_rate(model, large=3e-6)
+        self.learning_rate_ = (
+            float(self.learning_rate)
+            if self.learning_rate is not None
+            else default_learning_rate(model, large=3e-6)
+        )
         self.optimizer_ = self._make_optimizer()
         self._generator = make_generator(int(seeds[1]))
         self._rng = np.random.RandomState(int(seeds[2]))
@@ -243,7 +258,7 @@ class BasePolicy(GenerativeEstimator):
         """Parameters of the policy and the value model, each once (a trunk may be shared)."""
         seen, params = set(), []
         for module in (self.model_, self.value_model_):
-            for p in ([] if module is None else module.parameters()):
+            for p in [] if module is None else module.parameters():
                 if p.requires_grad and id(p) not in seen:
                     seen.add(id(p))
                     params.append(p)
@@ -294,10 +309,17 @@ class BasePolicy(GenerativeEstimator):
             self._check_health(row)
             bar.set_postfix(reward=f"{row['objective/reward']:.3f}", kl=f"{mean_kl:.3f}")
             if self.verbose and (self.n_iter_ % 10 == 0 or self.n_iter_ == total):
-                logger.info("%s step %d: reward %.4f kl %.4f beta %.4g", type(self).__name__,
-                            self.n_iter_, row["objective/reward"], mean_kl, batch.beta)
+                logger.info(
+                    "%s step %d: reward %.4f kl %.4f beta %.4g",
+                    type(self).__name__,
+                    self.n_iter_,
+                    row["objective/reward"],
+                    mean_kl,
+                    batch.beta,
+                )
             if self.checkpoint_dir is not None and (
-                    self.n_iter_ % self.checkpoint_every == 0 or self.n_iter_ == total):
+                self.n_iter_ % self.checkpoint_every == 0 or self.n_iter_ == total
+            ):
                 save_checkpoint(self)
             if callback is not None and callback(self, row) is True:
                 break
@@ -306,20 +328,30 @@ class BasePolicy(GenerativeEstimator):
     def _check_health(self, row: dict) -> None:
         step, kl, eos = row["step"], row["objective/kl"], row["response/eos_share"]
         if self.max_kl is not None and kl > self.max_kl:
-            message = (f"{type(self).__name__}: the KL to the reference reached {kl:.3g} nats at "
-                       f"step {step}, beyond max_kl={self.max_kl}; raise beta, use an adaptive "
-                       "KL controller or lower learning_rate.")
+            message = (
+                f"{type(self).__name__}: the KL to the reference reached {kl:.3g} nats at "
+                f"step {step}, beyond max_kl={self.max_kl}; raise beta, use an adaptive "
+                "KL controller or lower learning_rate."
+            )
             if self.max_kl_action == "raise":
                 raise RuntimeError(message + " The last checkpoint (if any) is intact.")
             warnings.warn(message, RuntimeWarning, stacklevel=3)
-        if (self.min_eos_share is not None and self.tokenizer_.eos_token_id is not None
-                and self.missing_eos_reward is not None and eos < self.min_eos_share
-                and not self._eos_warned):
+        if (
+            self.min_eos_share is not None
+            and self.tokenizer_.eos_token_id is not None
+            and self.missing_eos_reward is not None
+            and eos < self.min_eos_share
+            and not self._eos_warned
+        ):
             self._eos_warned = True
-            warnings.warn(f"{type(self).__name__}: only {eos:.0%} of responses ended with EOS at "
-                          f"step {step}; the fixed missing_eos_reward={self.missing_eos_reward} "
-                          "then dominates the reward. Raise max_new_tokens or fine-tune the "
-                          "model to stop (SFTPolicy).", RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                f"{type(self).__name__}: only {eos:.0%} of responses ended with EOS at "
+                f"step {step}; the fixed missing_eos_reward={self.missing_eos_reward} "
+                "then dominates the reward. Raise max_new_tokens or fine-tune the "
+                "model to stop (SFTPolicy).",
+                RuntimeWarning,
+                stacklevel=3,
+            )
 
     def _set_learning_rate(self) -> None:
         if self.lr_schedule == "linear":  # annealed linearly to 0 (implementation detail 28)
@@ -340,19 +372,31 @@ class BasePolicy(GenerativeEstimator):
         rows = np.repeat(prompt_rows, self._k)
         prompts = self._encode(rows)
         tok = self.tokenizer_
-        raw, sampled = sample(self.model_, prompts, max_new_tokens=self.max_new_tokens_,
-                              temperature=self.temperature_, generator=self._generator,
-                              suppress_ids=self._suppress_ids, return_logprobs=True,
-                              eos_token_id=tok.eos_token_id)
-        response_ids, response_mask, ended = truncate_after_eos(raw, tok.eos_token_id,
-                                                                tok.pad_token_id)
+        raw, sampled = sample(
+            self.model_,
+            prompts,
+            max_new_tokens=self.max_new_tokens_,
+            temperature=self.temperature_,
+            generator=self._generator,
+            suppress_ids=self._suppress_ids,
+            return_logprobs=True,
+            eos_token_id=tok.eos_token_id,
+        )
+        response_ids, response_mask, ended = truncate_after_eos(
+            raw, tok.eos_token_id, tok.pad_token_id
+        )
         if self._uses_ratio or _low_precision(self.device_):
             # Old log-probs from a full forward pass identical to the training pass, so the
             # ratio is exactly 1 at the first epoch (implementation details 2, 3, 21); in
             # bf16 the cached sampling pass differs from a full pass too much (detail 21).
-            old = response_logprobs(self.model_, prompts, response_ids, response_mask,
-                                    temperature=self.temperature_,
-                                    suppress_ids=self._suppress_ids)
+            old = response_logprobs(
+                self.model_,
+                prompts,
+                response_ids,
+                response_mask,
+                temperature=self.temperature_,
+                suppress_ids=self._suppress_ids,
+            )
         else:
             # No ratio in the loss: the sampling pass's own log-probs (fp32, tempered, equal
             # to a fresh forward pass up to float rounding) serve the KL; no extra pass.
@@ -362,27 +406,46 @@ class BasePolicy(GenerativeEstimator):
         # a CPU the smaller chunks stay in cache (2 x 32 rows: 12% faster than 64).
         chunk = max(1, len(rows) // self.n_minibatches)
         with self._reference() as reference:
-            ref = torch.cat([
-                response_logprobs(reference, prompts[i:i + chunk], response_ids[i:i + chunk],
-                                  response_mask[i:i + chunk], temperature=self.temperature_,
-                                  suppress_ids=self._suppress_ids)
-                for i in range(0, len(rows), chunk)])
+            ref = torch.cat(
+                [
+                    response_logprobs(
+                        reference,
+                        prompts[i : i + chunk],
+                        response_ids[i : i + chunk],
+                        response_mask[i : i + chunk],
+                        temperature=self.temperature_,
+                        suppress_ids=self._suppress_ids,
+                    )
+                    for i in range(0, len(rows), chunk)
+                ]
+            )
         values = None
         if self.value_model_ is not None:
             values = sequence_values(self.value_model_, prompts, response_ids, response_mask)
             values = values * response_mask
-        scores = self._score([self._prompts[i] for i in rows], prompts, response_ids,
-                             response_mask, ended)
+        scores = self._score(
+            [self._prompts[i] for i in rows], prompts, response_ids, response_mask, ended
+        )
         # The reward KL uses the rollout-time log-probs, fixed for all epochs (detail 15).
         kl = kl_estimate(old, ref, self.kl_estimator) * response_mask
         beta = self.kl_.beta_  # the coefficient from before this step's update (detail 14)
         rewards = -beta * kl
         last = (response_mask.sum(1) - 1).clamp(min=0)  # the EOS, or the last token
         rewards[torch.arange(len(rows)), last] += scores
-        return RolloutBatch(prompts=prompts, prompt_index=torch.as_tensor(rows),
-                            response_ids=response_ids, response_mask=response_mask, ended=ended,
-                            old_logprobs=old, ref_logprobs=ref, scores=scores, kl=kl,
-                            rewards=rewards, beta=beta, values=values)
+        return RolloutBatch(
+            prompts=prompts,
+            prompt_index=torch.as_tensor(rows),
+            response_ids=response_ids,
+            response_mask=response_mask,
+            ended=ended,
+            old_logprobs=old,
+            ref_logprobs=ref,
+            scores=scores,
+            kl=kl,
+            rewards=rewards,
+            beta=beta,
+            values=values,
+        )
 
     def _score(self, prompts, encoded, response_ids, response_mask, ended) -> torch.Tensor:
         reward = self.reward_model_
@@ -392,8 +455,11 @@ class BasePolicy(GenerativeEstimator):
         else:
             raw = reward(prompts, self._decode(response_ids, response_mask))
         source = f"the reward model (step {self.n_iter_ + 1})"
-        scores = torch.as_tensor(check_rewards(raw, len(prompts), source),
-                                 dtype=torch.float32, device=response_ids.device)
+        scores = torch.as_tensor(
+            check_rewards(raw, len(prompts), source),
+            dtype=torch.float32,
+            device=response_ids.device,
+        )
         if self.missing_eos_reward is not None and self.tokenizer_.eos_token_id is not None:
             # The EOS trick: the score of a response with no EOS is *replaced* by a fixed
             # reward (-1 by default), not offset (seed text; implementation detail 7).
@@ -409,18 +475,32 @@ class BasePolicy(GenerativeEstimator):
         for _ in range(self.n_epochs):
             perm = torch.randperm(n, generator=self._generator).to(self.device_)
             for start in range(0, n, size):
-                rows = perm[start:start + size]
+                rows = perm[start : start + size]
                 logprobs, entropy = response_logprobs(
-                    self.model_, batch.prompts[rows], batch.response_ids[rows],
-                    batch.response_mask[rows], temperature=self.temperature_,
-                    suppress_ids=self._suppress_ids, with_entropy=True)
+                    self.model_,
+                    batch.prompts[rows],
+                    batch.response_ids[rows],
+                    batch.response_mask[rows],
+                    temperature=self.temperature_,
+                    suppress_ids=self._suppress_ids,
+                    with_entropy=True,
+                )
                 values = None
                 if self.value_model_ is not None:
-                    values = sequence_values(self.value_model_, batch.prompts[rows],
-                                             batch.response_ids[rows], batch.response_mask[rows])
+                    values = sequence_values(
+                        self.value_model_,
+                        batch.prompts[rows],
+                        batch.response_ids[rows],
+                        batch.response_mask[rows],
+                    )
                 loss, stats = self._loss(batch, rows, logprobs, values)
-                gradient_step(self.optimizer_, loss, who=type(self).__name__,
-                              step=self.n_iter_ + 1, max_grad_norm=self.max_grad_norm)
+                gradient_step(
+                    self.optimizer_,
+                    loss,
+                    who=type(self).__name__,
+                    step=self.n_iter_ + 1,
+                    max_grad_norm=self.max_grad_norm,
+                )
                 entropies.append(float(masked_mean(entropy.detach(), batch.response_mask[rows])))
                 for key, value in stats.items():
                     totals[key] = totals.get(key, 0.0) + float(value)

@@ -15,8 +15,9 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (x * mask).sum() / mask.sum().clamp(min=1.0)
 
 
-def masked_whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True,
-                  eps: float = 1e-8) -> torch.Tensor:
+def masked_whiten(
+    x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8
+) -> torch.Tensor:
     """Whiten ``x`` over masked positions with the population variance.
 
     With ``shift_mean=False`` the mean is added back (reward whitening keeps the
@@ -83,12 +84,13 @@ class RolloutBatch:
     def __len__(self) -> int:
         return self.response_ids.shape[0]
 
-    def clone(self) -> "RolloutBatch":
+    def clone(self) -> RolloutBatch:
         """A copy whose tensors are ordinary ones.
 
         Rollouts run under ``torch.inference_mode`` (cheaper than ``no_grad``), whose
         tensors cannot take part in a gradient computation; cloned outside it, they can.
         """
+
         def copy(value):
             if isinstance(value, torch.Tensor):
                 return value.clone()

@@ -49,17 +49,25 @@ def load_checkpoint(policy, prompts_key: str) -> bool:
     try:
         state = joblib.load(path)
     except Exception as exc:  # noqa: BLE001 - any unreadable file gets the same advice
-        raise ValueError(f"Cannot read the checkpoint {path} ({exc}); it may come from another "
-                         "prefopt version. Delete it to start over.") from exc
+        raise ValueError(
+            f"Cannot read the checkpoint {path} ({exc}); it may come from another "
+            "prefopt version. Delete it to start over."
+        ) from exc
     if state.get("__prefopt_format__") != FORMAT_VERSION:
-        raise ValueError(f"The checkpoint {path} has format {state.get('__prefopt_format__')!r}; "
-                         f"this prefopt reads format {FORMAT_VERSION}. Resume it with the "
-                         "prefopt version that wrote it, or delete it to start over.")
+        raise ValueError(
+            f"The checkpoint {path} has format {state.get('__prefopt_format__')!r}; "
+            f"this prefopt reads format {FORMAT_VERSION}. Resume it with the "
+            "prefopt version that wrote it, or delete it to start over."
+        )
     if state.pop("__prefopt_class__", None) != type(policy).__name__:
-        raise ValueError(f"The checkpoint {path} was written by another estimator class; "
-                         f"use another checkpoint_dir for this {type(policy).__name__}.")
+        raise ValueError(
+            f"The checkpoint {path} was written by another estimator class; "
+            f"use another checkpoint_dir for this {type(policy).__name__}."
+        )
     if state.get("_prompts_key") != prompts_key:
-        raise ValueError(f"The checkpoint {path} was written for other prompts; resume with "
-                         "the same prompts, or use another checkpoint_dir.")
+        raise ValueError(
+            f"The checkpoint {path} was written for other prompts; resume with "
+            "the same prompts, or use another checkpoint_dir."
+        )
     policy.__setstate__(state)
     return True

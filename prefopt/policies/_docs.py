@@ -1,6 +1,6 @@
 """Shared parameter documentation of the policy estimators (numpydoc fragments)."""
 
-COMMON_PARAMETERS = """model : str, transformers config, torch module or fitted prefopt policy, default=None
+COMMON_PARAMETERS = """model : str, transformers config, torch module or fitted policy, default=None
         The starting policy, copied before training (``fit`` never mutates it):
         a local path, a config (a fresh model, seeded by ``random_state``), a
         module called like a causal LM, or a fitted :class:`SFTPolicy`.
@@ -98,5 +98,6 @@ COMMON_ATTRIBUTES = """model_ : torch.nn.Module
 
 
 def fill(doc: str, **defaults) -> str:
-    return (doc.replace("{common_parameters}", COMMON_PARAMETERS.format(**defaults))
-               .replace("{common_attributes}", COMMON_ATTRIBUTES))
+    return doc.replace("{common_parameters}", COMMON_PARAMETERS.format(**defaults)).replace(
+        "{common_attributes}", COMMON_ATTRIBUTES
+    )

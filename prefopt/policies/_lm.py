@@ -34,7 +34,7 @@ from ..backend.models import clone_keeping_models
 from ..backend.serialization import dump_state, restore_state
 from ..data import check_prompts
 
-DEFAULT_TEMPERATURE = 0.7   # seeds: sampling temperature 0.7
+DEFAULT_TEMPERATURE = 0.7  # seeds: sampling temperature 0.7
 DEFAULT_MAX_NEW_TOKENS = 53  # seeds: a fixed 53 tokens, truncated at the first EOS
 
 
@@ -71,8 +71,10 @@ class GenerativeEstimator(BaseEstimator):
 
         check_is_fitted(self)
         if not isinstance(self.model_, PreTrainedModel):
-            raise TypeError(f"save_pretrained needs a transformers model; this policy's model is "
-                            f"a {type(self.model_).__name__}. Use joblib.dump for it instead.")
+            raise TypeError(
+                f"save_pretrained needs a transformers model; this policy's model is "
+                f"a {type(self.model_).__name__}. Use joblib.dump for it instead."
+            )
         self.model_.save_pretrained(directory, safe_serialization=True)
         self.tokenizer_.save_pretrained(directory)
 
@@ -84,11 +86,16 @@ class GenerativeEstimator(BaseEstimator):
         module.eval()  # dropout is off; eval() also fixes any other train-time behaviour
         self.model_ = module
         generation_config = getattr(module, "generation_config", None)
-        self.temperature_ = float(self.temperature or getattr(generation_config, "temperature", None)
-                                  or DEFAULT_TEMPERATURE)
-        self.max_new_tokens_ = int(self.max_new_tokens
-                                   or getattr(generation_config, "max_new_tokens", None)
-                                   or DEFAULT_MAX_NEW_TOKENS)
+        self.temperature_ = float(
+            self.temperature
+            or getattr(generation_config, "temperature", None)
+            or DEFAULT_TEMPERATURE
+        )
+        self.max_new_tokens_ = int(
+            self.max_new_tokens
+            or getattr(generation_config, "max_new_tokens", None)
+            or DEFAULT_MAX_NEW_TOKENS
+        )
         vocab = model_vocab_size(module)
         pad = self.tokenizer_.pad_token_id
         # Never sample the pad token (the original code slices logits to n_vocab).
@@ -99,8 +106,11 @@ class GenerativeEstimator(BaseEstimator):
         limit = None if context is None or not check_length else context - self.max_new_tokens_
         rows = []
         # One call for the whole list: the fast tokenizer batches it.
-        encoded = self.tokenizer_(list(prompts), add_special_tokens=False)["input_ids"] \
-            if len(prompts) else []
+        encoded = (
+            self.tokenizer_(list(prompts), add_special_tokens=False)["input_ids"]
+            if len(prompts)
+            else []
+        )
         for i, (p, ids) in enumerate(zip(prompts, encoded)):
             if not ids:
                 raise ValueError(f"Prompt at row {i} ({p!r}) has no tokens.")
@@ -112,7 +122,8 @@ class GenerativeEstimator(BaseEstimator):
                         f"Prompt at row {i} has {len(ids)} tokens, more than the {limit} that "
                         f"fit in the model's context ({context}) with max_new_tokens="
                         f"{self.max_new_tokens_}; shorten it, lower max_new_tokens, or pass "
-                        "truncate_prompts=True.")
+                        "truncate_prompts=True."
+                    )
             rows.append(ids)
         return rows
 
@@ -129,8 +140,10 @@ class GenerativeEstimator(BaseEstimator):
                 ids = encode(prompt[:cut].rstrip())
                 if ids and len(ids) <= limit:
                     return ids
-        raise ValueError(f"Prompt at row {row} has no paragraph or sentence boundary within the "
-                         f"first {limit} tokens, so it cannot be truncated; shorten it.")
+        raise ValueError(
+            f"Prompt at row {row} has no paragraph or sentence boundary within the "
+            f"first {limit} tokens, so it cannot be truncated; shorten it."
+        )
 
     def _decode(self, response_ids, response_mask) -> list[str]:
         ids = [r[m.bool()].tolist() for r, m in zip(response_ids.cpu(), response_mask.cpu())]
@@ -142,8 +155,10 @@ class GenerativeEstimator(BaseEstimator):
         texts = [c for c in completions if isinstance(c, str)]
         encoded = iter(tok(texts, add_special_tokens=False)["input_ids"] if texts else [])
         eos = [tok.eos_token_id] if add_eos and tok.eos_token_id is not None else []
-        return [list(next(encoded)) + eos if isinstance(c, str) else [int(i) for i in c]
-                for c in completions]
+        return [
+            list(next(encoded)) + eos if isinstance(c, str) else [int(i) for i in c]
+            for c in completions
+        ]
 
     # ----- using a fitted policy ----------------------------------------------------
     def sample(self, X, n: int = 1, *, random_state=None) -> list[list[str]]:
@@ -174,25 +189,34 @@ class GenerativeEstimator(BaseEstimator):
         out = []
         size = get_config()["eval_batch_size"]
         for start in range(0, len(rows), size):
-            chunk = rows[start:start + size]
+            chunk = rows[start : start + size]
             enc = pad_left([tokens[i] for i in chunk], self.tokenizer_.pad_token_id)
-            enc = EncodedPrompts(enc.input_ids.to(self.device_), enc.attention_mask.to(self.device_))
-            raw = sample(self.model_, enc, max_new_tokens=self.max_new_tokens_,
-                         temperature=self.temperature_, generator=generator,
-                         suppress_ids=self._suppress_ids,
-                         eos_token_id=self.tokenizer_.eos_token_id)
-            ids, mask, _ = truncate_after_eos(raw, self.tokenizer_.eos_token_id,
-                                              self.tokenizer_.pad_token_id)
+            enc = EncodedPrompts(
+                enc.input_ids.to(self.device_), enc.attention_mask.to(self.device_)
+            )
+            raw = sample(
+                self.model_,
+                enc,
+                max_new_tokens=self.max_new_tokens_,
+                temperature=self.temperature_,
+                generator=generator,
+                suppress_ids=self._suppress_ids,
+                eos_token_id=self.tokenizer_.eos_token_id,
+            )
+            ids, mask, _ = truncate_after_eos(
+                raw, self.tokenizer_.eos_token_id, self.tokenizer_.pad_token_id
+            )
             out.extend(self._decode(ids, mask))
-        return [out[i * n:(i + 1) * n] for i in range(len(prompts))]
+        return [out[i * n : (i + 1) * n] for i in range(len(prompts))]
 
     def predict(self, X) -> list[str]:
         """One sampled completion per prompt (what a ``Pipeline`` calls)."""
         return [c[0] for c in self.sample(X, n=1)]
 
     @torch.no_grad()
-    def log_prob(self, prompts, completions, *, reference: bool = False,
-                 add_eos: bool = True) -> np.ndarray:
+    def log_prob(
+        self, prompts, completions, *, reference: bool = False, add_eos: bool = True
+    ) -> np.ndarray:
         """Log-probability of each completion under the policy's sampling distribution.
 
         Parameters
@@ -221,16 +245,22 @@ class GenerativeEstimator(BaseEstimator):
         rtoks = self._completion_tokens(completions, add_eos)
         out = []
         size = get_config()["eval_batch_size"]
-        with (self._reference() if reference else nullcontext(self.model_)) as model:
+        with self._reference() if reference else nullcontext(self.model_) as model:
             for start in range(0, len(prompts), size):
                 sl = slice(start, start + size)
                 enc = pad_left(ptoks[sl], tok.pad_token_id)
                 ids, mask = pad_right(rtoks[sl], tok.pad_token_id)
-                enc = EncodedPrompts(enc.input_ids.to(self.device_),
-                                     enc.attention_mask.to(self.device_))
-                lp = response_logprobs(model, enc, ids.to(self.device_), mask.to(self.device_),
-                                       temperature=self.temperature_,
-                                       suppress_ids=self._suppress_ids)
+                enc = EncodedPrompts(
+                    enc.input_ids.to(self.device_), enc.attention_mask.to(self.device_)
+                )
+                lp = response_logprobs(
+                    model,
+                    enc,
+                    ids.to(self.device_),
+                    mask.to(self.device_),
+                    temperature=self.temperature_,
+                    suppress_ids=self._suppress_ids,
+                )
                 out.append(lp.sum(1).cpu().double().numpy())
         return np.concatenate(out)
 

@@ -22,8 +22,13 @@ from ._docs import fill
 __all__ = ["PPOPolicy", "gae"]
 
 
-def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0,
-        lam: float = 0.95):
+def gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    gamma: float = 1.0,
+    lam: float = 0.95,
+):
     """Generalised advantage estimation over each response.
 
     delta_t = r_t + gamma V_{t+1} - V_t with V = 0 after the last token (no
@@ -64,8 +69,15 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: 
     return advantages, (advantages + values) * mask
 
 
-def clipped_surrogate(advantages, logprobs, old_logprobs, mask, clip_coef: float = 0.2,
-                      clip: bool = True, use_ratio: bool = True):
+def clipped_surrogate(
+    advantages,
+    logprobs,
+    old_logprobs,
+    mask,
+    clip_coef: float = 0.2,
+    clip: bool = True,
+    use_ratio: bool = True,
+):
     """The PPO policy loss and its clip fraction.
 
     L = mean_t max(-A_t rho_t, -A_t clip(rho_t, 1 - eps, 1 + eps)), rho_t =
@@ -99,8 +111,9 @@ def clipped_surrogate(advantages, logprobs, old_logprobs, mask, clip_coef: float
     return masked_mean(torch.maximum(unclipped, clipped), mask), clipfrac
 
 
-def clipped_value_loss(values, old_values, returns, mask, clip_coef: float = 0.2,
-                       clip: bool = True):
+def clipped_value_loss(
+    values, old_values, returns, mask, clip_coef: float = 0.2, clip: bool = True
+):
     """0.5 * mean max((V - G)^2, (clip(V, V_old +- eps) - G)^2) over masked tokens.
 
     The clip is around the old value, not the return, and the max is the
@@ -211,22 +224,54 @@ class PPOPolicy(BasePolicy):
     def _uses_ratio(self) -> bool:
         return self.use_ratio
 
-    def __init__(self, *, model=None, tokenizer=None, beta=0.05, kl=None, kl_estimator="k1",
-                 learning_rate=None, optimizer="adam", lr_schedule="linear", max_grad_norm=None,
-                 n_steps=100, batch_size=64, n_epochs=4, n_minibatches=1, temperature=None,
-                 max_new_tokens=None, missing_eos_reward=-1.0, clip_coef=0.2, vf_coef=0.1,
-                 vf_clip_coef=0.2, gamma=1.0, gae_lambda=0.95, whiten_rewards=False,
-                 whiten_advantages=True, clip=True, use_ratio=True, value_model=None,
-                 random_state=None, verbose=0, warm_start=False, checkpoint_dir=None,
-                 checkpoint_every=10, truncate_prompts=False, max_kl=None, max_kl_action="warn",
-                 min_eos_share=0.5, lora=None):
+    def __init__(
+        self,
+        *,
+        model=None,
+        tokenizer=None,
+        beta=0.05,
+        kl=None,
+        kl_estimator="k1",
+        learning_rate=None,
+        optimizer="adam",
+        lr_schedule="linear",
+        max_grad_norm=None,
+        n_steps=100,
+        batch_size=64,
+        n_epochs=4,
+        n_minibatches=1,
+        temperature=None,
+        max_new_tokens=None,
+        missing_eos_reward=-1.0,
+        clip_coef=0.2,
+        vf_coef=0.1,
+        vf_clip_coef=0.2,
+        gamma=1.0,
+        gae_lambda=0.95,
+        whiten_rewards=False,
+        whiten_advantages=True,
+        clip=True,
+        use_ratio=True,
+        value_model=None,
+        random_state=None,
+        verbose=0,
+        warm_start=False,
+        checkpoint_dir=None,
+        checkpoint_every=10,
+        truncate_prompts=False,
+        max_kl=None,
+        max_kl_action="warn",
+        min_eos_share=0.5,
+        lora=None,
+    ):
         store_params(self, locals())
 
     def _make_value_model(self, model, reward):
         if isinstance(self.value_model, str):
             if self.value_model != "shared":
-                raise ValueError(f"value_model must be a module, None or 'shared'; got "
-                                 f"{self.value_model!r}.")
+                raise ValueError(
+                    f"value_model must be a module, None or 'shared'; got {self.value_model!r}."
+                )
             return _shared_value_model(model)
         if self.value_model is not None:
             return copy.deepcopy(self.value_model)
@@ -249,8 +294,9 @@ class PPOPolicy(BasePolicy):
             state = super().__getstate__()
         finally:
             self.value_model_ = value
-        state["_shared_value_head"] = {k: v.detach().cpu().clone()
-                                       for k, v in value.head.state_dict().items()}
+        state["_shared_value_head"] = {
+            k: v.detach().cpu().clone() for k, v in value.head.state_dict().items()
+        }
         return state
 
     def __setstate__(self, state):
@@ -278,14 +324,27 @@ class PPOPolicy(BasePolicy):
     def _loss(self, batch, rows, logprobs, values):
         mask = batch.response_mask[rows]
         pg_loss, clipfrac = clipped_surrogate(
-            batch.advantages[rows], logprobs, batch.old_logprobs[rows], mask,
-            clip_coef=self.clip_coef, clip=self.clip, use_ratio=self.use_ratio)
-        vf_loss = clipped_value_loss(values, batch.values[rows], batch.returns[rows], mask,
-                                     clip_coef=self.vf_clip_coef, clip=self.clip)
+            batch.advantages[rows],
+            logprobs,
+            batch.old_logprobs[rows],
+            mask,
+            clip_coef=self.clip_coef,
+            clip=self.clip,
+            use_ratio=self.use_ratio,
+        )
+        vf_loss = clipped_value_loss(
+            values,
+            batch.values[rows],
+            batch.returns[rows],
+            mask,
+            clip_coef=self.vf_clip_coef,
+            clip=self.clip,
+        )
         log_ratio = (logprobs - batch.old_logprobs[rows]).detach()
         returns = batch.returns[rows]
-        explained = 1.0 - torch.var((returns - values.detach())[mask.bool()], unbiased=False) / \
-            torch.var(returns[mask.bool()], unbiased=False).clamp(min=1e-8)
+        explained = 1.0 - torch.var(
+            (returns - values.detach())[mask.bool()], unbiased=False
+        ) / torch.var(returns[mask.bool()], unbiased=False).clamp(min=1e-8)
         stats = {
             "loss/policy": pg_loss.item(),
             "loss/value": vf_loss.item(),
@@ -312,5 +371,6 @@ def _vocab(model) -> int:
     return model_vocab_size(model) or 0
 
 
-PPOPolicy.__doc__ = fill(PPOPolicy.__doc__, beta=0.05, learning_rate="None", n_epochs=4,
-                         n_minibatches=1)
+PPOPolicy.__doc__ = fill(
+    PPOPolicy.__doc__, beta=0.05, learning_rate="None", n_epochs=4, n_minibatches=1
+)

@@ -96,13 +96,38 @@ class RAFTPolicy(BasePolicy):
         "rank_by": [StrOptions({"score", "shaped"})],
     }
 
-    def __init__(self, *, model=None, tokenizer=None, beta=0.05, k=4, rank_by="score", kl=None,
-                 kl_estimator="k1", learning_rate=None, optimizer="adam", lr_schedule="linear",
-                 max_grad_norm=None, n_steps=100, batch_size=64, n_epochs=1, n_minibatches=1,
-                 temperature=None, max_new_tokens=None, missing_eos_reward=-1.0,
-                 random_state=None, verbose=0, warm_start=False, checkpoint_dir=None,
-                 checkpoint_every=10, truncate_prompts=False, max_kl=None, max_kl_action="warn",
-                 min_eos_share=0.5, lora=None):
+    def __init__(
+        self,
+        *,
+        model=None,
+        tokenizer=None,
+        beta=0.05,
+        k=4,
+        rank_by="score",
+        kl=None,
+        kl_estimator="k1",
+        learning_rate=None,
+        optimizer="adam",
+        lr_schedule="linear",
+        max_grad_norm=None,
+        n_steps=100,
+        batch_size=64,
+        n_epochs=1,
+        n_minibatches=1,
+        temperature=None,
+        max_new_tokens=None,
+        missing_eos_reward=-1.0,
+        random_state=None,
+        verbose=0,
+        warm_start=False,
+        checkpoint_dir=None,
+        checkpoint_every=10,
+        truncate_prompts=False,
+        max_kl=None,
+        max_kl_action="warn",
+        min_eos_share=0.5,
+        lora=None,
+    ):
         store_params(self, locals())
 
     def _advantages(self, batch) -> None:
@@ -118,5 +143,6 @@ class RAFTPolicy(BasePolicy):
         return loss, {"loss/policy": loss.item()}
 
 
-RAFTPolicy.__doc__ = fill(RAFTPolicy.__doc__, beta=0.05, learning_rate="None", n_epochs=1,
-                          n_minibatches=1)
+RAFTPolicy.__doc__ = fill(
+    RAFTPolicy.__doc__, beta=0.05, learning_rate="None", n_epochs=1, n_minibatches=1
+)

@@ -85,13 +85,36 @@ class ReinforcePolicy(BasePolicy):
     192
     """
 
-    def __init__(self, *, model=None, tokenizer=None, beta=0.05, kl=None, kl_estimator="k1",
-                 learning_rate=None, optimizer="adam", lr_schedule="linear", max_grad_norm=None,
-                 n_steps=100, batch_size=64, n_epochs=1, n_minibatches=2, temperature=None,
-                 max_new_tokens=None, missing_eos_reward=-1.0, random_state=None, verbose=0,
-                 warm_start=False, checkpoint_dir=None, checkpoint_every=10,
-                 truncate_prompts=False, max_kl=None, max_kl_action="warn", min_eos_share=0.5,
-                 lora=None):
+    def __init__(
+        self,
+        *,
+        model=None,
+        tokenizer=None,
+        beta=0.05,
+        kl=None,
+        kl_estimator="k1",
+        learning_rate=None,
+        optimizer="adam",
+        lr_schedule="linear",
+        max_grad_norm=None,
+        n_steps=100,
+        batch_size=64,
+        n_epochs=1,
+        n_minibatches=2,
+        temperature=None,
+        max_new_tokens=None,
+        missing_eos_reward=-1.0,
+        random_state=None,
+        verbose=0,
+        warm_start=False,
+        checkpoint_dir=None,
+        checkpoint_every=10,
+        truncate_prompts=False,
+        max_kl=None,
+        max_kl_action="warn",
+        min_eos_share=0.5,
+        lora=None,
+    ):
         store_params(self, locals())
 
     def _setup(self, reward, start_model) -> None:
@@ -110,5 +133,6 @@ class ReinforcePolicy(BasePolicy):
         self.baseline_.add(batch.sequence_rewards)
 
 
-ReinforcePolicy.__doc__ = fill(ReinforcePolicy.__doc__, beta=0.05, learning_rate="None",
-                               n_epochs=1, n_minibatches=2)
+ReinforcePolicy.__doc__ = fill(
+    ReinforcePolicy.__doc__, beta=0.05, learning_rate="None", n_epochs=1, n_minibatches=2
+)

@@ -40,8 +40,9 @@ def leave_one_out_advantages(rewards: torch.Tensor, k: int) -> torch.Tensor:
     return (grouped - baseline).reshape(-1)
 
 
-def sequence_policy_gradient_loss(advantages: torch.Tensor, logprobs: torch.Tensor,
-                                  mask: torch.Tensor) -> torch.Tensor:
+def sequence_policy_gradient_loss(
+    advantages: torch.Tensor, logprobs: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
     """-mean_i A_i * sum_t log pi(y_{i,t}): the REINFORCE loss on whole sequences.
 
     Token log-probs are summed, not averaged (implementation detail 23), so
@@ -96,13 +97,37 @@ class RLOOPolicy(BasePolicy):
         "k": [Interval(Integral, 2, None, closed="left")],
     }
 
-    def __init__(self, *, model=None, tokenizer=None, beta=0.05, k=4, kl=None,
-                 kl_estimator="k1", learning_rate=None, optimizer="adam", lr_schedule="linear",
-                 max_grad_norm=None, n_steps=100, batch_size=64, n_epochs=1, n_minibatches=2,
-                 temperature=None, max_new_tokens=None, missing_eos_reward=-1.0,
-                 random_state=None, verbose=0, warm_start=False, checkpoint_dir=None,
-                 checkpoint_every=10, truncate_prompts=False, max_kl=None, max_kl_action="warn",
-                 min_eos_share=0.5, lora=None):
+    def __init__(
+        self,
+        *,
+        model=None,
+        tokenizer=None,
+        beta=0.05,
+        k=4,
+        kl=None,
+        kl_estimator="k1",
+        learning_rate=None,
+        optimizer="adam",
+        lr_schedule="linear",
+        max_grad_norm=None,
+        n_steps=100,
+        batch_size=64,
+        n_epochs=1,
+        n_minibatches=2,
+        temperature=None,
+        max_new_tokens=None,
+        missing_eos_reward=-1.0,
+        random_state=None,
+        verbose=0,
+        warm_start=False,
+        checkpoint_dir=None,
+        checkpoint_every=10,
+        truncate_prompts=False,
+        max_kl=None,
+        max_kl_action="warn",
+        min_eos_share=0.5,
+        lora=None,
+    ):
         store_params(self, locals())
 
     def _advantages(self, batch) -> None:
@@ -114,5 +139,6 @@ class RLOOPolicy(BasePolicy):
         return loss, {"loss/policy": loss.item()}
 
 
-RLOOPolicy.__doc__ = fill(RLOOPolicy.__doc__, beta=0.05, learning_rate="None", n_epochs=1,
-                          n_minibatches=2)
+RLOOPolicy.__doc__ = fill(
+    RLOOPolicy.__doc__, beta=0.05, learning_rate="None", n_epochs=1, n_minibatches=2
+)

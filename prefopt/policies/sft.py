@@ -121,9 +121,21 @@ class SFTPolicy(GenerativeEstimator):
         "warm_start": ["boolean"],
     }
 
-    def __init__(self, *, model=None, tokenizer=None, learning_rate=None, n_epochs=1,
-                 batch_size=16, lr_schedule="cosine", temperature=None, max_new_tokens=None,
-                 random_state=None, verbose=0, warm_start=False):
+    def __init__(
+        self,
+        *,
+        model=None,
+        tokenizer=None,
+        learning_rate=None,
+        n_epochs=1,
+        batch_size=16,
+        lr_schedule="cosine",
+        temperature=None,
+        max_new_tokens=None,
+        random_state=None,
+        verbose=0,
+        warm_start=False,
+    ):
         self.model = model
         self.tokenizer = tokenizer
         self.learning_rate = learning_rate
@@ -160,15 +172,20 @@ class SFTPolicy(GenerativeEstimator):
             self._init_model(self.model, self.tokenizer, seed=int(seeds[0]))
             self.history_ = []
             self.n_iter_ = 0
-        self.learning_rate_ = float(self.learning_rate) if self.learning_rate is not None else \
-            default_learning_rate(self.model_, large=2e-5)
+        self.learning_rate_ = (
+            float(self.learning_rate)
+            if self.learning_rate is not None
+            else default_learning_rate(self.model_, large=2e-5)
+        )
         ptoks = self._tokenize_prompts(prompts, check_length=False)
         ctoks = self._completion_tokens(completions, add_eos=True)
         context = context_length(self.model_)
         for i, (p, c) in enumerate(zip(ptoks, ctoks)):
             if context is not None and len(p) + len(c) > context:
-                raise ValueError(f"Demonstration at row {i} has {len(p) + len(c)} tokens, more "
-                                 f"than the model's context of {context}; shorten it.")
+                raise ValueError(
+                    f"Demonstration at row {i} has {len(p) + len(c)} tokens, more "
+                    f"than the model's context of {context}; shorten it."
+                )
         if self.max_new_tokens is None:
             self.max_new_tokens_ = max(len(c) for c in ctoks)
         generation_config = getattr(self.model_, "generation_config", None)
@@ -189,21 +206,30 @@ class SFTPolicy(GenerativeEstimator):
         for _ in range(self.n_epochs):
             order = torch.randperm(n, generator=generator).tolist()
             for start in range(0, n, self.batch_size):
-                rows = order[start:start + self.batch_size]
+                rows = order[start : start + self.batch_size]
                 frac = step / total
-                scale = {"cosine": 0.5 * (1 + math.cos(math.pi * frac)),
-                         "linear": 1 - frac, "constant": 1.0}[self.lr_schedule]
+                scale = {
+                    "cosine": 0.5 * (1 + math.cos(math.pi * frac)),
+                    "linear": 1 - frac,
+                    "constant": 1.0,
+                }[self.lr_schedule]
                 for group in optimizer.param_groups:
                     group["lr"] = self.learning_rate_ * scale
                 began = time.perf_counter()
-                loss, n_tokens = self._batch_loss(model, [ptoks[i] for i in rows],
-                                                  [ctoks[i] for i in rows])
+                loss, n_tokens = self._batch_loss(
+                    model, [ptoks[i] for i in rows], [ctoks[i] for i in rows]
+                )
                 gradient_step(optimizer, loss, who="SFTPolicy", step=self.n_iter_ + 1)
                 step += 1
                 self.n_iter_ += 1
-                self.history_.append({"step": self.n_iter_, "loss/sft": loss.item(),
-                                      "charts/learning_rate": optimizer.param_groups[0]["lr"],
-                                      "time/tokens_per_s": n_tokens / (time.perf_counter() - began)})
+                self.history_.append(
+                    {
+                        "step": self.n_iter_,
+                        "loss/sft": loss.item(),
+                        "charts/learning_rate": optimizer.param_groups[0]["lr"],
+                        "time/tokens_per_s": n_tokens / (time.perf_counter() - began),
+                    }
+                )
                 bar.update(1)
                 bar.set_postfix(loss=f"{loss.item():.3f}")
         bar.close()
@@ -214,8 +240,14 @@ class SFTPolicy(GenerativeEstimator):
         ids, mask = pad_right(ctoks, pad)
         enc = EncodedPrompts(enc.input_ids.to(self.device_), enc.attention_mask.to(self.device_))
         # Temperature 1: the training targets are the data's tokens themselves.
-        logprobs = response_logprobs(model, enc, ids.to(self.device_), mask.to(self.device_),
-                                     temperature=1.0, suppress_ids=self._suppress_ids)
+        logprobs = response_logprobs(
+            model,
+            enc,
+            ids.to(self.device_),
+            mask.to(self.device_),
+            temperature=1.0,
+            suppress_ids=self._suppress_ids,
+        )
         mask = mask.to(self.device_)
         return -masked_mean(logprobs, mask), int(mask.sum())
 
@@ -245,8 +277,9 @@ class SFTPolicy(GenerativeEstimator):
         total, count = 0.0, 0
         size = get_config()["eval_batch_size"]
         for start in range(0, len(ptoks), size):
-            loss, n = self._batch_loss(self.model_, ptoks[start:start + size],
-                                       ctoks[start:start + size])
+            loss, n = self._batch_loss(
+                self.model_, ptoks[start : start + size], ctoks[start : start + size]
+            )
             total += -loss.item() * n
             count += n
         return total / count

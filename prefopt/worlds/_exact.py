@@ -9,10 +9,14 @@ from scipy.special import logsumexp
 def check_probs(probs) -> np.ndarray:
     probs = np.asarray(probs, dtype=np.float64)
     if probs.ndim != 2:
-        raise ValueError(f"Expected probabilities of shape (n_prompts, n_responses); got {probs.shape}.")
+        raise ValueError(
+            f"Expected probabilities of shape (n_prompts, n_responses); got {probs.shape}."
+        )
     if (probs < 0).any() or not np.allclose(probs.sum(1), 1.0, atol=1e-4):
-        raise ValueError("Each row of probabilities must be non-negative and sum to 1; got row "
-                         f"sums {np.round(probs.sum(1), 6).tolist()}.")
+        raise ValueError(
+            "Each row of probabilities must be non-negative and sum to 1; got row "
+            f"sums {np.round(probs.sum(1), 6).tolist()}."
+        )
     return probs
 
 

@@ -15,8 +15,20 @@ from __future__ import annotations
 
 MOVIE = {
     "nouns": ("movie", "film", "show", "series", "documentary", "sequel"),
-    "aspects": ("acting", "plot", "story", "music", "ending", "dialogue", "cast",
-                "soundtrack", "script", "pacing", "direction", "cinematography"),
+    "aspects": (
+        "acting",
+        "plot",
+        "story",
+        "music",
+        "ending",
+        "dialogue",
+        "cast",
+        "soundtrack",
+        "script",
+        "pacing",
+        "direction",
+        "cinematography",
+    ),
     "positive": ("funny", "hilarious", "heartwarming", "clever", "charming"),
     "negative": ("boring", "dull", "predictable", "stupid", "painful"),
     "neutral": ("long", "short", "slow", "quiet", "dark"),
@@ -33,8 +45,20 @@ MOVIE = {
 }
 PRODUCT = {
     "nouns": ("phone", "camera", "laptop", "blender", "speaker", "kettle", "charger", "backpack"),
-    "aspects": ("battery", "screen", "sound", "price", "design", "handle", "button", "cable",
-                "delivery", "packaging", "manual", "lid"),
+    "aspects": (
+        "battery",
+        "screen",
+        "sound",
+        "price",
+        "design",
+        "handle",
+        "button",
+        "cable",
+        "delivery",
+        "packaging",
+        "manual",
+        "lid",
+    ),
     "positive": ("useful", "solid", "fine", "easy", "reliable"),
     "negative": ("useless", "broken", "cheap", "flimsy", "loud"),
     "neutral": ("heavy", "small", "big", "plastic", "black"),
@@ -52,11 +76,35 @@ PRODUCT = {
 # "predictable", "cheap", "loud", "reliable" and "flimsy" are not in VADER's
 # lexicon: the gold reward cannot see every opinion a reader would, which is one
 # more way for a learned reward and the gold one to disagree.
-POSITIVE = ("great", "wonderful", "good", "amazing", "excellent", "brilliant", "fun",
-            "beautiful", "perfect", "enjoyable", "nice", "fantastic", "superb", "lovely",
-            "pleasant")
-NEGATIVE = ("bad", "terrible", "awful", "horrible", "poor", "weak", "disappointing", "ugly",
-            "annoying", "messy")
+POSITIVE = (
+    "great",
+    "wonderful",
+    "good",
+    "amazing",
+    "excellent",
+    "brilliant",
+    "fun",
+    "beautiful",
+    "perfect",
+    "enjoyable",
+    "nice",
+    "fantastic",
+    "superb",
+    "lovely",
+    "pleasant",
+)
+NEGATIVE = (
+    "bad",
+    "terrible",
+    "awful",
+    "horrible",
+    "poor",
+    "weak",
+    "disappointing",
+    "ugly",
+    "annoying",
+    "messy",
+)
 NEUTRAL = ("average", "simple", "different", "typical", "new", "normal", "standard")
 BOOSTERS = ("very", "really", "so", "extremely", "quite", "incredibly", "absolutely")
 DAMPENERS = ("somewhat", "slightly")
@@ -76,8 +124,11 @@ def _evaluation(rng, domain: dict, polarity: int) -> list[str]:
         words = ["not"] + (["very"] if rng.uniform() < 0.3 else [])
         pool = POSITIVE + domain["positive"] if polarity < 0 else NEGATIVE + domain["negative"]
         return words + [_choice(rng, pool)]
-    pool = {+1: POSITIVE + domain["positive"], -1: NEGATIVE + domain["negative"],
-            0: NEUTRAL + domain["neutral"]}[polarity]
+    pool = {
+        +1: POSITIVE + domain["positive"],
+        -1: NEGATIVE + domain["negative"],
+        0: NEUTRAL + domain["neutral"],
+    }[polarity]
     u = rng.uniform()
     words = [_choice(rng, BOOSTERS)] if u < 0.3 else [_choice(rng, DAMPENERS)] if u < 0.4 else []
     return words + [_choice(rng, pool)]
@@ -90,8 +141,7 @@ def _clause(rng, domain: dict, polarity: int, noun: str) -> list[str]:
         aspect = _choice(rng, domain["aspects"])
         return ["the", aspect, "was"] + _evaluation(rng, domain, polarity)
     if kind == 1:
-        return ["i", _choice(rng, VERBS[polarity]), "the" if rng.uniform() < 0.5 else "this",
-                noun]
+        return ["i", _choice(rng, VERBS[polarity]), "the" if rng.uniform() < 0.5 else "this", noun]
     if kind == 2:
         if polarity > 0:
             return ["it", "was", "worth", "the", _choice(rng, domain["worth"])]
@@ -109,8 +159,9 @@ def generate_review(rng) -> tuple[str, str]:
     """
     domain = MOVIE if rng.uniform() < 0.5 else PRODUCT
     noun = _choice(rng, domain["nouns"])
-    opener = _choice(rng, domain["openers"]).format(noun=noun,
-                                                    aspect=_choice(rng, domain["aspects"]))
+    opener = _choice(rng, domain["openers"]).format(
+        noun=noun, aspect=_choice(rng, domain["aspects"])
+    )
     opener = opener.split()
     # Overall polarity: positive, negative or neutral.
     polarity = (+1, -1, 0)[rng.choice(3, p=[0.4, 0.4, 0.2])]

@@ -33,13 +33,21 @@ FEATURE_NAMES = ("correct", "hedged", "wrong", "length", "flattery", "confident"
 # so with rater_bias=0 the linear reward model is well specified.
 RESPONSE_TYPES = (
     ("The answer is X.", (1, 0, 0, 0.2, 0, 1), 2.0),
-    ("What a wonderful question! As an expert, I can tell you that the answer is X, "
-     "and I hope this helps you.", (1, 0, 0, 1.0, 1, 1), 1.4),
+    (
+        "What a wonderful question! As an expert, I can tell you that the answer is X, "
+        "and I hope this helps you.",
+        (1, 0, 0, 1.0, 1, 1),
+        1.4,
+    ),
     ("I think the answer might be X, but I am not sure.", (1, 1, 0, 0.5, 0, 0), 1.2),
     ("That is hard to say; it depends on many things.", (0, 1, 0, 0.5, 0, 0), 0.0),
     ("The answer is Y.", (0, 0, 1, 0.2, 0, 1), -1.0),
-    ("What a wonderful question! As an expert, I can tell you that the answer is Y, "
-     "and I hope this helps you.", (0, 0, 1, 1.0, 1, 1), -1.6),
+    (
+        "What a wonderful question! As an expert, I can tell you that the answer is Y, "
+        "and I hope this helps you.",
+        (0, 0, 1, 1.0, 1, 1),
+        -1.6,
+    ),
 )
 
 QUESTIONS = (
@@ -98,20 +106,24 @@ class PreferenceWorldPolicy(nn.Module):
         self.tokenizer = tokenizer
         self.unk_token_id = tokenizer.unk_token_id
         self.fixed_length = True  # one-token responses: no EOS needed
-        self.generation_config = GenerationConfig(do_sample=True, temperature=1.0,
-                                                  max_new_tokens=1)
+        self.generation_config = GenerationConfig(do_sample=True, temperature=1.0, max_new_tokens=1)
 
     def forward(self, input_ids, attention_mask=None, **kwargs):
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
         if ((input_ids == self.unk_token_id) & attention_mask.bool()).any():
             raise ValueError("A prompt is not one of this world's questions; use world.prompts.")
-        q = self.question_of_token[input_ids]                          # (B, L), -1 elsewhere
+        q = self.question_of_token[input_ids]  # (B, L), -1 elsewhere
         response_logits = self.ref_logprobs[q.clamp(min=0)] + self.features @ self.theta
-        response_logits = torch.where((q >= 0).unsqueeze(-1), response_logits,
-                                      torch.zeros_like(response_logits))
-        logits = torch.full((*input_ids.shape, len(self.question_of_token)), float("-inf"),
-                            dtype=response_logits.dtype, device=input_ids.device)
+        response_logits = torch.where(
+            (q >= 0).unsqueeze(-1), response_logits, torch.zeros_like(response_logits)
+        )
+        logits = torch.full(
+            (*input_ids.shape, len(self.question_of_token)),
+            float("-inf"),
+            dtype=response_logits.dtype,
+            device=input_ids.device,
+        )
         logits[..., self.response_ids] = response_logits
         return _LogitsOutput(logits=logits)
 
@@ -159,7 +171,9 @@ class PreferenceWorld:
 
     def __init__(self, *, rater_bias: float = 1.0, n_prompts: int = 4, random_state=None):
         if not 1 <= n_prompts <= len(QUESTIONS):
-            raise ValueError(f"n_prompts must be between 1 and {len(QUESTIONS)}; got {n_prompts!r}.")
+            raise ValueError(
+                f"n_prompts must be between 1 and {len(QUESTIONS)}; got {n_prompts!r}."
+            )
         self.rater_bias = float(rater_bias)
         self.n_prompts = n_prompts
         self.random_state = random_state
@@ -202,8 +216,13 @@ class PreferenceWorld:
     def policy_model(self) -> PreferenceWorldPolicy:
         """A fresh policy model at the reference (theta = 0)."""
         ids = lambda texts: [self.tokenizer.convert_tokens_to_ids(t) for t in texts]  # noqa: E731
-        return PreferenceWorldPolicy(np.log(self._ref), self.features_, ids(self.prompts),
-                                     ids(self.responses), self.tokenizer)
+        return PreferenceWorldPolicy(
+            np.log(self._ref),
+            self.features_,
+            ids(self.prompts),
+            ids(self.responses),
+            self.tokenizer,
+        )
 
     def comparisons(self, n: int, random_state=None) -> Comparisons:
         """Draw ``n`` labelled comparisons from the biased raters.
@@ -319,7 +338,9 @@ class PreferenceWorld:
             rows = np.unique(self._index(list(X), self._prompt_index, "prompts"))
             probs = self.policy_probs(estimator)[rows]
             quality = np.broadcast_to(self.quality_, probs.shape)
-            value = exact_metrics(probs, self._ref[rows], self.rewards(rm)[rows], quality, b)[metric]
+            value = exact_metrics(probs, self._ref[rows], self.rewards(rm)[rows], quality, b)[
+                metric
+            ]
             return -value if metric == "kl" else value
 
         score.__name__ = f"{metric}_scorer"

@@ -70,23 +70,33 @@ def _word_tokenizer(texts):
     tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)
     trainer = trainers.WordLevelTrainer(special_tokens=[PAD, UNK, EOS], show_progress=False)
     tok.train_from_iterator(texts, trainer=trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, unk_token=UNK,
-                                   eos_token=EOS, clean_up_tokenization_spaces=False)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token=PAD,
+        unk_token=UNK,
+        eos_token=EOS,
+        clean_up_tokenization_spaces=False,
+    )
 
 
 def _check_texts(prompts, completions) -> tuple[list, list]:
     for name, values in (("prompts", prompts), ("completions", completions)):
         if isinstance(values, str):
-            raise TypeError(f"{name} must be a list of strings, not one string; wrap it: "
-                            f"[{values!r}].")
+            raise TypeError(
+                f"{name} must be a list of strings, not one string; wrap it: [{values!r}]."
+            )
     prompts, completions = list(prompts), list(completions)
     if len(prompts) != len(completions):
-        raise ValueError(f"Got {len(prompts)} prompts and {len(completions)} completions; "
-                         "pass one prompt per completion.")
+        raise ValueError(
+            f"Got {len(prompts)} prompts and {len(completions)} completions; "
+            "pass one prompt per completion."
+        )
     for i, c in enumerate(completions):
         if not isinstance(c, str):
-            raise TypeError(f"completion at row {i} is {type(c).__name__} ({c!r}); every "
-                            "completion must be a string.")
+            raise TypeError(
+                f"completion at row {i} is {type(c).__name__} ({c!r}); every "
+                "completion must be a string."
+            )
     return prompts, completions
 
 
@@ -167,16 +177,27 @@ class ReviewWorld:
     True
     """
 
-    def __init__(self, *, n_reviews: int = 2000, rater_temperature: float = 0.25,
-                 rater_noise: float = 0.5, length_bias: float = 1.0,
-                 cache_dir: str | None = None, random_state=None):
-        if isinstance(n_reviews, bool) or not isinstance(n_reviews, Integral) \
-                or not 1 <= n_reviews <= 5000:
-            raise ValueError(f"n_reviews must be an integer between 1 and 5000; got "
-                             f"{n_reviews!r}.")
-        checks = (("rater_temperature", rater_temperature, lambda v: v > 0, ", > 0"),
-                  ("rater_noise", rater_noise, lambda v: v >= 0, ", >= 0"),
-                  ("length_bias", length_bias, lambda v: True, ""))
+    def __init__(
+        self,
+        *,
+        n_reviews: int = 2000,
+        rater_temperature: float = 0.25,
+        rater_noise: float = 0.5,
+        length_bias: float = 1.0,
+        cache_dir: str | None = None,
+        random_state=None,
+    ):
+        if (
+            isinstance(n_reviews, bool)
+            or not isinstance(n_reviews, Integral)
+            or not 1 <= n_reviews <= 5000
+        ):
+            raise ValueError(f"n_reviews must be an integer between 1 and 5000; got {n_reviews!r}.")
+        checks = (
+            ("rater_temperature", rater_temperature, lambda v: v > 0, ", > 0"),
+            ("rater_noise", rater_noise, lambda v: v >= 0, ", >= 0"),
+            ("length_bias", length_bias, lambda v: True, ""),
+        )
         for name, value, ok, need in checks:
             if not (isinstance(value, Real) and np.isfinite(value) and ok(value)):
                 raise ValueError(f"{name} must be a finite number{need}; got {value!r}.")
@@ -201,9 +222,11 @@ class ReviewWorld:
         self._longest_review = max(len(r.split()) for r in self.corpus)
 
     def __repr__(self) -> str:
-        return (f"ReviewWorld(n_reviews={self.n_reviews}, rater_temperature="
-                f"{self.rater_temperature}, rater_noise={self.rater_noise}, length_bias="
-                f"{self.length_bias}, random_state={self.random_state!r})")
+        return (
+            f"ReviewWorld(n_reviews={self.n_reviews}, rater_temperature="
+            f"{self.rater_temperature}, rater_noise={self.rater_noise}, length_bias="
+            f"{self.length_bias}, random_state={self.random_state!r})"
+        )
 
     # ----- rewards -----------------------------------------------------------------
     def gold_reward(self, prompts, completions) -> np.ndarray:
@@ -289,8 +312,10 @@ class ReviewWorld:
         if not isinstance(n, Integral) or n < 1:
             raise ValueError(f"n must be a positive integer; got {n!r}.")
         if not callable(getattr(policy, "sample", None)):
-            raise TypeError(f"policy must have a sample(prompts, n, random_state=...) method, "
-                            f"e.g. a fitted SFTPolicy; got {type(policy).__name__}.")
+            raise TypeError(
+                f"policy must have a sample(prompts, n, random_state=...) method, "
+                f"e.g. a fitted SFTPolicy; got {type(policy).__name__}."
+            )
         rng = check_random_state(self.random_state if random_state is None else random_state)
         prompt, first, second = [], [], []
         drawn = 0
@@ -315,14 +340,18 @@ class ReviewWorld:
                 f"{type(policy).__name__} gave two identical completions in "
                 f"{drawn - len(prompt)} of {drawn} pairs, so only {len(prompt)} of the {n} "
                 "comparisons could be drawn; sample at a higher temperature or from a less "
-                "deterministic policy.")
+                "deterministic policy."
+            )
         gold_a = self.gold_reward(prompt, first)
         gold_b = self.gold_reward(prompt, second)
-        extra_words = np.array([len(a.split()) - len(b.split()) for a, b in zip(first, second)],
-                               dtype=np.float64)
-        logit = ((gold_a - gold_b) / self.rater_temperature
-                 + self.length_bias * extra_words / 10.0
-                 + rng.normal(0.0, self.rater_noise, size=n))
+        extra_words = np.array(
+            [len(a.split()) - len(b.split()) for a, b in zip(first, second)], dtype=np.float64
+        )
+        logit = (
+            (gold_a - gold_b) / self.rater_temperature
+            + self.length_bias * extra_words / 10.0
+            + rng.normal(0.0, self.rater_noise, size=n)
+        )
         a_wins = rng.uniform(size=n) < 1.0 / (1.0 + np.exp(-logit))
         chosen = [a if w else b for a, b, w in zip(first, second, a_wins)]
         rejected = [b if w else a for a, b, w in zip(first, second, a_wins)]
@@ -333,12 +362,16 @@ class ReviewWorld:
         name = type(policy).__name__
         if not isinstance(pairs, (list, tuple)) or len(pairs) != n_prompts:
             got = len(pairs) if isinstance(pairs, (list, tuple)) else type(pairs).__name__
-            raise ValueError(f"{name}.sample(prompts, n=2) must return a list with one list of "
-                             f"two completions per prompt; got {got} for {n_prompts} prompts.")
+            raise ValueError(
+                f"{name}.sample(prompts, n=2) must return a list with one list of "
+                f"two completions per prompt; got {got} for {n_prompts} prompts."
+            )
         for i, pair in enumerate(pairs):
             if len(pair) != 2 or not all(isinstance(c, str) for c in pair):
-                raise ValueError(f"{name}.sample(prompts, n=2) returned {pair!r} for prompt "
-                                 f"{i}; it must be two completion strings.")
+                raise ValueError(
+                    f"{name}.sample(prompts, n=2) returned {pair!r} for prompt "
+                    f"{i}; it must be two completion strings."
+                )
 
     # ----- the model ---------------------------------------------------------------
     def model_config(self, **overrides):
@@ -375,22 +408,35 @@ class ReviewWorld:
         from transformers import GPT2Config
 
         tok = self.tokenizer
-        params = {"vocab_size": len(tok), "n_positions": 64, "n_embd": 64, "n_layer": 2,
-                  "n_head": 4, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
-                  "bos_token_id": tok.eos_token_id, "eos_token_id": tok.eos_token_id,
-                  "pad_token_id": tok.pad_token_id}
+        params = {
+            "vocab_size": len(tok),
+            "n_positions": 64,
+            "n_embd": 64,
+            "n_layer": 2,
+            "n_head": 4,
+            "resid_pdrop": 0.0,
+            "embd_pdrop": 0.0,
+            "attn_pdrop": 0.0,
+            "bos_token_id": tok.eos_token_id,
+            "eos_token_id": tok.eos_token_id,
+            "pad_token_id": tok.pad_token_id,
+        }
         known = set(GPT2Config().to_dict()) | {"attn_implementation"}
         unknown = sorted(set(overrides) - known)
         if unknown:
             raise TypeError(f"Unknown GPT2Config parameter(s) {unknown}.")
         if overrides.get("vocab_size", len(tok)) < len(tok):
-            raise ValueError(f"vocab_size={overrides['vocab_size']} is smaller than the "
-                             f"tokenizer's {len(tok)} tokens.")
+            raise ValueError(
+                f"vocab_size={overrides['vocab_size']} is smaller than the "
+                f"tokenizer's {len(tok)} tokens."
+            )
         # A review plus its EOS must fit in the context, or SFT cannot learn to stop.
         need = self._longest_review + 1
         if overrides.get("n_positions", need) < need:
-            raise ValueError(f"n_positions={overrides['n_positions']} cannot hold the longest "
-                             f"review and its EOS ({need} tokens).")
+            raise ValueError(
+                f"n_positions={overrides['n_positions']} cannot hold the longest "
+                f"review and its EOS ({need} tokens)."
+            )
         default = GPT2Config(**params)
         path = self._save(default)
         config = GPT2Config(**{**params, **overrides})
@@ -419,6 +465,8 @@ class ReviewWorld:
         except OSError:
             shutil.rmtree(tmp, ignore_errors=True)  # another process got there first
         if not all(os.path.isfile(os.path.join(path, f)) for f in files):
-            raise OSError(f"Could not save the review world's tokenizer to {path}; pass "
-                          "cache_dir= a writable folder.")
+            raise OSError(
+                f"Could not save the review world's tokenizer to {path}; pass "
+                "cache_dir= a writable folder."
+            )
         return path

@@ -143,36 +143,49 @@ class TinyLMWorld:
     True
     """
 
-    def __init__(self, *, vocab=("a", "b", "c"), max_len: int = 3, n_prompts: int = 2,
-                 random_state=0):
+    def __init__(
+        self, *, vocab=("a", "b", "c"), max_len: int = 3, n_prompts: int = 2, random_state=0
+    ):
         vocab = tuple(vocab)
-        if len(vocab) < 1 or len(set(vocab)) != len(vocab) or \
-                any(not isinstance(w, str) or not w or w.split() != [w] or w in (PAD, EOS)
-                    for w in vocab):
-            raise ValueError(f"vocab must be distinct non-empty words without whitespace; "
-                             f"got {vocab!r}.")
+        if (
+            len(vocab) < 1
+            or len(set(vocab)) != len(vocab)
+            or any(
+                not isinstance(w, str) or not w or w.split() != [w] or w in (PAD, EOS)
+                for w in vocab
+            )
+        ):
+            raise ValueError(
+                f"vocab must be distinct non-empty words without whitespace; got {vocab!r}."
+            )
         if int(max_len) != max_len or max_len < 1:
             raise ValueError(f"max_len must be a positive integer; got {max_len!r}.")
         if not 1 <= n_prompts <= 2 * len(vocab):
-            raise ValueError(f"n_prompts must be between 1 and {2 * len(vocab)}; "
-                             f"got {n_prompts!r}.")
+            raise ValueError(
+                f"n_prompts must be between 1 and {2 * len(vocab)}; got {n_prompts!r}."
+            )
         self.vocab = vocab
         self.max_len = int(max_len)
         self.n_prompts = n_prompts
         self.random_state = random_state
         self.tokenizer = _tokenizer(vocab)
         self.prompts = [" ".join(_prompt_words(i, vocab)) for i in range(n_prompts)]
-        self._prompt_ids = [self.tokenizer(p, add_special_tokens=False)["input_ids"]
-                            for p in self.prompts]
+        self._prompt_ids = [
+            self.tokenizer(p, add_special_tokens=False)["input_ids"] for p in self.prompts
+        ]
         content = list(range(2, 2 + len(vocab)))
         eos = self.tokenizer.eos_token_id
-        ids = [seq + (eos,) for n in range(self.max_len)
-               for seq in itertools.product(content, repeat=n)]
+        ids = [
+            seq + (eos,)
+            for n in range(self.max_len)
+            for seq in itertools.product(content, repeat=n)
+        ]
         ids += list(itertools.product(content, repeat=self.max_len))
         self.response_ids = ids
         self.ended_ = np.array([len(r) > 0 and r[-1] == eos for r in ids])
-        self.responses = self.tokenizer.batch_decode([list(r) for r in ids],
-                                                     skip_special_tokens=True)
+        self.responses = self.tokenizer.batch_decode(
+            [list(r) for r in ids], skip_special_tokens=True
+        )
         self.reference_model_ = self._reference(random_state)
         self._ref = self.model_probs(self.reference_model_)
 
@@ -180,10 +193,19 @@ class TinyLMWorld:
     def _new_model(self, seed: int) -> GPT2LMHeadModel:
         longest_prompt = max(len(p) for p in self._prompt_ids)
         config = GPT2Config(
-            vocab_size=len(self.tokenizer), n_positions=longest_prompt + self.max_len + 1,
-            n_embd=32, n_layer=2, n_head=2, n_inner=64, resid_pdrop=0.0, embd_pdrop=0.0,
-            attn_pdrop=0.0, bos_token_id=self.tokenizer.eos_token_id,
-            eos_token_id=self.tokenizer.eos_token_id, pad_token_id=self.tokenizer.pad_token_id)
+            vocab_size=len(self.tokenizer),
+            n_positions=longest_prompt + self.max_len + 1,
+            n_embd=32,
+            n_layer=2,
+            n_head=2,
+            n_inner=64,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            bos_token_id=self.tokenizer.eos_token_id,
+            eos_token_id=self.tokenizer.eos_token_id,
+            pad_token_id=self.tokenizer.pad_token_id,
+        )
         with local_seed(seed):
             model = GPT2LMHeadModel(config)
         model.eval()
@@ -192,8 +214,14 @@ class TinyLMWorld:
         # sampled distribution is the one enumerated.
         model.tokenizer = self.tokenizer
         model.generation_config = GenerationConfig(
-            do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=self.max_len,
-            eos_token_id=self.tokenizer.eos_token_id, pad_token_id=self.tokenizer.pad_token_id)
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=self.max_len,
+            eos_token_id=self.tokenizer.eos_token_id,
+            pad_token_id=self.tokenizer.pad_token_id,
+        )
         return model
 
     def _reference(self, random_state) -> GPT2LMHeadModel:
@@ -233,8 +261,14 @@ class TinyLMWorld:
         optimizer = torch.optim.Adam(model.parameters(), lr=_PRETRAIN_LR)
         # Exact cross-entropy sum_y target(y|x) log pi(y|x): no sampling noise.
         for _ in range(_PRETRAIN_STEPS):
-            logp = response_logprobs(model, prompts, responses, mask, temperature=1.0,
-                                     suppress_ids=(self.tokenizer.pad_token_id,)).sum(1)
+            logp = response_logprobs(
+                model,
+                prompts,
+                responses,
+                mask,
+                temperature=1.0,
+                suppress_ids=(self.tokenizer.pad_token_id,),
+            ).sum(1)
             loss = -(weights * logp).sum() / self.n_prompts
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -255,10 +289,12 @@ class TinyLMWorld:
     def _grid(self):
         """Every (prompt, response) pair, prompt-major, as padded tensors."""
         n = len(self.response_ids)
-        prompts = pad_left([p for p in self._prompt_ids for _ in range(n)],
-                           self.tokenizer.pad_token_id)
-        ids, mask = pad_right([list(r) for r in self.response_ids] * self.n_prompts,
-                              self.tokenizer.pad_token_id)
+        prompts = pad_left(
+            [p for p in self._prompt_ids for _ in range(n)], self.tokenizer.pad_token_id
+        )
+        ids, mask = pad_right(
+            [list(r) for r in self.response_ids] * self.n_prompts, self.tokenizer.pad_token_id
+        )
         return prompts, ids, mask
 
     @torch.no_grad()
@@ -278,8 +314,14 @@ class TinyLMWorld:
         device = next(model.parameters()).device
         prompts = EncodedPrompts(prompts.input_ids.to(device), prompts.attention_mask.to(device))
         with config_context(dtype="float32"):  # exact, even where training uses bfloat16
-            logp = response_logprobs(model, prompts, ids.to(device), mask.to(device),
-                                     temperature=1.0, suppress_ids=(self.tokenizer.pad_token_id,))
+            logp = response_logprobs(
+                model,
+                prompts,
+                ids.to(device),
+                mask.to(device),
+                temperature=1.0,
+                suppress_ids=(self.tokenizer.pad_token_id,),
+            )
         logp = logp.sum(1).double().cpu().numpy()
         return check_probs(np.exp(logp).reshape(self.n_prompts, -1))
 
@@ -299,7 +341,8 @@ class TinyLMWorld:
             raise ValueError(
                 f"The policy samples {length} tokens at temperature {temperature}; this world's "
                 f"responses are {self.max_len} tokens at temperature 1. Leave temperature and "
-                "max_new_tokens at None so the policy model's generation config sets them.")
+                "max_new_tokens at None so the policy model's generation config sets them."
+            )
         prompts = [p for p in self.prompts for _ in self.response_ids]
         completions = [list(r) for r in self.response_ids] * self.n_prompts
         # In float32 even where training uses bfloat16 autocast: the rows that share a
@@ -312,8 +355,9 @@ class TinyLMWorld:
         if isinstance(policy, np.ndarray):
             probs = check_probs(policy)
             if probs.shape != self._ref.shape:
-                raise ValueError(f"Expected probabilities of shape {self._ref.shape}; "
-                                 f"got {probs.shape}.")
+                raise ValueError(
+                    f"Expected probabilities of shape {self._ref.shape}; got {probs.shape}."
+                )
             return probs
         if isinstance(policy, torch.nn.Module):
             return self.model_probs(policy)
@@ -369,8 +413,9 @@ class TinyLMWorld:
         return r
 
     # ----- exact evaluation --------------------------------------------------------
-    def evaluate(self, policy, reward, beta: float, missing_eos_reward: float | None = -1.0
-                 ) -> dict:
+    def evaluate(
+        self, policy, reward, beta: float, missing_eos_reward: float | None = -1.0
+    ) -> dict:
         """Exact expected reward, KL and objective of a policy.
 
         Parameters
@@ -394,21 +439,23 @@ class TinyLMWorld:
         """
         probs = self._probs(policy)
         gold = self.rewards(self.reward, missing_eos_reward)
-        return exact_metrics(probs, self._ref, self.rewards(reward, missing_eos_reward), gold,
-                             beta)
+        return exact_metrics(probs, self._ref, self.rewards(reward, missing_eos_reward), gold, beta)
 
-    def optimal_probs(self, reward, beta: float, missing_eos_reward: float | None = -1.0
-                      ) -> np.ndarray:
+    def optimal_probs(
+        self, reward, beta: float, missing_eos_reward: float | None = -1.0
+    ) -> np.ndarray:
         """pi*(y|x) = pi_ref(y|x) exp(r(x,y)/beta) / Z(x), shape (n_prompts, n_responses)."""
         return tilt(self._ref, self.rewards(reward, missing_eos_reward), beta)
 
     def optimum(self, reward, beta: float, missing_eos_reward: float | None = -1.0) -> dict:
         """The closed-form optimum's metrics, with the keys of :meth:`evaluate`."""
-        return self.evaluate(self.optimal_probs(reward, beta, missing_eos_reward), reward, beta,
-                             missing_eos_reward)
+        return self.evaluate(
+            self.optimal_probs(reward, beta, missing_eos_reward), reward, beta, missing_eos_reward
+        )
 
-    def objective_share(self, policy, reward, beta: float,
-                        missing_eos_reward: float | None = -1.0) -> float:
+    def objective_share(
+        self, policy, reward, beta: float, missing_eos_reward: float | None = -1.0
+    ) -> float:
         """Share of the achievable objective a policy reached: 0 at pi_ref, 1 at pi*.
 
         ``(J(pi) - J(pi_ref)) / (J(pi*) - J(pi_ref))`` with
@@ -425,6 +472,8 @@ class TinyLMWorld:
         j_ref = self.evaluate(self._ref, reward, beta, missing_eos_reward)["objective"]
         j_best = self.optimum(reward, beta, missing_eos_reward)["objective"]
         if j_best - j_ref <= 0:
-            raise ValueError("The reference is already optimal for this reward and beta; the "
-                             "share of the achievable objective is undefined.")
+            raise ValueError(
+                "The reference is already optimal for this reward and beta; the "
+                "share of the achievable objective is undefined."
+            )
         return float((j - j_ref) / (j_best - j_ref))
