@@ -17,7 +17,7 @@ from prefopt.backend.generation import (
     truncate_after_eos,
 )
 from prefopt.policies import PPOPolicy, RAFTPolicy, ReinforcePolicy, RLOOPolicy
-from prefopt.policies._base import RolloutBatch, masked_mean, masked_whiten
+from prefopt.policies import RolloutBatch, masked_mean, masked_whiten
 from prefopt.policies.ppo import clipped_surrogate, clipped_value_loss, gae
 from prefopt.policies.raft import best_of_k_mask
 from prefopt.policies.reinforce import MovingAverageBaseline
@@ -144,7 +144,7 @@ def test_rloo_policy_advantages_use_shaped_sequence_reward():
     )
     close(batch.sequence_rewards, [0.97, 1.95, 0.0, -0.1])
     close(batch.last_index.to(D), [1.0, 0.0, 2.0, 1.0])
-    RLOOPolicy(k=2)._advantages(batch)
+    batch.advantages = RLOOPolicy(k=2).compute_advantages(batch)
     # LOO for k = 2: [0.97 - 1.95, 1.95 - 0.97, 0 + 0.1, -0.1 - 0] = [-0.98, 0.98, 0.1, -0.1]
     close(batch.advantages, [-0.98, 0.98, 0.1, -0.1], atol=1e-12)
 
@@ -330,8 +330,8 @@ def test_gae_masked_positions_never_leak():
 
 def test_ppo_returns_computed_before_whitening():
     batch = SimpleNamespace(response_mask=MASK, rewards=REWARDS, values=VALUES)
-    PPOPolicy()._advantages(batch)  # whiten_advantages=True by default
-    # returns = A + V from the un-whitened GAE advantages (implementation detail 17)
+    batch.advantages, batch.returns = PPOPolicy().compute_advantages(batch)  # whitened
+    # returns = A + V from the un-whitened GAE advantages (Huang et al. 2024)
     close(batch.returns, [[0.84675, 0.765, 1.0, 0, 0], [2.0, 0, 0, 0, 0]], atol=1e-12)
     # advantages are whitened over the 4 valid tokens [0.34675, 0.365, 0.7, 1.5]:
     # mean 2.91175 / 4 = 0.7279375; deviations -0.3811875, -0.3629375, -0.0279375, 0.7720625;
@@ -408,11 +408,10 @@ def test_reinforce_baseline_excludes_current_batch():
     policy.baseline_ = MovingAverageBaseline()
     policy.baseline_.add([1.0, 3.0])  # earlier batch: baseline 2
     batch = SimpleNamespace(sequence_rewards=t([5.0, 7.0]))
-    policy._advantages(batch)
     # baseline from before this batch: [5 - 2, 7 - 2] = [3, 5]
     # (including it would give (1+3+5+7)/4 = 4 -> [1, 3])
-    close(batch.advantages, [3.0, 5.0])
-    policy._after_update(batch)
+    close(policy.compute_advantages(batch), [3.0, 5.0])
+    policy.after_update(batch)
     assert policy.baseline_.value == pytest.approx(4.0)
 
 
@@ -420,8 +419,7 @@ def test_reinforce_first_batch_has_zero_baseline():
     policy = ReinforcePolicy()
     policy.baseline_ = MovingAverageBaseline()
     batch = SimpleNamespace(sequence_rewards=t([5.0, -1.0]))
-    policy._advantages(batch)
-    close(batch.advantages, [5.0, -1.0])
+    close(policy.compute_advantages(batch), [5.0, -1.0])
 
 
 # ---------------------------------------------------------------------------
@@ -454,11 +452,9 @@ def test_best_of_k_with_k1_keeps_everything():
 
 def test_raft_rank_by_score_or_shaped():
     # scores (1.0, 0.9); KL sums (1.0, 0.0); beta 0.5: shaped (0.5, 0.9)
-    batch = SimpleNamespace(scores=t([1.0, 0.9]), sequence_rewards=t([0.5, 0.9]))
-    RAFTPolicy(k=2)._advantages(batch)
-    close(batch.advantages, [1.0, 0.0])
-    RAFTPolicy(k=2, rank_by="shaped")._advantages(batch)
-    close(batch.advantages, [0.0, 1.0])
+    batch = SimpleNamespace(scores=t([1.0, 0.9]), rlhf_rewards=t([0.5, 0.9]))
+    close(RAFTPolicy(k=2).compute_advantages(batch), [1.0, 0.0])
+    close(RAFTPolicy(k=2, rank_by="shaped").compute_advantages(batch), [0.0, 1.0])
 
 
 # ---------------------------------------------------------------------------

@@ -134,10 +134,8 @@ def _started(policy, reward):
     policy._setup(reward, policy.model)
     policy.reward_model_ = reward
     policy._scores_tokens = False
-    policy._eos_warned = False
     policy._prompts = PROMPTS
     policy._prompt_tokens = policy._tokenize_prompts(PROMPTS)
-    policy._stream = np.zeros(0, dtype=int)
     return policy
 
 

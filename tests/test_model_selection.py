@@ -291,7 +291,7 @@ def test_compare_on_policy_algorithms_reach_the_optimum_and_raft_does_not(rm):
     table = summary.set_index(["algorithm", "metric"])
     t = stats.t.ppf(0.975, 4)
     # The summary is the hand computation over seeds; the paired test is ttest_rel.
-    for (name, _metric), row in table.iterrows():
+    for (name, metric), row in table.iterrows():  # noqa: B007 (read by query)
         v = results.query("algorithm == @name and metric == @metric").sort_values("seed")
         v = v["value"].to_numpy()
         assert row["mean"] == pytest.approx(v.mean(), rel=1e-12)

@@ -1,5 +1,6 @@
 """Bad input gets a clear error; runs survive interruption; numerical faults stop cleanly."""
 
+import json
 import os
 import pickle
 import subprocess
@@ -173,7 +174,8 @@ def test_killed_run_resumes_to_the_same_result(rm, tmp_path):
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
     )
     assert result.returncode == -9, result.stderr[-2000:]  # killed mid-run
-    assert sorted(os.listdir(directory)) == ["checkpoint.joblib"]  # no half-written file
+    # No half-written file: the state and the one weights file it names (step 6), the lock.
+    assert sorted(os.listdir(directory)) == [".lock", "state.json", "tensors-0000006.safetensors"]
     resumed = world_policy(n_steps=10, checkpoint_dir=directory, checkpoint_every=3)
     resumed.fit(WORLD.prompts, rm)
     whole = world_policy(n_steps=10).fit(WORLD.prompts, rm)
@@ -185,12 +187,14 @@ def test_killed_run_resumes_to_the_same_result(rm, tmp_path):
 def test_checkpoint_for_other_prompts_or_version_is_refused(rm, tmp_path):
     directory = str(tmp_path / "run")
     world_policy(n_steps=2, checkpoint_dir=directory).fit(WORLD.prompts, rm)
-    with pytest.raises(ValueError, match="other prompts"):
+    with pytest.raises(ValueError, match="other data"):
         world_policy(n_steps=2, checkpoint_dir=directory).fit(WORLD.prompts[:2], rm)
-    path = os.path.join(directory, "checkpoint.joblib")
-    state = joblib.load(path)
-    state["__prefopt_format__"] = 999
-    joblib.dump(state, path)
+    path = os.path.join(directory, "state.json")
+    with open(path) as f:
+        state = json.load(f)
+    state["format"] = 999
+    with open(path, "w") as f:
+        json.dump(state, f)
     with pytest.raises(ValueError, match="format 999"):
         world_policy(n_steps=2, checkpoint_dir=directory).fit(WORLD.prompts, rm)
 
@@ -210,8 +214,9 @@ def test_nan_reward_mid_run_names_the_step_and_keeps_the_checkpoint(tmp_path):
         world_policy(n_steps=8, checkpoint_dir=directory, checkpoint_every=2).fit(
             WORLD.prompts, flaky
         )
-    state = joblib.load(os.path.join(directory, "checkpoint.joblib"))
-    assert state["n_iter_"] == 4 and len(state["history_"]) == 4
+    with open(os.path.join(directory, "state.json")) as f:
+        state = json.load(f)
+    assert state["fitted"]["n_iter_"] == 4 and len(state["fitted"]["history_"]) == 4
 
 
 def test_max_kl_warns_or_raises(rm):

@@ -1,7 +1,11 @@
-"""Policy estimators: one algorithm per file on the shared loop of ``_base.py``."""
+"""Policy estimators: one algorithm per file on the shared loop of ``_base.py``.
 
-from ._base import BasePolicy
-from ._batch import RolloutBatch
+:class:`BasePolicy` documents the contract a new algorithm implements; it reads
+a :class:`RolloutBatch` and a :class:`Minibatch`.
+"""
+
+from ._base import BasePolicy, store_params
+from ._batch import Minibatch, RolloutBatch, masked_mean, masked_whiten
 from .ppo import PPOPolicy
 from .raft import RAFTPolicy
 from .reinforce import ReinforcePolicy
@@ -10,10 +14,14 @@ from .sft import SFTPolicy
 
 __all__ = [
     "BasePolicy",
-    "RolloutBatch",
+    "Minibatch",
     "PPOPolicy",
+    "RAFTPolicy",
     "RLOOPolicy",
     "ReinforcePolicy",
-    "RAFTPolicy",
+    "RolloutBatch",
     "SFTPolicy",
+    "masked_mean",
+    "masked_whiten",
+    "store_params",
 ]

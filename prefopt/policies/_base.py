@@ -1,19 +1,19 @@
-"""The one loop every policy-optimisation algorithm shares.
+"""The one loop every policy-optimisation algorithm shares, and the contract of an algorithm.
 
     sample k responses per prompt -> score them -> shape the reward
     (minus beta * KL to the reference) -> advantages (the algorithm's choice)
     -> update the policy -> update beta
 
-An algorithm is a subclass that supplies ``_advantages(batch)`` and
-``_loss(batch, rows, logprobs, values)``; sampling, scoring, shaping,
-minibatches, epochs, the KL controller, ``history_`` and progress live here.
+An algorithm is a subclass of :class:`BasePolicy` that declares what the loop
+needs and supplies two methods; sampling, scoring, shaping, minibatches,
+epochs, the KL controller, ``history_``, checkpoints and progress live here.
 """
 
 from __future__ import annotations
 
-import copy
 import logging
 import os
+import threading
 import time
 import warnings
 from numbers import Integral, Real
@@ -28,30 +28,25 @@ from tqdm.auto import tqdm
 
 from .._config import get_config
 from ..backend import (
-    EncodedPrompts,
     adamw,
     default_learning_rate,
     disable_dropout,
-    frozen_copy,
     gradient_step,
     make_generator,
     maybe_compile,
-    pad_left,
     response_logprobs,
-    sample,
     sequence_values,
-    truncate_after_eos,
 )
-from ..backend.serialization import dump_state, restore_state
 from ..data import PreferenceData, check_prompts
 from ..kl import FixedKLController, _KLController, kl_estimate
+from ..lm import GenerativeEstimator, RunState
+from ..lm import _checkpoint as ckpt
 from ..rewards import check_rewards
-from ._batch import RolloutBatch, masked_mean, masked_whiten  # noqa: F401 (re-exported)
-from ._checkpoint import _fingerprint, load_checkpoint, save_checkpoint
-from ._lm import GenerativeEstimator
+from ._batch import Minibatch, RolloutBatch, masked_mean
+from ._value import build_value_model
 
 logger = logging.getLogger("prefopt")
-
+_FITTING = threading.Lock()
 
 _COMMON_CONSTRAINTS = {
     "model": "no_validation",
@@ -88,58 +83,183 @@ def _low_precision(device) -> bool:
 
 
 def store_params(estimator, params: dict) -> None:
-    """Store ``__init__``'s arguments verbatim, as scikit-learn requires (no validation)."""
+    """Store ``__init__``'s arguments verbatim, as scikit-learn requires (no validation).
+
+    Parameters
+    ----------
+    estimator : estimator
+        The estimator being constructed.
+    params : dict
+        ``locals()`` of its ``__init__``.
+
+    Examples
+    --------
+    >>> class Toy:
+    ...     def __init__(self, *, a=1):
+    ...         store_params(self, locals())
+    >>> Toy(a=2).a
+    2
+    """
     for name, value in params.items():
         if name not in ("self", "__class__"):
             setattr(estimator, name, value)
 
 
-def _with_lora(model, lora):
-    """Wrap a transformers model with a LoRA adapter (peft); only the adapter trains."""
-    try:
-        from peft import LoraConfig, get_peft_model
-    except ImportError:  # pragma: no cover - depends on the environment
-        raise ImportError("lora= needs the peft package: pip install 'prefopt[lora]'.") from None
-    config = LoraConfig(**lora) if isinstance(lora, dict) else lora
-    if not getattr(config, "target_modules", None):
-        raise ValueError(
-            "lora= needs target_modules, e.g. {'r': 8, 'target_modules': ['c_attn']} for GPT-2."
-        )
-    return get_peft_model(model, copy.deepcopy(config))
-
-
 class BasePolicy(GenerativeEstimator):
-    """Base class of policy estimators; see the module docstring for the loop."""
+    """Base of policy-optimisation estimators: the shared loop and the algorithm contract.
+
+    **Writing an algorithm.** Subclass ``BasePolicy``, write an ``__init__``
+    that stores its keyword arguments (:func:`store_params`), declare what the
+    loop needs in class attributes, and supply two methods:
+
+    ``compute_advantages(batch) -> torch.Tensor``
+        From a :class:`RolloutBatch` (scores, per-token KL and rewards,
+        log-probs, values), return the advantages: one per sample (shape
+        ``(n,)``, a bandit view of the response) or one per token (``(n,
+        length)``). An algorithm with a value model returns ``(advantages,
+        returns)``. The loop stores them on the batch.
+    ``compute_loss(batch, minibatch) -> (loss, stats)``
+        From the batch and a :class:`Minibatch` (its ``rows``, the current
+        ``logprobs`` with gradients, ``entropy``, ``values``, and the rows'
+        ``mask``, ``advantages``, ``old_logprobs``, ``ref_logprobs``...),
+        return a scalar loss to minimise and a dict of floats for ``history_``.
+
+    Optionally ``after_update(batch)`` runs once per step after the update (a
+    moving baseline, say), and ``_parameter_constraints`` validates new
+    parameters. The declarations:
+
+    ``samples_per_prompt`` : int or str, default=1
+        Samples drawn per prompt, or the name of the parameter that sets it
+        (``"k"``); the k samples of a prompt sit together in the batch.
+    ``kl_penalty`` : {"reward", "loss"}, default="reward"
+        ``"reward"``: the loop subtracts beta times the per-token KL from the
+        reward (Ziegler et al. 2019). ``"loss"``: the reward is the score alone
+        and the algorithm adds its KL term to the loss (Shao et al. 2024's
+        GRPO), reading ``batch.beta`` and ``minibatch.ref_logprobs``.
+        ``objective/rlhf_reward`` reports score - beta * KL either way.
+    ``uses_ratio`` : bool, default=False
+        The loss uses pi/pi_old: old log-probs then come from a pass identical
+        to the training pass, so the ratio is exactly 1 at the first epoch
+        (Huang et al. 2024); otherwise from the sampling pass.
+    ``training_temperature`` : "sampling" or float, default="sampling"
+        The temperature of ``minibatch.logprobs``: the sampling temperature (a
+        policy gradient of the sampling distribution), or a number (1.0 for a
+        cross-entropy on kept samples, as SFT).
+    ``uses_value_model`` : bool, default=False
+        Build and train a value model (see ``PPOPolicy``'s ``value_model``).
+
+    Examples
+    --------
+    A REINFORCE whose baseline is the batch's mean reward:
+
+    >>> import torch, prefopt
+    >>> from prefopt.policies import BasePolicy, store_params
+    >>> from prefopt.worlds import PreferenceWorld
+    >>> class MeanBaseline(BasePolicy):
+    ...     def __init__(self, *, model=None, beta=0.1, learning_rate=0.3, optimizer="sgd",
+    ...                  n_steps=3, random_state=None):
+    ...         store_params(self, locals())
+    ...     def compute_advantages(self, batch):
+    ...         rewards = batch.sequence_rewards
+    ...         return rewards - rewards.mean()
+    ...     def compute_loss(self, batch, minibatch):
+    ...         logp = (minibatch.logprobs * minibatch.mask).sum(1)
+    ...         loss = -(minibatch.advantages * logp).mean()
+    ...         return loss, {"loss/policy": loss.item()}
+    >>> prefopt.set_config(show_progress_bar=False)
+    >>> world = PreferenceWorld(random_state=0)
+    >>> policy = MeanBaseline(model=world.policy_model(), random_state=0)
+    >>> policy.fit(world.prompts, world.true_quality).n_iter_
+    3
+    """
 
     _parameter_constraints: dict = dict(_COMMON_CONSTRAINTS)
-    # Whether the loss uses the ratio pi/pi_old, which needs old log-probs from exactly
-    # the training forward pass; otherwise the sampling pass's log-probs are used.
-    _uses_ratio = False
 
-    # ----- hooks for algorithms ---------------------------------------------------
-    def _advantages(self, batch: RolloutBatch) -> None:  # pragma: no cover - abstract
-        raise NotImplementedError
+    samples_per_prompt: int | str = 1
+    kl_penalty: str = "reward"
+    uses_ratio: bool = False
+    training_temperature: str | float = "sampling"
+    uses_value_model: bool = False
 
-    def _loss(
-        self,
-        batch: RolloutBatch,
-        rows: torch.Tensor,
-        logprobs: torch.Tensor,
-        values: torch.Tensor | None,
-    ):  # pragma: no cover - abstract
-        raise NotImplementedError
+    # Defaults of the common parameters, for algorithms whose __init__ omits some.
+    model = None
+    tokenizer = None
+    beta = 0.05
+    kl = None
+    kl_estimator = "k1"
+    learning_rate = None
+    optimizer = "adam"
+    lr_schedule = "linear"
+    max_grad_norm = None
+    n_steps = 100
+    batch_size = 64
+    n_epochs = 1
+    n_minibatches = 1
+    temperature = None
+    max_new_tokens = None
+    missing_eos_reward = -1.0
+    random_state = None
+    verbose = 0
+    warm_start = False
+    checkpoint_dir = None
+    checkpoint_every = 10
+    truncate_prompts = False
+    max_kl = None
+    max_kl_action = "warn"
+    min_eos_share = 0.5
+    lora = None
 
-    def _make_value_model(self, model, reward):
-        return None
+    # ----- the contract ---------------------------------------------------------------
+    def compute_advantages(self, batch: RolloutBatch):  # pragma: no cover - abstract
+        """Advantages of a step's samples; see the class docstring.
 
-    def _after_update(self, batch: RolloutBatch) -> None:
-        """Called once per step after the optimisation epochs."""
+        Parameters
+        ----------
+        batch : RolloutBatch
+            The step's rollouts.
 
-    @property
-    def _k(self) -> int:
-        return getattr(self, "k", 1)
+        Returns
+        -------
+        advantages : torch.Tensor or (torch.Tensor, torch.Tensor)
+        """
+        raise NotImplementedError(f"{type(self).__name__} must define compute_advantages.")
 
-    # ----- fit ----------------------------------------------------------------------
+    def compute_loss(self, batch: RolloutBatch, minibatch: Minibatch):  # pragma: no cover
+        """Loss of one minibatch and its statistics; see the class docstring.
+
+        Parameters
+        ----------
+        batch : RolloutBatch
+            The step's rollouts, with advantages.
+        minibatch : Minibatch
+            The rows and the current policy's outputs on them.
+
+        Returns
+        -------
+        loss : torch.Tensor
+        stats : dict of str to float
+        """
+        raise NotImplementedError(f"{type(self).__name__} must define compute_loss.")
+
+    def after_update(self, batch: RolloutBatch) -> None:
+        """Called once per step after the update; nothing by default.
+
+        Parameters
+        ----------
+        batch : RolloutBatch
+            The step's rollouts.
+        """
+
+    def _samples_per_prompt(self) -> int:
+        k = self.samples_per_prompt
+        return int(getattr(self, k) if isinstance(k, str) else k)
+
+    def _check_algorithm_params(self) -> None:
+        """Cross-parameter checks of an algorithm; raise ValueError."""
+        if self.kl_penalty not in ("reward", "loss"):
+            raise ValueError(f"kl_penalty must be 'reward' or 'loss'; got {self.kl_penalty!r}.")
+
+    # ----- fit ------------------------------------------------------------------------
     def fit(self, X, y=None, *, reward_model=None, callback=None):
         """Optimise the policy against a reward on the prompts ``X``.
 
@@ -183,47 +303,61 @@ class BasePolicy(GenerativeEstimator):
                 "The reward must be callable as reward(prompts, completions); "
                 f"got {type(reward).__name__}."
             )
-        if self.batch_size % self._k:
+        k = self._samples_per_prompt()
+        if self.batch_size % k:
             raise ValueError(
-                f"batch_size={self.batch_size} must be a multiple of k={self._k} "
+                f"batch_size={self.batch_size} must be a multiple of k={k} "
                 "(k samples are drawn for each prompt)."
             )
-        prompts_key = _fingerprint(prompts)
-        if not load_checkpoint(self, prompts_key):
-            if not (self.warm_start and hasattr(self, "model_")):
+        data_key = ckpt.fingerprint(prompts)
+        folder = ckpt.run_folder(self, data_key)
+        if folder is not None:
+            ckpt.check_folder(folder)
+        with _one_fit_at_a_time(self), ckpt.locked(folder):
+            saved = ckpt.read(folder, self)
+            defining = ckpt.defining_params(self) if folder is not None else None
+            if saved is not None:
+                ckpt.check_same_run(saved, folder, defining=defining, data=data_key)
+            if saved is not None or not (self.warm_start and hasattr(self, "_run")):
                 self._setup(reward, start_model)
-            self._run_start = self.n_iter_
-            self._stream = np.zeros(0, dtype=int)
-            self._prompts_key = prompts_key
-        self.reward_model_ = reward
-        self._scores_tokens = (
-            hasattr(reward, "score_tokens")
-            and getattr(reward, "tokenizer_", None) is not None
-            and reward.tokenizer_.get_vocab() == self.tokenizer_.get_vocab()
-        )
-        self._eos_warned = False
-        self._prompts = prompts
-        self._prompt_tokens = self._tokenize_prompts(prompts)
-        for name in ("model_", "ref_model_", "value_model_"):  # also after a resume
-            maybe_compile(getattr(self, name, None))  # set_config(compile=...); off by default
-        self._run(self._run_start + self.n_steps - self.n_iter_, callback)
+            else:  # warm start: n_steps more steps, a fresh pass over the prompts
+                self._run.start_step = self.n_iter_
+                self._run.stream = np.zeros(0, dtype=np.int64)
+            if folder is not None:
+                self._checkpoint = {
+                    "folder": folder,
+                    "defining": defining,
+                    "data": data_key,
+                    "model": self._start_key,
+                }
+                if saved is not None:
+                    ckpt.check_same_model(saved, folder, self._start_key)
+                    ckpt.restore(self, saved["fitted"])
+                    self._run.load_state_dict(saved["run"])
+            self.reward_model_ = reward
+            self._scores_tokens = (
+                hasattr(reward, "score_tokens")
+                and getattr(reward, "tokenizer_", None) is not None
+                and reward.tokenizer_.get_vocab() == self.tokenizer_.get_vocab()
+            )
+            self._prompts = prompts
+            self._prompt_tokens = self._tokenize_prompts(prompts)
+            for name in ("model_", "ref_model_", "value_model_"):  # also after a resume
+                maybe_compile(getattr(self, name, None))  # set_config(compile=...); off by default
+            self._train_steps(self._run.start_step + self.n_steps - self.n_iter_, callback)
         return self
-
-    def _check_algorithm_params(self) -> None:
-        """Cross-parameter checks of an algorithm; raise ValueError."""
 
     def _setup(self, reward, start_model) -> None:
         rng = check_random_state(self.random_state)
         seeds = rng.randint(np.iinfo(np.int32).max, size=3)
         self._init_model(start_model, self.tokenizer, seed=int(seeds[0]))
-        model = self.model_
-        value_model = self._make_value_model(model, reward)
-        if self.lora is not None:
-            # The reference is the frozen base with the adapter disabled: no second copy.
-            self.model_ = model = _with_lora(model, self.lora)
-            self.ref_model_ = None
-        else:
-            self.ref_model_ = frozen_copy(model)
+        if self.checkpoint_dir is not None:
+            self._start_key = ckpt.module_fingerprint(self.model_)
+        value_model = None
+        if self.uses_value_model:
+            spec = getattr(self, "value_model", None)
+            value_model = build_value_model(spec, self.model_, reward, self.tokenizer_)
+        self._setup_reference()  # a frozen copy, or LoRA on model_ with no copy
         self.value_model_ = (
             None if value_model is None else disable_dropout(value_model).to(self.device_).eval()
         )
@@ -232,11 +366,13 @@ class BasePolicy(GenerativeEstimator):
         self.learning_rate_ = (
             float(self.learning_rate)
             if self.learning_rate is not None
-            else default_learning_rate(model, large=3e-6)
+            else default_learning_rate(self.model_, large=3e-6)
         )
-        self.optimizer_ = self._make_optimizer()
-        self._generator = make_generator(int(seeds[1]))
-        self._rng = np.random.RandomState(int(seeds[2]))
+        self._run = RunState(
+            generator=make_generator(int(seeds[1])),
+            rng=np.random.RandomState(int(seeds[2])),
+            optimizer=self._make_optimizer(),
+        )
         self.history_ = []
         self.n_iter_ = 0
         self.n_episodes_ = 0
@@ -244,15 +380,30 @@ class BasePolicy(GenerativeEstimator):
     def _make_optimizer(self) -> torch.optim.Optimizer:
         params = self._trainable_parameters()
         if self.optimizer == "adam":
-            # eps=1e-5 as in the original code (implementation details 1A, 12).
-            return adamw(params, self.learning_rate_)  # eps=1e-5 (details 1A, 12)
+            return adamw(params, self.learning_rate_)  # eps=1e-5, as the original code
         return torch.optim.SGD(params, lr=self.learning_rate_)
 
     def __getstate__(self):
-        return dump_state(self)
+        state = super().__getstate__()
+        state.pop("_run", None)  # a saved policy is for using; warm_start then starts a new run
+        state.pop("_checkpoint", None)
+        value = getattr(self, "value_model_", None)
+        if getattr(self, "value_model", None) == "shared" and value is not None:
+            # The shared trunk is the policy's: store only the value head.
+            state["value_model_"] = None
+            state["_shared_value_head"] = {
+                k: v.detach().cpu().clone() for k, v in value.head.state_dict().items()
+            }
+        return state
 
     def __setstate__(self, state):
-        restore_state(self, state, make_optimizer=type(self)._make_optimizer)
+        head = state.pop("_shared_value_head", None)
+        super().__setstate__(state)
+        if head is not None:
+            from ._value import shared_value_model
+
+            self.value_model_ = shared_value_model(self.model_).to(self.device_)
+            self.value_model_.head.load_state_dict(head)
 
     def _trainable_parameters(self) -> list:
         """Parameters of the policy and the value model, each once (a trunk may be shared)."""
@@ -264,29 +415,24 @@ class BasePolicy(GenerativeEstimator):
                     params.append(p)
         return params
 
-    def _next_prompts(self, n: int) -> np.ndarray:
-        # An endless, reshuffled stream over the prompts (implementation detail 1B).
-        while len(self._stream) < n:
-            self._stream = np.r_[self._stream, self._rng.permutation(len(self._prompts))]
-        out, self._stream = self._stream[:n], self._stream[n:]
-        return out
-
-    def _encode(self, rows: np.ndarray) -> EncodedPrompts:
-        enc = pad_left([self._prompt_tokens[i] for i in rows], self.tokenizer_.pad_token_id)
-        return EncodedPrompts(enc.input_ids.to(self.device_), enc.attention_mask.to(self.device_))
-
-    # ----- one step -----------------------------------------------------------------
-    def _run(self, n_steps: int, callback=None) -> None:
-        total = self.n_iter_ + n_steps
+    # ----- one step -------------------------------------------------------------------
+    def _train_steps(self, n_steps: int, callback=None) -> None:
+        run = self._run
+        total = self.n_iter_ + max(n_steps, 0)
+        k = self._samples_per_prompt()
         show = get_config()["show_progress_bar"]
-        bar = tqdm(range(n_steps), desc=type(self).__name__, disable=not show, leave=False)
+        bar = tqdm(range(max(n_steps, 0)), desc=type(self).__name__, disable=not show, leave=False)
         for _ in bar:
             self._set_learning_rate()
             start = time.perf_counter()
-            batch = self._rollout(self._next_prompts(self.batch_size // self._k))
-            self._advantages(batch)
+            batch = self._rollout(run.next_rows(self.batch_size // k, len(self._prompts)))
+            advantages = self.compute_advantages(batch)
+            if isinstance(advantages, tuple):
+                batch.advantages, batch.returns = advantages
+            else:
+                batch.advantages = advantages
             stats = self._update(batch)
-            self._after_update(batch)
+            self.after_update(batch)
             mean_kl = float(batch.kl.sum(1).mean())
             self.beta_ = self.kl_.update(mean_kl, n_episodes=len(batch))
             self.n_iter_ += 1
@@ -297,12 +443,12 @@ class BasePolicy(GenerativeEstimator):
                 "episodes": self.n_episodes_,
                 "objective/reward": float(batch.scores.mean()),
                 "objective/kl": mean_kl,
-                "objective/rlhf_reward": float(batch.sequence_rewards.mean()),
+                "objective/rlhf_reward": float(batch.rlhf_rewards.mean()),
                 "objective/beta": batch.beta,
                 **stats,
                 "response/length": float(batch.response_mask.sum(1).float().mean()),
                 "response/eos_share": float(batch.ended.float().mean()),
-                "charts/learning_rate": self.optimizer_.param_groups[0]["lr"],
+                "charts/learning_rate": run.optimizer.param_groups[0]["lr"],
                 "time/episodes_per_s": len(batch) / elapsed,
             }
             self.history_.append(row)
@@ -317,10 +463,12 @@ class BasePolicy(GenerativeEstimator):
                     mean_kl,
                     batch.beta,
                 )
-            if self.checkpoint_dir is not None and (
+            if getattr(self, "_checkpoint", None) is not None and (
                 self.n_iter_ % self.checkpoint_every == 0 or self.n_iter_ == total
             ):
-                save_checkpoint(self)
+                info = self._checkpoint
+                header = {k: info[k] for k in ("defining", "data", "model")}
+                ckpt.save(self, info["folder"], header=header, run_state=run.state_dict())
             if callback is not None and callback(self, row) is True:
                 break
         bar.close()
@@ -341,9 +489,8 @@ class BasePolicy(GenerativeEstimator):
             and self.tokenizer_.eos_token_id is not None
             and self.missing_eos_reward is not None
             and eos < self.min_eos_share
-            and not self._eos_warned
+            and self._run.warn_once("eos_share")
         ):
-            self._eos_warned = True
             warnings.warn(
                 f"{type(self).__name__}: only {eos:.0%} of responses ended with EOS at "
                 f"step {step}; the fixed missing_eos_reward={self.missing_eos_reward} "
@@ -354,12 +501,16 @@ class BasePolicy(GenerativeEstimator):
             )
 
     def _set_learning_rate(self) -> None:
-        if self.lr_schedule == "linear":  # annealed linearly to 0 (implementation detail 28)
-            frac = 1.0 - (self.n_iter_ - self._run_start) / self.n_steps
+        if self.lr_schedule == "linear":  # annealed linearly to 0, as the original code
+            frac = 1.0 - (self.n_iter_ - self._run.start_step) / self.n_steps
         else:
             frac = 1.0
-        for group in self.optimizer_.param_groups:
+        for group in self._run.optimizer.param_groups:
             group["lr"] = frac * self.learning_rate_
+
+    def _training_temperature(self) -> float:
+        t = self.training_temperature
+        return self.temperature_ if t == "sampling" else float(t)
 
     def _rollout(self, prompt_rows: np.ndarray) -> RolloutBatch:
         # Sampling, the reference, the value model and the reward run once per batch under
@@ -369,26 +520,17 @@ class BasePolicy(GenerativeEstimator):
         return batch.clone()
 
     def _sample_and_score(self, prompt_rows: np.ndarray) -> RolloutBatch:
-        rows = np.repeat(prompt_rows, self._k)
-        prompts = self._encode(rows)
-        tok = self.tokenizer_
-        raw, sampled = sample(
-            self.model_,
-            prompts,
-            max_new_tokens=self.max_new_tokens_,
-            temperature=self.temperature_,
-            generator=self._generator,
-            suppress_ids=self._suppress_ids,
-            return_logprobs=True,
-            eos_token_id=tok.eos_token_id,
+        rows = np.repeat(prompt_rows, self._samples_per_prompt())
+        prompts = self._encode([self._prompt_tokens[i] for i in rows])
+        response_ids, response_mask, ended, sampled = self._generate(
+            prompts, self._run.generator, return_logprobs=True
         )
-        response_ids, response_mask, ended = truncate_after_eos(
-            raw, tok.eos_token_id, tok.pad_token_id
-        )
-        if self._uses_ratio or _low_precision(self.device_):
+        if (self.uses_ratio and self._training_temperature() == self.temperature_) or (
+            _low_precision(self.device_)
+        ):
             # Old log-probs from a full forward pass identical to the training pass, so the
-            # ratio is exactly 1 at the first epoch (implementation details 2, 3, 21); in
-            # bf16 the cached sampling pass differs from a full pass too much (detail 21).
+            # ratio is exactly 1 at the first epoch (Huang et al. 2024); in bf16 the cached
+            # sampling pass differs from a full pass too much.
             old = response_logprobs(
                 self.model_,
                 prompts,
@@ -398,8 +540,8 @@ class BasePolicy(GenerativeEstimator):
                 suppress_ids=self._suppress_ids,
             )
         else:
-            # No ratio in the loss: the sampling pass's own log-probs (fp32, tempered, equal
-            # to a fresh forward pass up to float rounding) serve the KL; no extra pass.
+            # The sampling pass's own log-probs (fp32, tempered, equal to a fresh forward
+            # pass up to float rounding) serve the KL; no extra pass.
             old = sampled.masked_fill(response_mask == 0, 0.0)
         # The reference pass goes in chunks of the update's minibatch size: its peak memory
         # (logits over the whole vocabulary) is then no more than a training pass's, and on
@@ -426,10 +568,11 @@ class BasePolicy(GenerativeEstimator):
         scores = self._score(
             [self._prompts[i] for i in rows], prompts, response_ids, response_mask, ended
         )
-        # The reward KL uses the rollout-time log-probs, fixed for all epochs (detail 15).
+        # The KL uses the rollout-time log-probs, fixed for all epochs (Huang et al. 2024).
         kl = kl_estimate(old, ref, self.kl_estimator) * response_mask
-        beta = self.kl_.beta_  # the coefficient from before this step's update (detail 14)
-        rewards = -beta * kl
+        beta = self.kl_.beta_  # the coefficient from before this step's update
+        in_reward = self.kl_penalty == "reward"
+        rewards = -beta * kl if in_reward else torch.zeros_like(kl)
         last = (response_mask.sum(1) - 1).clamp(min=0)  # the EOS, or the last token
         rewards[torch.arange(len(rows)), last] += scores
         return RolloutBatch(
@@ -444,6 +587,7 @@ class BasePolicy(GenerativeEstimator):
             kl=kl,
             rewards=rewards,
             beta=beta,
+            kl_in_reward=in_reward,
             values=values,
         )
 
@@ -461,19 +605,20 @@ class BasePolicy(GenerativeEstimator):
             device=response_ids.device,
         )
         if self.missing_eos_reward is not None and self.tokenizer_.eos_token_id is not None:
-            # The EOS trick: the score of a response with no EOS is *replaced* by a fixed
-            # reward (-1 by default), not offset (seed text; implementation detail 7).
+            # A response with no EOS gets a fixed reward (-1) *replacing* its score, not
+            # offsetting it (Huang et al. 2024).
             scores = torch.where(ended, scores, torch.full_like(scores, self.missing_eos_reward))
         return scores
 
     def _update(self, batch: RolloutBatch) -> dict:
         n = len(batch)
         size = max(1, n // self.n_minibatches)
+        temperature = self._training_temperature()
         totals: dict[str, float] = {}
         count = 0
         entropies = []
         for _ in range(self.n_epochs):
-            perm = torch.randperm(n, generator=self._generator).to(self.device_)
+            perm = torch.randperm(n, generator=self._run.generator).to(self.device_)
             for start in range(0, n, size):
                 rows = perm[start : start + size]
                 logprobs, entropy = response_logprobs(
@@ -481,7 +626,7 @@ class BasePolicy(GenerativeEstimator):
                     batch.prompts[rows],
                     batch.response_ids[rows],
                     batch.response_mask[rows],
-                    temperature=self.temperature_,
+                    temperature=temperature,
                     suppress_ids=self._suppress_ids,
                     with_entropy=True,
                 )
@@ -493,15 +638,16 @@ class BasePolicy(GenerativeEstimator):
                         batch.response_ids[rows],
                         batch.response_mask[rows],
                     )
-                loss, stats = self._loss(batch, rows, logprobs, values)
+                minibatch = Minibatch(batch, rows, logprobs, entropy, values)
+                loss, stats = self.compute_loss(batch, minibatch)
                 gradient_step(
-                    self.optimizer_,
+                    self._run.optimizer,
                     loss,
                     who=type(self).__name__,
                     step=self.n_iter_ + 1,
                     max_grad_norm=self.max_grad_norm,
                 )
-                entropies.append(float(masked_mean(entropy.detach(), batch.response_mask[rows])))
+                entropies.append(float(masked_mean(entropy.detach(), minibatch.mask)))
                 for key, value in stats.items():
                     totals[key] = totals.get(key, 0.0) + float(value)
                 count += 1
@@ -514,7 +660,8 @@ class BasePolicy(GenerativeEstimator):
 
         Parameters
         ----------
-        X : prompts
+        X : list of str or table with a ``prompt`` column
+            Prompts.
         y : callable, default=None
             A reward to score with; ``None`` uses the one given to ``fit``.
 
@@ -527,3 +674,30 @@ class BasePolicy(GenerativeEstimator):
         reward = y if callable(y) else self.reward_model_
         completions = self.predict(prompts)
         return float(np.mean(check_rewards(reward(prompts, completions), len(prompts))))
+
+    def __sklearn_clone__(self):
+        clone_ = super().__sklearn_clone__()
+        # A clone (a search's candidate or seed) checkpoints into its own sub-folder.
+        clone_._checkpoint_subfolder = True
+        return clone_
+
+
+class _one_fit_at_a_time:
+    """Refuse a second concurrent ``fit`` of one estimator object (two threads)."""
+
+    def __init__(self, estimator):
+        self.estimator = estimator
+
+    def __enter__(self):
+        with _FITTING:
+            if self.estimator.__dict__.get("_fitting"):
+                raise RuntimeError(
+                    f"This {type(self.estimator).__name__} is already being fitted (in another "
+                    "thread); two fits of one object would corrupt it. Fit a clone "
+                    "(sklearn.base.clone) instead."
+                )
+            self.estimator.__dict__["_fitting"] = True
+
+    def __exit__(self, *exc):
+        self.estimator.__dict__["_fitting"] = False
+        return False

@@ -10,7 +10,26 @@ from ..backend import EncodedPrompts
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean of ``x`` over positions where ``mask`` is 1."""
+    """Mean of ``x`` over positions where ``mask`` is 1.
+
+    Parameters
+    ----------
+    x : torch.Tensor
+        Values.
+    mask : torch.Tensor
+        1 where a value counts.
+
+    Returns
+    -------
+    mean : torch.Tensor
+        A scalar; 0 when the mask is empty.
+
+    Examples
+    --------
+    >>> import torch
+    >>> masked_mean(torch.tensor([1.0, 3.0, 100.0]), torch.tensor([1, 1, 0]))
+    tensor(2.)
+    """
     mask = mask.to(x.dtype)
     return (x * mask).sum() / mask.sum().clamp(min=1.0)
 
@@ -21,7 +40,23 @@ def masked_whiten(
     """Whiten ``x`` over masked positions with the population variance.
 
     With ``shift_mean=False`` the mean is added back (reward whitening keeps the
-    mean; implementation details 9-11). Padded positions are returned as 0.
+    mean, as the original code of Ziegler et al. 2019). Padded positions are
+    returned as 0.
+
+    Parameters
+    ----------
+    x : torch.Tensor
+        Values.
+    mask : torch.Tensor
+        1 where a value counts.
+    shift_mean : bool, default=True
+        Subtract the mean (``False`` keeps it).
+    eps : float, default=1e-8
+        Added to the variance.
+
+    Returns
+    -------
+    whitened : torch.Tensor
 
     Examples
     --------
@@ -59,11 +94,14 @@ class RolloutBatch:
     kl : torch.Tensor of shape (n, max_new_tokens)
         Per-token KL estimate, 0 outside the mask.
     rewards : torch.Tensor of shape (n, max_new_tokens)
-        Shaped per-token reward: -beta * kl, plus the score at the last token.
+        Per-token reward: the score at the last token, plus -beta * kl at every
+        token when the algorithm puts the KL in the reward.
     values : torch.Tensor or None
         V(s_t) under the value model at sampling time (PPO).
+    kl_in_reward : bool
+        Whether -beta * kl is part of ``rewards`` (the algorithm's ``kl_penalty``).
     advantages, returns : torch.Tensor or None
-        Filled by the algorithm.
+        What the algorithm's ``compute_advantages`` returned.
     """
 
     prompts: EncodedPrompts
@@ -77,6 +115,7 @@ class RolloutBatch:
     kl: torch.Tensor
     rewards: torch.Tensor
     beta: float
+    kl_in_reward: bool = True
     values: torch.Tensor | None = None
     advantages: torch.Tensor | None = None
     returns: torch.Tensor | None = None
@@ -102,10 +141,83 @@ class RolloutBatch:
 
     @property
     def sequence_rewards(self) -> torch.Tensor:
-        """The KL-shaped sequence reward R(x, y) = score - beta * sum_t kl_t."""
+        """The sequence reward the algorithm optimises: ``rewards`` summed over the response.
+
+        score - beta * sum_t kl_t when the KL is in the reward, the score alone
+        when it is in the loss.
+        """
+        if self.kl_in_reward:
+            return self.scores - self.beta * self.kl.sum(1)
+        return self.scores
+
+    @property
+    def rlhf_rewards(self) -> torch.Tensor:
+        """The KL-regularised objective of each sample, score - beta * sum_t kl_t."""
         return self.scores - self.beta * self.kl.sum(1)
 
     @property
     def last_index(self) -> torch.Tensor:
         """Index of each response's last valid token (its EOS when it has one)."""
         return (self.response_mask.sum(1) - 1).clamp(min=0)
+
+
+@dataclass
+class Minibatch:
+    """One minibatch of a step's rollouts with the current policy's outputs on it.
+
+    What an algorithm's ``compute_loss`` receives. The rollout-time tensors of
+    the minibatch's rows are read through properties.
+
+    Attributes
+    ----------
+    batch : RolloutBatch
+        The whole step's rollouts.
+    rows : torch.Tensor of shape (m,)
+        Which rows of ``batch`` this minibatch holds.
+    logprobs : torch.Tensor of shape (m, max_new_tokens)
+        Per-token log-probs of the responses under the current policy, with
+        gradients, at the algorithm's ``training_temperature``.
+    entropy : torch.Tensor of shape (m, max_new_tokens)
+        Per-token entropy of the current policy (no gradient).
+    values : torch.Tensor or None
+        The value model's current predictions, with gradients (PPO).
+    """
+
+    batch: RolloutBatch
+    rows: torch.Tensor
+    logprobs: torch.Tensor
+    entropy: torch.Tensor
+    values: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return self.rows.shape[0]
+
+    @property
+    def mask(self) -> torch.Tensor:
+        """Response mask of the rows."""
+        return self.batch.response_mask[self.rows]
+
+    @property
+    def advantages(self) -> torch.Tensor:
+        """Advantages of the rows, as ``compute_advantages`` returned them."""
+        return self.batch.advantages[self.rows]
+
+    @property
+    def returns(self) -> torch.Tensor:
+        """Value targets of the rows (algorithms with a value model)."""
+        return self.batch.returns[self.rows]
+
+    @property
+    def old_logprobs(self) -> torch.Tensor:
+        """Rollout-time log-probs of the rows (the denominator of the ratio)."""
+        return self.batch.old_logprobs[self.rows]
+
+    @property
+    def ref_logprobs(self) -> torch.Tensor:
+        """Reference log-probs of the rows."""
+        return self.batch.ref_logprobs[self.rows]
+
+    @property
+    def old_values(self) -> torch.Tensor:
+        """Rollout-time values of the rows."""
+        return self.batch.values[self.rows]

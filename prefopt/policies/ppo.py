@@ -2,21 +2,18 @@
 
 Reads top to bottom: the advantage step (GAE on the KL-shaped per-token reward)
 and the loss (clipped surrogate plus clipped value loss). Everything else is the
-shared loop in ``_base.py``.
+shared loop in ``_base.py``; the value model is built in ``_value.py``.
 """
 
 from __future__ import annotations
 
-import copy
 from numbers import Real
 
 import torch
 from sklearn.utils._param_validation import Interval
 
-from ..backend import ScalarHeadModel, TokenValueTable
-from ..backend.serialization import restore_state
 from ._base import BasePolicy, store_params
-from ._batch import RolloutBatch, masked_mean, masked_whiten
+from ._batch import Minibatch, RolloutBatch, masked_mean, masked_whiten
 from ._docs import fill
 
 __all__ = ["PPOPolicy", "gae"]
@@ -220,8 +217,11 @@ class PPOPolicy(BasePolicy):
         "value_model": "no_validation",
     }
 
+    uses_value_model = True
+
     @property
-    def _uses_ratio(self) -> bool:
+    def uses_ratio(self) -> bool:
+        """The loss uses the ratio unless ``use_ratio=False`` (vanilla policy gradient)."""
         return self.use_ratio
 
     def __init__(
@@ -266,52 +266,18 @@ class PPOPolicy(BasePolicy):
     ):
         store_params(self, locals())
 
-    def _make_value_model(self, model, reward):
-        if isinstance(self.value_model, str):
-            if self.value_model != "shared":
-                raise ValueError(
-                    f"value_model must be a module, None or 'shared'; got {self.value_model!r}."
-                )
-            return _shared_value_model(model)
-        if self.value_model is not None:
-            return copy.deepcopy(self.value_model)
-        reward_lm = getattr(reward, "model_", None)
-        if isinstance(reward_lm, ScalarHeadModel):
-            return copy.deepcopy(reward_lm)  # value model initialised from the reward model
-        base = getattr(model, "base_model", None)
-        if base is not None and base is not model and hasattr(base, "config"):
-            value = ScalarHeadModel(copy.deepcopy(base), head_std=0.0)  # OAI: zero value head
-            return value
-        return TokenValueTable(max(len(self.tokenizer_), _vocab(model)))
+    def compute_advantages(self, batch: RolloutBatch):
+        """GAE advantages (whitened) and returns on the KL-shaped per-token reward.
 
-    def __getstate__(self):
-        value = getattr(self, "value_model_", None)
-        if self.value_model != "shared" or value is None:
-            return super().__getstate__()
-        # The shared trunk is the policy's: store only the value head.
-        self.value_model_ = None
-        try:
-            state = super().__getstate__()
-        finally:
-            self.value_model_ = value
-        state["_shared_value_head"] = {
-            k: v.detach().cpu().clone() for k, v in value.head.state_dict().items()
-        }
-        return state
+        Parameters
+        ----------
+        batch : RolloutBatch
+            The step's rollouts, with the rollout-time values.
 
-    def __setstate__(self, state):
-        head = state.pop("_shared_value_head", None)
-        if head is None:
-            return super().__setstate__(state)
-
-        def make_optimizer(policy):
-            policy.value_model_ = _shared_value_model(policy.model_).to(policy.device_)
-            policy.value_model_.head.load_state_dict(head)
-            return type(policy)._make_optimizer(policy)
-
-        restore_state(self, state, make_optimizer=make_optimizer)
-
-    def _advantages(self, batch: RolloutBatch) -> None:
+        Returns
+        -------
+        advantages, returns : torch.Tensor of shape (n, length)
+        """
         mask = batch.response_mask
         rewards = batch.rewards
         if self.whiten_rewards:
@@ -319,14 +285,28 @@ class PPOPolicy(BasePolicy):
         advantages, returns = gae(rewards, batch.values, mask, self.gamma, self.gae_lambda)
         if self.whiten_advantages:
             advantages = masked_whiten(advantages, mask)
-        batch.advantages, batch.returns = advantages, returns
+        return advantages, returns
 
-    def _loss(self, batch, rows, logprobs, values):
-        mask = batch.response_mask[rows]
+    def compute_loss(self, batch: RolloutBatch, minibatch: Minibatch):
+        """Clipped surrogate plus ``vf_coef`` times the clipped value loss.
+
+        Parameters
+        ----------
+        batch : RolloutBatch
+            The step's rollouts, with advantages and returns.
+        minibatch : Minibatch
+            The rows and the current policy's log-probs and values.
+
+        Returns
+        -------
+        loss : torch.Tensor
+        stats : dict
+        """
+        mask, logprobs, values = minibatch.mask, minibatch.logprobs, minibatch.values
         pg_loss, clipfrac = clipped_surrogate(
-            batch.advantages[rows],
+            minibatch.advantages,
             logprobs,
-            batch.old_logprobs[rows],
+            minibatch.old_logprobs,
             mask,
             clip_coef=self.clip_coef,
             clip=self.clip,
@@ -334,14 +314,14 @@ class PPOPolicy(BasePolicy):
         )
         vf_loss = clipped_value_loss(
             values,
-            batch.values[rows],
-            batch.returns[rows],
+            minibatch.old_values,
+            minibatch.returns,
             mask,
             clip_coef=self.vf_clip_coef,
             clip=self.clip,
         )
-        log_ratio = (logprobs - batch.old_logprobs[rows]).detach()
-        returns = batch.returns[rows]
+        log_ratio = (logprobs - minibatch.old_logprobs).detach()
+        returns = minibatch.returns
         explained = 1.0 - torch.var(
             (returns - values.detach())[mask.bool()], unbiased=False
         ) / torch.var(returns[mask.bool()], unbiased=False).clamp(min=1e-8)
@@ -354,21 +334,6 @@ class PPOPolicy(BasePolicy):
             "val/explained_variance": explained.item(),
         }
         return pg_loss + self.vf_coef * vf_loss, stats
-
-
-def _shared_value_model(model):
-    """A value head on the policy's own trunk (no copy): the OAI code's shared network."""
-    base = getattr(model, "get_base_model", lambda: model)()
-    trunk = getattr(base, "base_model", None)
-    if trunk is None or trunk is base or not hasattr(trunk, "config"):
-        raise ValueError("value_model='shared' needs a transformers policy with a base model.")
-    return ScalarHeadModel(trunk, head_std=0.0)  # zero-initialised head, as OAI
-
-
-def _vocab(model) -> int:
-    from ..backend import model_vocab_size
-
-    return model_vocab_size(model) or 0
 
 
 PPOPolicy.__doc__ = fill(

@@ -1,7 +1,7 @@
 """RAFT: reward-ranked fine-tuning (Dong et al., 2023).
 
 Sample k responses per prompt, keep the best by reward *within* each prompt
-(local ranking; implementation detail 25), and fine-tune on the kept responses
+(local ranking, as Ahmadian et al. 2024 run it), and fine-tune on the kept responses
 with the ordinary next-token loss. No advantage weighting, no negatives, and
 beta plays no part in the loss: it only enters the ranking when
 ``rank_by="shaped"`` (the paper's KL variant). Iterating this sharpens the
@@ -130,14 +130,43 @@ class RAFTPolicy(BasePolicy):
     ):
         store_params(self, locals())
 
-    def _advantages(self, batch) -> None:
-        ranking = batch.scores if self.rank_by == "score" else batch.sequence_rewards
-        keep = best_of_k_mask(ranking, self.k)
-        # Kept responses are weighted 1, the rest 0: the "advantage" is a selection.
-        batch.advantages = keep.to(batch.scores.dtype)
+    samples_per_prompt = "k"
+    # The kept responses are trained on with the ordinary next-token loss, at
+    # temperature 1 as SFT (Dong et al. 2023), not at the sampling temperature.
+    training_temperature = 1.0
 
-    def _loss(self, batch, rows, logprobs, values):
-        weight = batch.advantages[rows].unsqueeze(1) * batch.response_mask[rows]
+    def compute_advantages(self, batch):
+        """1 for the best of each prompt's k samples, 0 for the rest: a selection.
+
+        Parameters
+        ----------
+        batch : RolloutBatch
+            The step's rollouts, k samples per prompt together.
+
+        Returns
+        -------
+        advantages : torch.Tensor of shape (n,)
+        """
+        ranking = batch.scores if self.rank_by == "score" else batch.rlhf_rewards
+        return best_of_k_mask(ranking, self.k).to(batch.scores.dtype)
+
+    def compute_loss(self, batch, minibatch):
+        """Next-token cross-entropy on the kept responses, averaged over their tokens.
+
+        Parameters
+        ----------
+        batch : RolloutBatch
+            The step's rollouts.
+        minibatch : Minibatch
+            The rows and the current policy's log-probs.
+
+        Returns
+        -------
+        loss : torch.Tensor
+        stats : dict
+        """
+        logprobs = minibatch.logprobs
+        weight = minibatch.advantages.unsqueeze(1) * minibatch.mask
         # Next-token cross-entropy on the kept responses, averaged over their tokens.
         loss = -masked_mean(logprobs, weight) if weight.sum() > 0 else logprobs.sum() * 0.0
         return loss, {"loss/policy": loss.item()}

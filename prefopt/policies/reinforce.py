@@ -1,7 +1,7 @@
 """REINFORCE with a moving-average baseline (Ahmadian et al., 2024, eq. 8).
 
 The baseline is the mean KL-shaped reward of all *earlier* batches; the current
-batch's rewards join it only after the update (implementation detail 24), so the
+batch's rewards join it only after the update (Ahmadian et al. 2024), so the
 estimator stays unbiased. At the first step there is no earlier reward and the
 baseline is 0.
 """
@@ -34,6 +34,25 @@ class MovingAverageBaseline:
     def __init__(self):
         self.total = 0.0
         self.count = 0
+
+    def state_dict(self) -> dict:
+        """The running sum and count, for checkpoints.
+
+        Returns
+        -------
+        state : dict
+        """
+        return {"total": self.total, "count": self.count}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict`'s output.
+
+        Parameters
+        ----------
+        state : dict
+            From :meth:`state_dict`.
+        """
+        self.total, self.count = float(state["total"]), int(state["count"])
 
     @property
     def value(self) -> float:
@@ -121,15 +140,48 @@ class ReinforcePolicy(BasePolicy):
         super()._setup(reward, start_model)
         self.baseline_ = MovingAverageBaseline()
 
-    def _advantages(self, batch) -> None:
-        batch.advantages = batch.sequence_rewards - self.baseline_.value
+    def compute_advantages(self, batch):
+        """The KL-shaped sequence reward minus the mean of all earlier ones.
 
-    def _loss(self, batch, rows, logprobs, values):
-        mask = batch.response_mask[rows]
-        loss = sequence_policy_gradient_loss(batch.advantages[rows], logprobs, mask)
+        Parameters
+        ----------
+        batch : RolloutBatch
+            The step's rollouts.
+
+        Returns
+        -------
+        advantages : torch.Tensor of shape (n,)
+        """
+        return batch.sequence_rewards - self.baseline_.value
+
+    def compute_loss(self, batch, minibatch):
+        """The REINFORCE loss on whole sequences.
+
+        Parameters
+        ----------
+        batch : RolloutBatch
+            The step's rollouts.
+        minibatch : Minibatch
+            The rows and the current policy's log-probs.
+
+        Returns
+        -------
+        loss : torch.Tensor
+        stats : dict
+        """
+        loss = sequence_policy_gradient_loss(
+            minibatch.advantages, minibatch.logprobs, minibatch.mask
+        )
         return loss, {"loss/policy": loss.item(), "policy/baseline": self.baseline_.value}
 
-    def _after_update(self, batch) -> None:
+    def after_update(self, batch) -> None:
+        """Add this step's rewards to the baseline, after the update.
+
+        Parameters
+        ----------
+        batch : RolloutBatch
+            The step's rollouts.
+        """
         self.baseline_.add(batch.sequence_rewards)
 
 

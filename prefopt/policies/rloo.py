@@ -45,8 +45,29 @@ def sequence_policy_gradient_loss(
 ) -> torch.Tensor:
     """-mean_i A_i * sum_t log pi(y_{i,t}): the REINFORCE loss on whole sequences.
 
-    Token log-probs are summed, not averaged (implementation detail 23), so
-    long and short responses get the weight of their sequence probability.
+    Token log-probs are summed, not averaged (Ahmadian et al. 2024 treat the
+    whole response as one action), so long and short responses get the weight
+    of their sequence probability.
+
+    Parameters
+    ----------
+    advantages : torch.Tensor of shape (n,)
+        One advantage per response.
+    logprobs : torch.Tensor of shape (n, length)
+        Per-token log-probs under the current policy.
+    mask : torch.Tensor of shape (n, length)
+        Response mask.
+
+    Returns
+    -------
+    loss : torch.Tensor
+
+    Examples
+    --------
+    >>> import torch
+    >>> sequence_policy_gradient_loss(torch.tensor([1.0]), torch.tensor([[-1.0, -2.0]]),
+    ...                               torch.tensor([[1, 0]]))
+    tensor(1.)
     """
     return -(advantages * (logprobs * mask).sum(1)).mean()
 
@@ -130,12 +151,40 @@ class RLOOPolicy(BasePolicy):
     ):
         store_params(self, locals())
 
-    def _advantages(self, batch) -> None:
-        batch.advantages = leave_one_out_advantages(batch.sequence_rewards, self.k)
+    samples_per_prompt = "k"
 
-    def _loss(self, batch, rows, logprobs, values):
-        mask = batch.response_mask[rows]
-        loss = sequence_policy_gradient_loss(batch.advantages[rows], logprobs, mask)
+    def compute_advantages(self, batch):
+        """Leave-one-out advantages of the KL-shaped sequence rewards.
+
+        Parameters
+        ----------
+        batch : RolloutBatch
+            The step's rollouts, k samples per prompt together.
+
+        Returns
+        -------
+        advantages : torch.Tensor of shape (n,)
+        """
+        return leave_one_out_advantages(batch.sequence_rewards, self.k)
+
+    def compute_loss(self, batch, minibatch):
+        """The REINFORCE loss on whole sequences.
+
+        Parameters
+        ----------
+        batch : RolloutBatch
+            The step's rollouts.
+        minibatch : Minibatch
+            The rows and the current policy's log-probs.
+
+        Returns
+        -------
+        loss : torch.Tensor
+        stats : dict
+        """
+        loss = sequence_policy_gradient_loss(
+            minibatch.advantages, minibatch.logprobs, minibatch.mask
+        )
         return loss, {"loss/policy": loss.item()}
 
 

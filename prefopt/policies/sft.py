@@ -1,14 +1,12 @@
 """Supervised fine-tuning: next-token loss on the demonstrations' responses only.
 
-The first stage of the InstructGPT recipe. The response ends with EOS, and the
-pad token differs from EOS, so EOS is a trained target and the model learns to
-stop (seed text; implementation detail 1).
+The first stage of the InstructGPT recipe (Ouyang et al. 2022). The response
+ends with EOS, and the pad token differs from EOS, so EOS is a trained target
+and the model learns to stop (Huang et al. 2024).
 """
 
 from __future__ import annotations
 
-import math
-import time
 from numbers import Integral, Real
 
 import numpy as np
@@ -16,22 +14,12 @@ import torch
 from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
-from tqdm.auto import tqdm
 
 from .._config import get_config
-from ..backend import (
-    EncodedPrompts,
-    adamw,
-    default_learning_rate,
-    gradient_step,
-    make_generator,
-    pad_left,
-    pad_right,
-    response_logprobs,
-)
+from ..backend import default_learning_rate, make_generator, response_logprobs
 from ..data import PreferenceData, check_demonstrations
+from ..lm import GenerativeEstimator, context_length, train_minibatches
 from ._batch import masked_mean
-from ._lm import GenerativeEstimator, context_length
 
 __all__ = ["SFTPolicy"]
 
@@ -82,7 +70,7 @@ class SFTPolicy(GenerativeEstimator):
     n_iter_ : int
         Gradient steps done.
     history_ : list of dict
-        ``loss/sft`` and ``time/tokens_per_s`` per step.
+        ``loss/sft``, ``data/tokens``, ``charts/learning_rate`` and ``time/step_s`` per step.
 
     See Also
     --------
@@ -195,60 +183,28 @@ class SFTPolicy(GenerativeEstimator):
         return self
 
     def _train(self, ptoks, ctoks, generator) -> None:
-        model = self.model_
-        optimizer = adamw(model.parameters(), self.learning_rate_)
-        n = len(ptoks)
-        per_epoch = math.ceil(n / self.batch_size)
-        total = per_epoch * self.n_epochs
-        show = get_config()["show_progress_bar"]
-        bar = tqdm(total=total, desc="SFTPolicy", disable=not show, leave=False)
-        step = 0
-        for _ in range(self.n_epochs):
-            order = torch.randperm(n, generator=generator).tolist()
-            for start in range(0, n, self.batch_size):
-                rows = order[start : start + self.batch_size]
-                frac = step / total
-                scale = {
-                    "cosine": 0.5 * (1 + math.cos(math.pi * frac)),
-                    "linear": 1 - frac,
-                    "constant": 1.0,
-                }[self.lr_schedule]
-                for group in optimizer.param_groups:
-                    group["lr"] = self.learning_rate_ * scale
-                began = time.perf_counter()
-                loss, n_tokens = self._batch_loss(
-                    model, [ptoks[i] for i in rows], [ctoks[i] for i in rows]
-                )
-                gradient_step(optimizer, loss, who="SFTPolicy", step=self.n_iter_ + 1)
-                step += 1
-                self.n_iter_ += 1
-                self.history_.append(
-                    {
-                        "step": self.n_iter_,
-                        "loss/sft": loss.item(),
-                        "charts/learning_rate": optimizer.param_groups[0]["lr"],
-                        "time/tokens_per_s": n_tokens / (time.perf_counter() - began),
-                    }
-                )
-                bar.update(1)
-                bar.set_postfix(loss=f"{loss.item():.3f}")
-        bar.close()
+        def batch_loss(rows):
+            loss, n_tokens = self._batch_loss(
+                self.model_, [ptoks[i] for i in rows], [ctoks[i] for i in rows]
+            )
+            return loss, {"loss/sft": loss.item(), "data/tokens": n_tokens}
+
+        train_minibatches(
+            self,
+            len(ptoks),
+            batch_loss,
+            parameters=self.model_.parameters(),
+            generator=generator,
+            schedule=self.lr_schedule,
+            name="SFTPolicy",
+        )
 
     def _batch_loss(self, model, ptoks, ctoks):
-        pad = self.tokenizer_.pad_token_id
-        enc = pad_left(ptoks, pad)
-        ids, mask = pad_right(ctoks, pad)
-        enc = EncodedPrompts(enc.input_ids.to(self.device_), enc.attention_mask.to(self.device_))
+        ids, mask = self._pad_responses(ctoks)
         # Temperature 1: the training targets are the data's tokens themselves.
         logprobs = response_logprobs(
-            model,
-            enc,
-            ids.to(self.device_),
-            mask.to(self.device_),
-            temperature=1.0,
-            suppress_ids=self._suppress_ids,
+            model, self._encode(ptoks), ids, mask, temperature=1.0, suppress_ids=self._suppress_ids
         )
-        mask = mask.to(self.device_)
         return -masked_mean(logprobs, mask), int(mask.sum())
 
     def transform(self, X):

@@ -1,76 +1,23 @@
-"""Reward models and reward wrappers.
-
-A *reward* is any callable ``reward(prompts, completions) -> array (n,)`` on
-text. prefopt's :class:`RewardModel` is one; it is fitted on comparisons with
-the Bradley-Terry loss.
-"""
+"""The Bradley-Terry reward model: linear in features, or a scalar head on a language model."""
 
 from __future__ import annotations
 
 from numbers import Integral, Real
 
 import numpy as np
-from sklearn.base import BaseEstimator
 from sklearn.linear_model import LogisticRegression
-from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval
 from sklearn.utils.validation import check_is_fitted
 
-from .data import PreferenceData, check_comparisons
+from ..backend import unpad
+from ..data import PreferenceData, check_comparisons
+from ..lm import LanguageModelEstimator
+from ._lm import fit_lm_reward, predict_text, score_token_rows
 
-__all__ = ["RewardModel", "NoisyReward", "check_rewards"]
-
-
-def check_rewards(values, n: int, source: str = "the reward") -> np.ndarray:
-    """Check that a reward returned one finite number per completion.
-
-    Parameters
-    ----------
-    values : array-like
-        What the reward returned.
-    n : int
-        Number of completions it was given.
-    source : str, default="the reward"
-        Named in the error message.
-
-    Returns
-    -------
-    rewards : ndarray of shape (n,), float64
-
-    Examples
-    --------
-    >>> check_rewards([1, 2], 2)
-    array([1., 2.])
-    >>> check_rewards([1.0, float("nan")], 2)
-    Traceback (most recent call last):
-    ...
-    ValueError: the reward returned a non-finite value (nan) for completion 1; ...
-    """
-    try:
-        arr = np.asarray(
-            values.detach().cpu() if hasattr(values, "detach") else values, dtype=np.float64
-        )
-    except (TypeError, ValueError):
-        raise TypeError(
-            f"{source} must return numbers, one per completion; got {type(values).__name__}."
-        ) from None
-    if arr.ndim == 2 and arr.shape[1] == 1:
-        arr = arr[:, 0]
-    if arr.shape != (n,):
-        raise ValueError(
-            f"{source} returned shape {arr.shape} for {n} completions; it must "
-            f"return an array of shape ({n},), one number per completion."
-        )
-    bad = np.flatnonzero(~np.isfinite(arr))
-    if bad.size:
-        raise ValueError(
-            f"{source} returned a non-finite value ({arr[bad[0]]}) for completion "
-            f"{bad[0]}; a reward must be a finite number for every completion."
-        )
-    return arr
+__all__ = ["RewardModel"]
 
 
-class RewardModel(BaseEstimator):
+class RewardModel(LanguageModelEstimator):
     """A reward model fitted on pairwise comparisons with the Bradley-Terry loss.
 
     ``P(chosen > rejected) = sigmoid(r(x, chosen) - r(x, rejected))``.
@@ -241,8 +188,6 @@ class RewardModel(BaseEstimator):
         if model is None:
             self._fit_linear(data)
         else:
-            from ._reward_lm import fit_lm_reward
-
             fit_lm_reward(self, model, data, references)
         self.n_comparisons_ = len(data)
         return self
@@ -302,8 +247,6 @@ class RewardModel(BaseEstimator):
             return np.zeros(0)
         if hasattr(self, "coef_"):
             return self._features(self.featurizer_, prompts, completions) @ self.coef_
-        from ._reward_lm import predict_text
-
         return predict_text(self, prompts, completions)
 
     def score_tokens(self, prompts, response_ids, response_mask):
@@ -320,8 +263,6 @@ class RewardModel(BaseEstimator):
         rewards : torch.Tensor of shape (n,)
         """
         check_is_fitted(self)
-        from ._reward_lm import score_token_rows
-        from .backend import unpad
 
         return score_token_rows(self, *unpad(prompts, response_ids, response_mask))
 
@@ -332,21 +273,6 @@ class RewardModel(BaseEstimator):
         """Pass data along a ``Pipeline``: a PreferenceData gets this fitted reward model."""
         check_is_fitted(self)
         return X.with_(reward_model=self) if isinstance(X, PreferenceData) else X
-
-    def __sklearn_clone__(self):
-        from .backend.models import clone_keeping_models
-
-        return clone_keeping_models(self)  # a fitted SFTPolicy as model= is kept, not copied
-
-    def __getstate__(self):
-        from .backend.serialization import dump_state
-
-        return dump_state(self)
-
-    def __setstate__(self, state):
-        from .backend.serialization import restore_state
-
-        restore_state(self, state)
 
     def score(self, X, y=None) -> float:
         """Pairwise accuracy: the share of comparisons whose chosen response scores higher.
@@ -368,44 +294,3 @@ class RewardModel(BaseEstimator):
 
     def __sklearn_is_fitted__(self) -> bool:
         return hasattr(self, "coef_") or hasattr(self, "model_")
-
-    def __sklearn_tags__(self):
-        tags = super().__sklearn_tags__()
-        tags.target_tags.required = False
-        tags.input_tags.two_d_array = False
-        tags.input_tags.string = True
-        return tags
-
-
-class NoisyReward:
-    """Add Gaussian noise of standard deviation ``std`` to a reward.
-
-    The RLOO paper's robustness experiment adds N(0, sigma^2) noise to the
-    reward model's output (sigma in {1, 3, 5}).
-
-    Parameters
-    ----------
-    reward : callable
-        ``reward(prompts, completions) -> array (n,)``.
-    std : float, default=1.0
-        Noise standard deviation.
-    random_state : int, RandomState instance or None, default=None
-
-    Examples
-    --------
-    >>> noisy = NoisyReward(lambda p, c: [0.0] * len(c), std=1.0, random_state=0)
-    >>> noisy(["a", "b"], ["x", "y"]).shape
-    (2,)
-    """
-
-    def __init__(self, reward, std: float = 1.0, random_state=None):
-        if std < 0:
-            raise ValueError(f"std must be >= 0; got {std!r}.")
-        self.reward = reward
-        self.std = std
-        self.random_state = random_state
-        self._rng = check_random_state(random_state)
-
-    def __call__(self, prompts, completions) -> np.ndarray:
-        clean = check_rewards(self.reward(prompts, completions), len(completions))
-        return clean + self._rng.normal(0.0, self.std, size=clean.shape)

@@ -1,12 +1,16 @@
-"""What every estimator holding a causal language model shares.
+"""What every estimator that holds a causal language model shares.
 
-Loading the model and tokenizer (pad distinct from EOS, dropout off), resolving
-the sampling settings, sampling completions and scoring their log-probs.
-``BasePolicy`` (the RL loop) and ``SFTPolicy`` build on it.
+Loading the model and tokenizer (a pad token distinct from EOS, dropout off),
+tokenisation (batched, with the model's context length checked), the sampling
+settings, sampling completions, the frozen reference or LoRA adapter, and
+persistence. The policies, SFT, the language-model reward model and DPO build
+on :class:`LanguageModelEstimator`; those that generate text also on
+:class:`GenerativeEstimator`.
 """
 
 from __future__ import annotations
 
+import copy
 import re
 from contextlib import contextmanager, nullcontext
 
@@ -20,6 +24,7 @@ from ..backend import (
     EncodedPrompts,
     disable_dropout,
     ensure_pad_token,
+    frozen_copy,
     load_causal_lm,
     make_generator,
     model_vocab_size,
@@ -34,18 +39,61 @@ from ..backend.models import clone_keeping_models
 from ..backend.serialization import dump_state, restore_state
 from ..data import check_prompts
 
-DEFAULT_TEMPERATURE = 0.7  # seeds: sampling temperature 0.7
-DEFAULT_MAX_NEW_TOKENS = 53  # seeds: a fixed 53 tokens, truncated at the first EOS
+# Sampling defaults of Ziegler et al. (2019) and Huang et al. (2024): temperature 0.7,
+# a fixed 53 new tokens truncated after the first EOS.
+DEFAULT_TEMPERATURE = 0.7
+DEFAULT_MAX_NEW_TOKENS = 53
 
 
 def context_length(model) -> int | None:
-    """Longest sequence the model takes, when its config says."""
+    """Longest sequence the model takes, when its config says.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        A model with a transformers-style ``config``, or any module.
+
+    Returns
+    -------
+    length : int or None
+        ``max_position_embeddings`` or ``n_positions``; ``None`` when unknown.
+
+    Examples
+    --------
+    >>> from transformers import GPT2Config, GPT2LMHeadModel
+    >>> context_length(GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=8, n_head=2, n_positions=32)))
+    32
+    """
     config = getattr(model, "config", None)
     return getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
 
 
-class GenerativeEstimator(BaseEstimator):
-    """Base of estimators whose fitted state is a causal LM ``model_`` and ``tokenizer_``."""
+def with_lora(model, lora):
+    """Wrap a transformers model with a LoRA adapter (peft); only the adapter trains."""
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError:  # pragma: no cover - depends on the environment
+        raise ImportError("lora= needs the peft package: pip install 'prefopt[lora]'.") from None
+    config = LoraConfig(**lora) if isinstance(lora, dict) else lora
+    if not getattr(config, "target_modules", None):
+        raise ValueError(
+            "lora= needs target_modules, e.g. {'r': 8, 'target_modules': ['c_attn']} for GPT-2."
+        )
+    return get_peft_model(model, copy.deepcopy(config))
+
+
+class LanguageModelEstimator(BaseEstimator):
+    """Base of every estimator whose fitted state holds a causal language model.
+
+    It resolves ``model``/``tokenizer`` parameters into a fitted ``model_`` and
+    ``tokenizer_`` on the configured device, tokenises text in batches against
+    the model's context length, samples completions, keeps the frozen reference
+    (a copy, or the LoRA base with the adapter disabled), and persists without
+    pickling tensors. Subclasses hold the training.
+
+    Subclasses read these parameters when they have them: ``temperature``,
+    ``max_new_tokens``, ``truncate_prompts`` and ``lora``.
+    """
 
     def __sklearn_clone__(self):
         # Starting models (a fitted SFTPolicy, a torch module) are kept, not copied.
@@ -66,33 +114,45 @@ class GenerativeEstimator(BaseEstimator):
         Parameters
         ----------
         directory : str or path
+            The folder to write.
         """
         from transformers import PreTrainedModel
 
         check_is_fitted(self)
-        if not isinstance(self.model_, PreTrainedModel):
+        model = getattr(self.model_, "merge_and_unload", None)
+        model = self.model_ if model is None else copy.deepcopy(self.model_).merge_and_unload()
+        if not isinstance(model, PreTrainedModel):
             raise TypeError(
-                f"save_pretrained needs a transformers model; this policy's model is "
-                f"a {type(self.model_).__name__}. Use joblib.dump for it instead."
+                f"save_pretrained needs a transformers model; this estimator's model is "
+                f"a {type(model).__name__}. Use joblib.dump for it instead."
             )
-        self.model_.save_pretrained(directory, safe_serialization=True)
+        model.save_pretrained(directory, safe_serialization=True)
         self.tokenizer_.save_pretrained(directory)
 
-    def _init_model(self, model, tokenizer, *, seed: int) -> None:
+    # ----- loading ------------------------------------------------------------------
+    def _load_lm(self, model, tokenizer, *, seed: int):
+        """A copy of the given model on the device, dropout off, and its tokenizer."""
         self.device_ = resolve_device()
         module, tok = load_causal_lm(model, tokenizer, seed=seed)
         self.tokenizer_ = ensure_pad_token(tok)
         module = disable_dropout(module).to(self.device_)
         module.eval()  # dropout is off; eval() also fixes any other train-time behaviour
-        self.model_ = module
+        return module
+
+    def _init_model(self, model, tokenizer, *, seed: int) -> None:
+        self.model_ = self._load_lm(model, tokenizer, seed=seed)
+        self._resolve_sampling(self.model_)
+
+    def _resolve_sampling(self, module) -> None:
+        """``temperature_``, ``max_new_tokens_`` and the ids never sampled, for ``module``."""
         generation_config = getattr(module, "generation_config", None)
         self.temperature_ = float(
-            self.temperature
+            getattr(self, "temperature", None)
             or getattr(generation_config, "temperature", None)
             or DEFAULT_TEMPERATURE
         )
         self.max_new_tokens_ = int(
-            self.max_new_tokens
+            getattr(self, "max_new_tokens", None)
             or getattr(generation_config, "max_new_tokens", None)
             or DEFAULT_MAX_NEW_TOKENS
         )
@@ -100,6 +160,33 @@ class GenerativeEstimator(BaseEstimator):
         pad = self.tokenizer_.pad_token_id
         # Never sample the pad token (the original code slices logits to n_vocab).
         self._suppress_ids = (pad,) if vocab is not None and pad < vocab else ()
+
+    def _setup_reference(self) -> None:
+        """The frozen reference: a copy of ``model_``, or LoRA's base with no second copy."""
+        lora = getattr(self, "lora", None)
+        if lora is not None:
+            self.model_ = with_lora(self.model_, lora)
+            self.ref_model_ = None
+        else:
+            self.ref_model_ = frozen_copy(self.model_)
+
+    @contextmanager
+    def _reference(self):
+        """The frozen reference: its own copy, or the LoRA policy with the adapter off."""
+        ref = getattr(self, "ref_model_", None)
+        if ref is not None:
+            yield ref
+        elif hasattr(self.model_, "disable_adapter"):
+            with self.model_.disable_adapter():
+                yield self.model_
+        else:
+            raise ValueError(f"{type(self).__name__} has no reference model.")
+
+    # ----- tokenisation -------------------------------------------------------------
+    def _encode(self, token_rows) -> EncodedPrompts:
+        """Left-pad prompt token lists and move them to the device."""
+        enc = pad_left(list(token_rows), self.tokenizer_.pad_token_id)
+        return EncodedPrompts(enc.input_ids.to(self.device_), enc.attention_mask.to(self.device_))
 
     def _tokenize_prompts(self, prompts, check_length: bool = True) -> list[list[int]]:
         context = context_length(self.model_)
@@ -145,6 +232,11 @@ class GenerativeEstimator(BaseEstimator):
             f"first {limit} tokens, so it cannot be truncated; shorten it."
         )
 
+    def _pad_responses(self, token_rows):
+        """Right-pad response token lists; ``(ids, mask)`` on the device."""
+        ids, mask = pad_right(list(token_rows), self.tokenizer_.pad_token_id)
+        return ids.to(self.device_), mask.to(self.device_)
+
     def _decode(self, response_ids, response_mask) -> list[str]:
         ids = [r[m.bool()].tolist() for r, m in zip(response_ids.cpu(), response_mask.cpu())]
         return self.tokenizer_.batch_decode(ids, skip_special_tokens=True)
@@ -160,7 +252,54 @@ class GenerativeEstimator(BaseEstimator):
             for c in completions
         ]
 
-    # ----- using a fitted policy ----------------------------------------------------
+    # ----- sampling -----------------------------------------------------------------
+    def _generate(self, encoded: EncodedPrompts, generator, *, model=None, return_logprobs=False):
+        """Sample ``max_new_tokens_`` tokens per row, truncated after the first EOS.
+
+        Returns ``(response_ids, response_mask, ended)``, and the sampling pass's
+        per-token log-probs when ``return_logprobs``.
+        """
+        tok = self.tokenizer_
+        out = sample(
+            self.model_ if model is None else model,
+            encoded,
+            max_new_tokens=self.max_new_tokens_,
+            temperature=self.temperature_,
+            generator=generator,
+            suppress_ids=self._suppress_ids,
+            eos_token_id=tok.eos_token_id,
+            return_logprobs=return_logprobs,
+        )
+        raw, logprobs = out if return_logprobs else (out, None)
+        ids, mask, ended = truncate_after_eos(raw, tok.eos_token_id, tok.pad_token_id)
+        return (ids, mask, ended, logprobs) if return_logprobs else (ids, mask, ended)
+
+    def _sample_token_rows(self, token_rows, generator, *, model=None):
+        """Responses (token lists, up to and including EOS) for prompt token lists."""
+        out = []
+        size = get_config()["eval_batch_size"]
+        for start in range(0, len(token_rows), size):
+            ids, mask, _ = self._generate(
+                self._encode(token_rows[start : start + size]), generator, model=model
+            )
+            out.extend(r[m.bool()].tolist() for r, m in zip(ids.cpu(), mask.cpu()))
+        return out
+
+    def __sklearn_is_fitted__(self) -> bool:
+        return hasattr(self, "model_")
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.target_tags.required = False
+        tags.input_tags.two_d_array = False
+        tags.input_tags.string = True
+        tags.non_deterministic = False
+        return tags
+
+
+class GenerativeEstimator(LanguageModelEstimator):
+    """Base of estimators that generate text: ``sample``, ``predict`` and ``log_prob``."""
+
     def sample(self, X, n: int = 1, *, random_state=None) -> list[list[str]]:
         """Sample ``n`` completions for each prompt.
 
@@ -190,22 +329,7 @@ class GenerativeEstimator(BaseEstimator):
         size = get_config()["eval_batch_size"]
         for start in range(0, len(rows), size):
             chunk = rows[start : start + size]
-            enc = pad_left([tokens[i] for i in chunk], self.tokenizer_.pad_token_id)
-            enc = EncodedPrompts(
-                enc.input_ids.to(self.device_), enc.attention_mask.to(self.device_)
-            )
-            raw = sample(
-                self.model_,
-                enc,
-                max_new_tokens=self.max_new_tokens_,
-                temperature=self.temperature_,
-                generator=generator,
-                suppress_ids=self._suppress_ids,
-                eos_token_id=self.tokenizer_.eos_token_id,
-            )
-            ids, mask, _ = truncate_after_eos(
-                raw, self.tokenizer_.eos_token_id, self.tokenizer_.pad_token_id
-            )
+            ids, mask, _ = self._generate(self._encode([tokens[i] for i in chunk]), generator)
             out.extend(self._decode(ids, mask))
         return [out[i * n : (i + 1) * n] for i in range(len(prompts))]
 
@@ -240,7 +364,6 @@ class GenerativeEstimator(BaseEstimator):
         completions = list(completions)
         if len(prompts) != len(completions):
             raise ValueError(f"Got {len(prompts)} prompts and {len(completions)} completions.")
-        tok = self.tokenizer_
         ptoks = self._tokenize_prompts(prompts)
         rtoks = self._completion_tokens(completions, add_eos)
         out = []
@@ -248,41 +371,12 @@ class GenerativeEstimator(BaseEstimator):
         with self._reference() if reference else nullcontext(self.model_) as model:
             for start in range(0, len(prompts), size):
                 sl = slice(start, start + size)
-                enc = pad_left(ptoks[sl], tok.pad_token_id)
-                ids, mask = pad_right(rtoks[sl], tok.pad_token_id)
-                enc = EncodedPrompts(
-                    enc.input_ids.to(self.device_), enc.attention_mask.to(self.device_)
-                )
                 lp = response_logprobs(
                     model,
-                    enc,
-                    ids.to(self.device_),
-                    mask.to(self.device_),
+                    self._encode(ptoks[sl]),
+                    *self._pad_responses(rtoks[sl]),
                     temperature=self.temperature_,
                     suppress_ids=self._suppress_ids,
                 )
                 out.append(lp.sum(1).cpu().double().numpy())
         return np.concatenate(out)
-
-    @contextmanager
-    def _reference(self):
-        """The frozen reference: its own copy, or the LoRA policy with the adapter off."""
-        ref = getattr(self, "ref_model_", None)
-        if ref is not None:
-            yield ref
-        elif hasattr(self.model_, "disable_adapter"):
-            with self.model_.disable_adapter():
-                yield self.model_
-        else:
-            raise ValueError(f"{type(self).__name__} has no reference model.")
-
-    def __sklearn_is_fitted__(self) -> bool:
-        return hasattr(self, "model_")
-
-    def __sklearn_tags__(self):
-        tags = super().__sklearn_tags__()
-        tags.target_tags.required = False
-        tags.input_tags.two_d_array = False
-        tags.input_tags.string = True
-        tags.non_deterministic = False
-        return tags

@@ -1,0 +1,31 @@
+"""The layer every estimator that holds a causal language model builds on.
+
+:class:`LanguageModelEstimator` loads the model and tokenizer, tokenises,
+samples, keeps the frozen reference and persists; :class:`GenerativeEstimator`
+adds ``sample``/``predict``/``log_prob``; :func:`train_minibatches` is the one
+supervised loop (SFT, the reward model, DPO); :class:`RunState` is a run's
+state apart from the fitted model. Both ``rewards`` and ``policies`` import it.
+"""
+
+from ._base import (
+    DEFAULT_MAX_NEW_TOKENS,
+    DEFAULT_TEMPERATURE,
+    GenerativeEstimator,
+    LanguageModelEstimator,
+    context_length,
+    with_lora,
+)
+from ._run import RunState
+from ._supervised import schedule_scale, train_minibatches
+
+__all__ = [
+    "DEFAULT_MAX_NEW_TOKENS",
+    "DEFAULT_TEMPERATURE",
+    "GenerativeEstimator",
+    "LanguageModelEstimator",
+    "RunState",
+    "context_length",
+    "schedule_scale",
+    "train_minibatches",
+    "with_lora",
+]

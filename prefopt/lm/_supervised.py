@@ -1,0 +1,124 @@
+"""The one supervised training loop: epochs x shuffled minibatches x schedule x guarded step.
+
+SFT, the language-model reward model and DPO differ only in their minibatch loss;
+everything else (order, learning-rate schedule, the guarded optimiser step,
+``history_``, the progress bar) is this loop's.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+from tqdm.auto import tqdm
+
+from .._config import get_config
+from ..backend import adamw, gradient_step
+
+__all__ = ["schedule_scale", "train_minibatches"]
+
+
+def schedule_scale(schedule: str, progress: float) -> float:
+    """The learning-rate multiplier at ``progress`` (0 at the start, 1 at the end).
+
+    Parameters
+    ----------
+    schedule : {"cosine", "linear", "constant"}
+        Cosine decay to 0 (Huang et al. 2024's SFT), linear decay to 0 (the
+        original reward-model and PPO code), or constant.
+    progress : float
+        Share of the run done.
+
+    Returns
+    -------
+    scale : float
+
+    Examples
+    --------
+    >>> schedule_scale("linear", 0.25), schedule_scale("cosine", 0.5), schedule_scale("constant", 1)
+    (0.75, 0.5, 1.0)
+    """
+    if schedule == "cosine":
+        return 0.5 * (1 + math.cos(math.pi * progress))
+    if schedule == "linear":
+        return 1.0 - progress
+    if schedule == "constant":
+        return 1.0
+    raise ValueError(f"Unknown learning-rate schedule {schedule!r}.")
+
+
+def train_minibatches(
+    estimator, n_rows: int, batch_loss, *, parameters, generator, schedule: str, name: str
+) -> torch.optim.Optimizer:
+    """Train ``estimator`` for its ``n_epochs`` over ``n_rows`` rows in shuffled minibatches.
+
+    Each step draws ``batch_size`` rows (a new order each epoch from
+    ``generator``), sets the learning rate from ``estimator.learning_rate_`` and
+    the schedule, calls ``batch_loss(rows) -> (loss, stats)``, takes one AdamW
+    step that refuses a non-finite loss, and appends a ``history_`` row.
+
+    Parameters
+    ----------
+    estimator : estimator
+        Has ``n_epochs``, ``batch_size``, ``learning_rate_``, ``n_iter_`` and
+        ``history_``; ``n_iter_`` and ``history_`` are updated.
+    n_rows : int
+        Rows of training data.
+    batch_loss : callable
+        ``batch_loss(rows) -> (loss tensor, dict of floats)``; the dict joins the
+        history row.
+    parameters : iterable of torch.nn.Parameter
+        What the optimiser trains.
+    generator : torch.Generator
+        Shuffles the rows.
+    schedule : {"cosine", "linear", "constant"}
+        Learning-rate schedule over the whole fit.
+    name : str
+        Shown on the progress bar and in errors.
+
+    Returns
+    -------
+    optimizer : torch.optim.Optimizer
+
+    Examples
+    --------
+    >>> import torch
+    >>> from types import SimpleNamespace
+    >>> w = torch.nn.Parameter(torch.zeros(1))
+    >>> est = SimpleNamespace(n_epochs=2, batch_size=2, learning_rate_=0.1, n_iter_=0, history_=[])
+    >>> loss = lambda rows: (((w - 1.0) ** 2).sum(), {"loss/toy": 0.0})
+    >>> _ = train_minibatches(est, 4, loss, parameters=[w], generator=torch.Generator(),
+    ...                       schedule="constant", name="toy")
+    >>> est.n_iter_, len(est.history_)
+    (4, 4)
+    """
+    optimizer = adamw(parameters, estimator.learning_rate_)
+    per_epoch = math.ceil(n_rows / estimator.batch_size)
+    total = per_epoch * estimator.n_epochs
+    show = get_config()["show_progress_bar"]
+    bar = tqdm(total=total, desc=name, disable=not show, leave=False)
+    step = 0
+    for _ in range(estimator.n_epochs):
+        order = torch.randperm(n_rows, generator=generator).tolist()
+        for start in range(0, n_rows, estimator.batch_size):
+            rows = order[start : start + estimator.batch_size]
+            lr = estimator.learning_rate_ * schedule_scale(schedule, step / total)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            began = time.perf_counter()
+            loss, stats = batch_loss(rows)
+            gradient_step(optimizer, loss, who=name, step=estimator.n_iter_ + 1)
+            step += 1
+            estimator.n_iter_ += 1
+            row = {
+                "step": estimator.n_iter_,
+                **stats,
+                "charts/learning_rate": lr,
+                "time/step_s": time.perf_counter() - began,
+            }
+            estimator.history_.append(row)
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss.item():.3f}")
+    bar.close()
+    return optimizer

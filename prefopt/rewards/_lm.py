@@ -1,0 +1,128 @@
+"""Training and scoring of the language-model reward: a scalar head on the SFT trunk."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from sklearn.utils import check_random_state
+
+from .._config import get_config
+from ..backend import (
+    ScalarHeadModel,
+    default_learning_rate,
+    disable_dropout,
+    join_right_padded,
+    make_generator,
+    score_sequences,
+)
+from ..data import check_demonstrations
+from ..lm import context_length, train_minibatches
+
+
+def fit_lm_reward(rm, model, data, references) -> None:
+    """Bradley-Terry training of a scalar head on the SFT trunk, then normalisation."""
+    rng = check_random_state(rm.random_state)
+    seeds = rng.randint(np.iinfo(np.int32).max, size=4)
+    # A path, a config, a module, or a fitted (possibly frozen) SFTPolicy, copied.
+    lm = rm._load_lm(model, rm.tokenizer, seed=int(seeds[0]))
+    trunk = getattr(lm, "base_model", None)
+    if trunk is None or trunk is lm or not hasattr(trunk, "config"):
+        raise TypeError(
+            "RewardModel needs a transformers causal LM with a base model; got "
+            f"{type(lm).__name__}."
+        )
+    rm._resolve_sampling(lm)  # the normalisation samples the starting policy as a policy would
+    # The head is drawn with std 1/sqrt(d_model + 1) from a local generator.
+    head = ScalarHeadModel(
+        copy.deepcopy(trunk), head_std=rm.head_std, generator=make_generator(int(seeds[1]))
+    )
+    rm.model_ = disable_dropout(head).to(rm.device_).eval()
+    rm.gain_, rm.bias_ = 1.0, 0.0
+    rm.learning_rate_ = (
+        float(rm.learning_rate)
+        if rm.learning_rate is not None
+        else default_learning_rate(rm.model_, large=1e-5)
+    )
+    prompts = rm._completion_tokens(data.prompt, add_eos=False)
+    chosen = rm._completion_tokens(data.chosen, add_eos=True)
+    rejected = rm._completion_tokens(data.rejected, add_eos=True)
+
+    def batch_loss(rows):
+        # Chosen and rejected go through one forward pass together.
+        both = _raw(
+            rm,
+            [prompts[i] for i in rows] * 2,
+            [chosen[i] for i in rows] + [rejected[i] for i in rows],
+        )
+        margin = both[: len(rows)] - both[len(rows) :]
+        loss = -F.logsigmoid(margin).mean()
+        return loss, {
+            "loss/reward": loss.item(),
+            "reward/accuracy": float((margin > 0).float().mean()),
+        }
+
+    rm.history_, rm.n_iter_ = [], 0
+    # Linear decay to 0, as the original reward-model code (Ziegler et al. 2019).
+    train_minibatches(
+        rm,
+        len(prompts),
+        batch_loss,
+        parameters=rm.model_.parameters(),
+        generator=make_generator(int(seeds[2])),
+        schedule="linear",
+        name="RewardModel",
+    )
+    if rm.normalize:
+        _normalize(rm, lm, prompts, check_random_state(int(seeds[3])))
+    if references is not None:
+        ref_prompts, ref_completions = check_demonstrations(references)
+        shift = predict_text(rm, ref_prompts, ref_completions).mean()
+        rm.bias_ -= float(shift)  # reference responses now score 0 on average (Huang et al.)
+
+
+def _raw(rm, prompt_rows, response_rows) -> torch.Tensor:
+    ids, mask, last = join_right_padded(prompt_rows, response_rows, rm.tokenizer_.pad_token_id)
+    context = context_length(rm.model_)
+    if context is not None and ids.shape[1] > context:
+        raise ValueError(
+            f"A prompt + response has {ids.shape[1]} tokens, more than the reward "
+            f"model's context of {context}; shorten it."
+        )
+    device = rm.device_
+    return score_sequences(rm.model_, ids.to(device), mask.to(device), last.to(device))
+
+
+@torch.no_grad()
+def _normalize(rm, policy, prompts, rng) -> None:
+    """gain and bias so that samples of the starting policy score mean 0, std 1.
+
+    Population std (E[r^2] - mu^2), as the original code's ``set_reward_norm``
+    (Ziegler et al. 2019).
+    """
+    rows = rng.randint(len(prompts), size=rm.normalize_samples)
+    chosen = [prompts[i] for i in rows]
+    responses = rm._sample_token_rows(chosen, make_generator(rng), model=policy)
+    scores = score_token_rows(rm, chosen, responses, normalized=False).cpu().double()
+    mean, std = float(scores.mean()), float(scores.std(unbiased=False))
+    rm.gain_ = 1.0 / max(std, 1e-8)
+    rm.bias_ = -rm.gain_ * mean
+    rm.normalization_ = {"mean": mean, "std": std, "n_samples": len(scores)}
+
+
+@torch.no_grad()
+def score_token_rows(rm, prompt_rows, response_rows, normalized: bool = True) -> torch.Tensor:
+    out = []
+    size = get_config()["eval_batch_size"]
+    for start in range(0, len(prompt_rows), size):
+        out.append(_raw(rm, prompt_rows[start : start + size], response_rows[start : start + size]))
+    raw = torch.cat(out)
+    return raw * rm.gain_ + rm.bias_ if normalized else raw
+
+
+def predict_text(rm, prompts, completions) -> np.ndarray:
+    p = rm._completion_tokens(prompts, add_eos=False)
+    c = rm._completion_tokens(completions, add_eos=True)
+    return score_token_rows(rm, p, c).cpu().double().numpy()

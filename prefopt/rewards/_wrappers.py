@@ -1,0 +1,91 @@
+"""Rewards as plain callables: the output check every caller applies, and wrappers."""
+
+from __future__ import annotations
+
+import numpy as np
+from sklearn.utils import check_random_state
+
+__all__ = ["NoisyReward", "check_rewards"]
+
+
+def check_rewards(values, n: int, source: str = "the reward") -> np.ndarray:
+    """Check that a reward returned one finite number per completion.
+
+    Parameters
+    ----------
+    values : array-like
+        What the reward returned.
+    n : int
+        Number of completions it was given.
+    source : str, default="the reward"
+        Named in the error message.
+
+    Returns
+    -------
+    rewards : ndarray of shape (n,), float64
+
+    Examples
+    --------
+    >>> check_rewards([1, 2], 2)
+    array([1., 2.])
+    >>> check_rewards([1.0, float("nan")], 2)
+    Traceback (most recent call last):
+    ...
+    ValueError: the reward returned a non-finite value (nan) for completion 1; ...
+    """
+    try:
+        arr = np.asarray(
+            values.detach().cpu() if hasattr(values, "detach") else values, dtype=np.float64
+        )
+    except (TypeError, ValueError):
+        raise TypeError(
+            f"{source} must return numbers, one per completion; got {type(values).__name__}."
+        ) from None
+    if arr.ndim == 2 and arr.shape[1] == 1:
+        arr = arr[:, 0]
+    if arr.shape != (n,):
+        raise ValueError(
+            f"{source} returned shape {arr.shape} for {n} completions; it must "
+            f"return an array of shape ({n},), one number per completion."
+        )
+    bad = np.flatnonzero(~np.isfinite(arr))
+    if bad.size:
+        raise ValueError(
+            f"{source} returned a non-finite value ({arr[bad[0]]}) for completion "
+            f"{bad[0]}; a reward must be a finite number for every completion."
+        )
+    return arr
+
+
+class NoisyReward:
+    """Add Gaussian noise of standard deviation ``std`` to a reward.
+
+    The RLOO paper's robustness experiment adds N(0, sigma^2) noise to the
+    reward model's output (sigma in {1, 3, 5}).
+
+    Parameters
+    ----------
+    reward : callable
+        ``reward(prompts, completions) -> array (n,)``.
+    std : float, default=1.0
+        Noise standard deviation.
+    random_state : int, RandomState instance or None, default=None
+
+    Examples
+    --------
+    >>> noisy = NoisyReward(lambda p, c: [0.0] * len(c), std=1.0, random_state=0)
+    >>> noisy(["a", "b"], ["x", "y"]).shape
+    (2,)
+    """
+
+    def __init__(self, reward, std: float = 1.0, random_state=None):
+        if std < 0:
+            raise ValueError(f"std must be >= 0; got {std!r}.")
+        self.reward = reward
+        self.std = std
+        self.random_state = random_state
+        self._rng = check_random_state(random_state)
+
+    def __call__(self, prompts, completions) -> np.ndarray:
+        clean = check_rewards(self.reward(prompts, completions), len(completions))
+        return clean + self._rng.normal(0.0, self.std, size=clean.shape)
