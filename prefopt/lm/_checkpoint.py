@@ -292,8 +292,8 @@ def read(folder: str | None, estimator) -> dict | None:
     try:
         with open(path) as f:
             state = json.load(f)
-        tensors = load_file(os.path.join(folder, state["tensors"]))
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+        tensors = load_file(os.path.join(folder, os.path.basename(state["tensors"])))
+    except Exception as exc:  # noqa: BLE001 - any unreadable checkpoint gets the same advice
         raise ValueError(
             f"Cannot read the checkpoint in {folder!r} ({exc}); delete the folder's state.json "
             "and tensors files to start over, or use another checkpoint_dir."

@@ -1,0 +1,151 @@
+"""Checkpoints: never restore a parameter, never mix runs, never unpickle, fail early."""
+
+import json
+import os
+import pickle
+
+import numpy as np
+import pytest
+import torch
+from sklearn.base import clone
+from sklearn.model_selection import GridSearchCV
+
+import prefopt
+from prefopt import RewardModel, RLOOPolicy
+from prefopt.worlds import PreferenceWorld
+
+WORLD = PreferenceWorld(random_state=0)
+
+
+@pytest.fixture(scope="module")
+def rm():
+    prefopt.set_config(show_progress_bar=False)
+    return RewardModel().fit(WORLD.comparisons(500, random_state=0))
+
+
+def policy(**kw):
+    params = dict(
+        model=WORLD.policy_model(),
+        beta=0.3,
+        learning_rate=1.0,
+        optimizer="sgd",
+        n_steps=4,
+        random_state=0,
+    )
+    params.update(kw)
+    return RLOOPolicy(**params)
+
+
+def test_resume_with_another_parameter_is_refused_by_name(rm, tmp_path):
+    folder = str(tmp_path / "run")
+    policy(checkpoint_dir=folder).fit(WORLD.prompts, rm)
+    with pytest.raises(ValueError, match=r"beta=0\.3.*beta=0\.1.*another checkpoint_dir"):
+        policy(beta=0.1, checkpoint_dir=folder).fit(WORLD.prompts, rm)
+    with pytest.raises(ValueError, match="random_state=0.*random_state=1"):
+        policy(random_state=1, checkpoint_dir=folder).fit(WORLD.prompts, rm)
+    other_model = WORLD.policy_model()
+    with torch.no_grad():
+        other_model.theta += 1.0  # same type, other weights
+    with pytest.raises(ValueError, match="another starting model"):
+        policy(model=other_model, checkpoint_dir=folder).fit(WORLD.prompts, rm)
+
+
+def test_raising_n_steps_continues_a_finished_run(rm, tmp_path):
+    folder = str(tmp_path / "run")
+    first = policy(n_steps=3, checkpoint_dir=folder, lr_schedule="constant")
+    first.fit(WORLD.prompts, rm)
+    longer = policy(n_steps=6, checkpoint_dir=folder, lr_schedule="constant")
+    longer.fit(WORLD.prompts, rm)
+    whole = policy(n_steps=6, lr_schedule="constant").fit(WORLD.prompts, rm)
+    assert longer.n_iter_ == 6
+    assert torch.equal(longer.model_.theta, whole.model_.theta)
+    # A watched-only parameter (max_kl) may differ on resume.
+    again = policy(n_steps=6, checkpoint_dir=folder, lr_schedule="constant", max_kl=100.0)
+    assert again.fit(WORLD.prompts, rm).n_iter_ == 6
+
+
+def test_clones_in_a_search_never_share_a_run(rm, tmp_path):
+    folder = str(tmp_path / "search")
+    base = policy(n_steps=2, checkpoint_dir=folder)
+    search = GridSearchCV(
+        base,
+        {"beta": [0.03, 3.0]},
+        cv=[(np.arange(4), np.arange(4))],
+        scoring=WORLD.scorer("objective", beta=0.3),
+        refit=False,
+    )
+    search.fit(WORLD.prompts, reward_model=rm)
+    runs = sorted(d for d in os.listdir(folder) if d.startswith("RLOOPolicy-"))
+    assert len(runs) == 2
+    betas = set()
+    for run in runs:
+        with open(os.path.join(folder, run, "state.json")) as f:
+            betas.add(json.load(f)["defining"]["beta"])
+    assert betas == {0.03, 3.0}
+    # Each candidate trained its own policy: the scores differ.
+    assert search.cv_results_["mean_test_score"][0] != search.cv_results_["mean_test_score"][1]
+    # Folds of one candidate differ by their data fingerprint.
+    a, b = clone(base), clone(base)
+    a.fit(WORLD.prompts[:2], rm)
+    b.fit(WORLD.prompts[2:], rm)
+    assert len([d for d in os.listdir(folder) if d.startswith("RLOOPolicy-")]) == 4
+
+
+def test_second_writer_on_one_folder_is_refused(rm, tmp_path):
+    import fcntl
+
+    folder = tmp_path / "run"
+    folder.mkdir()
+    with open(folder / ".lock", "a+") as held:
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(RuntimeError, match="Another fit is writing"):
+            policy(checkpoint_dir=str(folder)).fit(WORLD.prompts, rm)
+    policy(checkpoint_dir=str(folder)).fit(WORLD.prompts, rm)  # released: it runs
+
+
+def test_bad_checkpoint_folders_fail_before_any_work(rm, tmp_path):
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    calls = []
+
+    def reward(p, c):
+        calls.append(1)
+        return np.zeros(len(c))
+
+    for bad, message in (
+        (a_file, "is a file"),
+        (a_file / "sub", "cannot be written"),
+        ("", "empty path"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            policy(checkpoint_dir=str(bad)).fit(WORLD.prompts, reward)
+    assert not calls
+
+
+class _Boom:
+    def __reduce__(self):
+        return (os.system, ("touch PWNED",))
+
+
+def test_planted_pickles_never_run(rm, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    payload = pickle.dumps(_Boom())
+    for name in ("state.json", "tensors-0000004.safetensors", "checkpoint.joblib"):
+        folder = tmp_path / name.replace(".", "_")
+        folder.mkdir()
+        (folder / name).write_bytes(payload)
+        if name.startswith("tensors"):
+            (folder / "state.json").write_text(
+                json.dumps({"format": 2, "class": "RLOOPolicy", "tensors": name})
+            )
+        with pytest.raises(ValueError):
+            policy(checkpoint_dir=str(folder)).fit(WORLD.prompts, rm)
+    assert not (tmp_path / "PWNED").exists()
+
+
+def test_old_pickle_checkpoint_is_refused_with_the_reason(rm, tmp_path):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "checkpoint.joblib").write_bytes(b"whatever")
+    with pytest.raises(ValueError, match="old pickle format.*can run code"):
+        policy(checkpoint_dir=str(folder)).fit(WORLD.prompts, rm)
