@@ -9,13 +9,9 @@ from sklearn.model_selection import KFold
 
 from prefopt import PPOPolicy, RAFTPolicy, ReinforcePolicy, RLOOPolicy
 from prefopt.metrics import make_kl_scorer, make_reward_scorer
-from prefopt.model_selection import (
-    SeedSearchCV,
-    _check_seeds,
-    _rank,
-    compare,
-    t_interval,
-)
+from prefopt.model_selection import SeedSearchCV, compare, t_interval
+from prefopt.model_selection._search import _rank
+from prefopt.model_selection._stats import _check_seeds
 from prefopt.worlds import PreferenceWorld
 
 WORLD = PreferenceWorld(rater_bias=1.0, random_state=0)

@@ -16,9 +16,9 @@ from sklearn.base import clone
 from sklearn.metrics import check_scoring
 from sklearn.utils.parallel import Parallel, delayed
 
-from ._config import config_context, get_config
+from .._config import config_context, get_config
+from ..data import check_prompts
 from ._stats import _check_seeds, t_interval
-from .data import check_prompts
 
 # ----- comparing algorithms ---------------------------------------------------------------
 

@@ -11,8 +11,8 @@ from numbers import Integral
 import numpy as np
 import pandas as pd
 
-from ._sampled import _check_n_samples, _sample_groups, _SampledScorer
-from .data import check_demonstrations, check_prompts
+from ..data import check_demonstrations, check_prompts
+from ._scorer import _check_n_samples, _sample_groups, _SampledScorer
 
 # Completion length / reference length, binned symmetrically in log space around 1:
 # much shorter, shorter, about the same, longer, much longer.

@@ -1,15 +1,6 @@
-"""Seed-aware model selection: searches and comparisons that report spread, not the best seed.
+"""SeedSearchCV: a grid search that fits every candidate under several seeds.
 
-An RL run is a random variable: the same algorithm and parameters give another
-policy under another seed. :class:`SeedSearchCV` fits every candidate once per
-seed (and per fold, when ``cv`` is given) and ranks candidates by their *mean*
-over seeds, with the standard deviation and a Student-t confidence interval
-beside it; :func:`compare` fits several algorithms on the same seeds and
-prompts and compares each with a baseline by a paired t-test over seeds.
-
-Both run their fits through joblib, so ``n_jobs`` and any joblib backend
-(``with joblib.parallel_backend("ray")`` after ``ray.util.joblib.register_ray()``,
-or Dask) parallelise them unchanged.
+Re-exported by :mod:`prefopt.model_selection`; see its docstring.
 """
 
 from __future__ import annotations
@@ -27,10 +18,9 @@ from sklearn.model_selection._search import (
 from sklearn.utils._param_validation import Interval
 from sklearn.utils.validation import check_is_fitted
 
-from ._compare import Comparison, compare
 from ._stats import _check_seeds, t_interval
 
-__all__ = ["Comparison", "SeedSearchCV", "compare", "t_interval"]
+__all__ = ["SeedSearchCV"]
 
 
 def _rank(means: np.ndarray) -> np.ndarray:
