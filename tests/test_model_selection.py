@@ -286,23 +286,27 @@ def test_compare_on_policy_algorithms_reach_the_optimum_and_raft_does_not(rm):
     print("\n" + summary.round(4).to_string())
     table = summary.set_index(["algorithm", "metric"])
     t = stats.t.ppf(0.975, 4)
+
+    def seed_values(name, metric):
+        rows = results[(results["algorithm"] == name) & (results["metric"] == metric)]
+        return rows.sort_values("seed")["value"].to_numpy()
+
     # The summary is the hand computation over seeds; the paired test is ttest_rel.
-    for (name, _metric), row in table.iterrows():
-        v = results.query("algorithm == @name and metric == @metric").sort_values("seed")
-        v = v["value"].to_numpy()
+    for (name, metric), row in table.iterrows():
+        v = seed_values(name, metric)
         assert row["mean"] == pytest.approx(v.mean(), rel=1e-12)
         assert row["std"] == pytest.approx(v.std(ddof=1), rel=1e-12)
         assert row["ci_high"] - row["mean"] == pytest.approx(t * v.std(ddof=1) / np.sqrt(5))
         if name == "RLOO":
             assert np.isnan(row["diff_mean"]) and np.isnan(row["p_value"])
             continue
-        base = results.query("algorithm == 'RLOO' and metric == @metric").sort_values("seed")
-        d = v - base["value"].to_numpy()
+        base = seed_values("RLOO", metric)
+        d = v - base
         assert row["diff_mean"] == pytest.approx(d.mean())
         assert row["diff_ci_high"] - row["diff_mean"] == pytest.approx(
             t * d.std(ddof=1) / np.sqrt(5)
         )
-        assert row["p_value"] == pytest.approx(stats.ttest_rel(v, base["value"]).pvalue)
+        assert row["p_value"] == pytest.approx(stats.ttest_rel(v, base).pvalue)
 
     best = WORLD.optimum(rm, 0.3)
     for name in ("PPO", "RLOO", "REINFORCE"):
