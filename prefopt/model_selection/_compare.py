@@ -35,9 +35,9 @@ class Comparison:
         One row per (``algorithm``, ``metric``): ``n_seeds``, ``mean``, ``std``
         (``ddof=1``), ``ci_low``, ``ci_high``; with a baseline also
         ``diff_mean`` (algorithm minus baseline, paired by seed),
-        ``diff_ci_low``, ``diff_ci_high`` (the paired-t interval) and
-        ``p_value`` (``scipy.stats.ttest_rel``, two-sided), NaN on the
-        baseline's own rows.
+        ``diff_ci_low``, ``diff_ci_high`` and ``p_value`` (the paired t-test
+        ``scipy.stats.ttest_rel(algorithm, baseline)``, two-sided, and its
+        ``confidence_interval``), NaN on the baseline's own rows.
     seeds : list of int
     confidence : float
     baseline : str or None
@@ -230,17 +230,15 @@ def _summarise(results, names, seeds, baseline, confidence) -> pd.DataFrame:
                 )
                 if name != baseline and (baseline, metric) in table.index:
                     base = table.loc[(baseline, metric)].to_numpy(dtype=np.float64)
-                    diff_mean, _, diff_low, diff_high = t_interval(values - base, confidence)
-                    with warnings.catch_warnings():  # identical runs: p is NaN, say nothing
+                    with warnings.catch_warnings():  # one seed, or identical runs: NaN, silently
                         warnings.simplefilter("ignore", RuntimeWarning)
-                        p_value = (
-                            stats.ttest_rel(values, base).pvalue if len(values) > 1 else np.nan
-                        )
+                        test = stats.ttest_rel(values, base)
+                        diff = test.confidence_interval(confidence)
                     row.update(
-                        diff_mean=float(diff_mean),
-                        diff_ci_low=float(diff_low),
-                        diff_ci_high=float(diff_high),
-                        p_value=float(p_value),
+                        diff_mean=float(np.mean(values - base)),
+                        diff_ci_low=float(diff.low),
+                        diff_ci_high=float(diff.high),
+                        p_value=float(test.pvalue),
                     )
             rows.append(row)
     return pd.DataFrame(rows)
