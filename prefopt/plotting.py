@@ -1,10 +1,10 @@
 """Figures from ``history_`` and from the exact worlds.
 
 Every function draws on the matplotlib Axes it is given (``ax=``) or on a new
-figure, and returns what it drew on, so figures compose: the plate's figure is
-:func:`plot_exact_path` on the left and :func:`plot_response_probs` on the
-right. matplotlib is imported only when a function is called; it is the optional
-``plot`` extra (``pip install 'prefopt[plot]'``).
+figure, and returns what it drew on, so figures compose: a run in the preference
+world next to its closed-form optimum is :func:`plot_exact_path` on the left and
+:func:`plot_response_probs` on the right. matplotlib is imported only when a
+function is called; it is the optional ``plot`` extra (``pip install 'prefopt[plot]'``).
 """
 
 from __future__ import annotations

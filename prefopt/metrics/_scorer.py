@@ -203,7 +203,8 @@ def gold_reward_scorer(gold: Callable, *, n_samples: int = 4, random_state=0) ->
 
     The same as :func:`make_reward_scorer` with a required reward; the name
     says that the reward is the one the proxy reward model stands in for
-    (``world.true_quality`` in the exact worlds), to measure over-optimisation.
+    (``world.true_quality`` in the exact worlds), to measure over-optimisation:
+    a proxy reward that keeps rising while the gold reward falls (Gao et al. 2023).
 
     Parameters
     ----------
@@ -217,6 +218,11 @@ def gold_reward_scorer(gold: Callable, *, n_samples: int = 4, random_state=0) ->
     Returns
     -------
     scorer : callable
+
+    References
+    ----------
+    .. [1] Gao et al. 2023, "Scaling Laws for Reward Model Overoptimization",
+       ICML 2023.
 
     Examples
     --------
@@ -255,6 +261,11 @@ def make_kl_scorer(*, n_samples: int = 4, random_state=0) -> Callable:
     scorer : callable
         Returns **-KL** in nats (larger is better: closer to the reference).
 
+    References
+    ----------
+    .. [1] Ziegler et al. 2019, "Fine-Tuning Language Models from Human
+       Preferences", arXiv:1909.08593.
+
     Examples
     --------
     >>> from prefopt.metrics import make_kl_scorer
@@ -274,6 +285,9 @@ def make_objective_scorer(
 ) -> Callable:
     """The KL-regularised objective E[r] - beta KL(pi || pi_ref), from samples.
 
+    The objective that RLHF maximises (Ziegler et al. 2019; Stiennon et al. 2020;
+    Ouyang et al. 2022); its maximiser is pi_ref(y|x) exp(r(x, y) / beta) / Z(x).
+
     Parameters
     ----------
     reward : callable, default=None
@@ -289,6 +303,15 @@ def make_objective_scorer(
     -------
     scorer : callable
         The mean over samples of ``r(x, y) - beta * (log pi(y|x) - log pi_ref(y|x))``.
+
+    References
+    ----------
+    .. [1] Ziegler et al. 2019, "Fine-Tuning Language Models from Human
+       Preferences", arXiv:1909.08593.
+    .. [2] Stiennon et al. 2020, "Learning to summarize from human feedback",
+       NeurIPS 2020.
+    .. [3] Ouyang et al. 2022, "Training language models to follow instructions
+       with human feedback", NeurIPS 2022.
 
     Examples
     --------

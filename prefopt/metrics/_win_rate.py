@@ -163,6 +163,14 @@ def make_win_rate_scorer(
     --------
     make_length_binned_win_rate, length_binned_win_rate
 
+    References
+    ----------
+    .. [1] Stiennon et al. 2020, "Learning to summarize from human feedback",
+       NeurIPS 2020 (win rates against human reference summaries).
+    .. [2] Ahmadian et al. 2024, "Back to Basics: Revisiting REINFORCE Style
+       Optimization for Learning from Human Feedback in LLMs", ACL 2024
+       (win rates from an LLM judge).
+
     Examples
     --------
     >>> from prefopt.metrics import make_win_rate_scorer
@@ -193,7 +201,9 @@ def length_binned_win_rate(
     A policy that writes longer responses than the references may win because
     it is better or because the judge likes length. Binning each judged pair by
     ``length(completion) / length(reference)`` separates the two: a policy that
-    wins within every bin is better at equal length (the seeds' length analysis).
+    wins within every bin is better at equal length. Huang et al. (2024) bin
+    PPO's win rates against the reference summaries this way: PPO wins in every
+    bin, and its win rate rises with length.
 
     Parameters
     ----------
@@ -224,6 +234,11 @@ def length_binned_win_rate(
         One row per bin: ``bin`` (a label such as ``"[0.8, 1.25)"``), ``low``,
         ``high``, ``n`` (judged pairs), ``wins``, ``ties`` and ``win_rate``
         (ties counting half; NaN in an empty bin).
+
+    References
+    ----------
+    .. [1] Huang et al. 2024, "The N+ Implementation Details of RLHF with PPO:
+       A Case Study on TL;DR Summarization", arXiv:2403.17031.
 
     Examples
     --------
