@@ -311,12 +311,23 @@ def make_length_binned_win_rate(
 
     Parameters
     ----------
-    judge, references, bins, length, n_samples, random_state
-        As in :func:`length_binned_win_rate`.
+    judge : callable
+        ``judge(prompt, completion, reference) -> float``, as in
+        :func:`make_win_rate_scorer`.
+    references : list of (prompt, completion), DataFrame or Dataset
+        Reference completions.
+    bins : sequence of float, default=DEFAULT_LENGTH_BINS
+        Increasing edges of the length ratio, as in :func:`length_binned_win_rate`.
     bin : int, default=None
         Index of the bin to score (NaN when no judged pair falls in it); ``None``
         scores all pairs that fall in some bin (with the default bins, every
         pair: the overall win rate of :func:`make_win_rate_scorer`).
+    length : callable, default=None
+        ``length(text) -> number``; ``None`` counts whitespace-separated words.
+    n_samples : int, default=1
+        Completions drawn per reference row.
+    random_state : int, default=0
+        Seed of the sampling.
 
     Returns
     -------

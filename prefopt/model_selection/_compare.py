@@ -27,7 +27,7 @@ from ._stats import _check_seeds, t_interval
 class Comparison:
     """What :func:`compare` returns.
 
-    Attributes
+    Parameters
     ----------
     results : pandas.DataFrame
         Tidy: one row per (``algorithm``, ``seed``, ``metric``) with its ``value``.
@@ -39,12 +39,30 @@ class Comparison:
         ``scipy.stats.ttest_rel(algorithm, baseline)``, two-sided, and its
         ``confidence_interval``), NaN on the baseline's own rows.
     seeds : list of int
+        The seeds every algorithm was fitted with.
     confidence : float
-    baseline : str or None
-    fit_times : pandas.DataFrame
+        Coverage of the intervals in ``summary``.
+    baseline : str or None, default=None
+        The algorithm the others are compared with.
+    fit_times : pandas.DataFrame or None, default=None
         Seconds per fit: ``algorithm``, ``seed``, ``fit_time``.
-    estimators : dict of str to list, or None
+    estimators : dict of str to list, or None, default=None
         The fitted estimators, one per seed, when ``return_estimators=True``.
+
+    See Also
+    --------
+    compare, prefopt.plotting.plot_comparison
+
+    Examples
+    --------
+    >>> import pandas as pd
+    >>> from prefopt.model_selection import Comparison
+    >>> results = pd.DataFrame({"algorithm": "A", "seed": [0, 1], "metric": "score",
+    ...                         "value": [1.0, 1.2]})
+    >>> summary = pd.DataFrame({"algorithm": ["A"], "metric": "score", "n_seeds": 2,
+    ...                         "mean": [1.1], "std": [0.14], "ci_low": [0.2], "ci_high": [2.0]})
+    >>> Comparison(results, summary, seeds=[0, 1], confidence=0.95).summary["mean"].tolist()
+    [1.1]
     """
 
     results: pd.DataFrame

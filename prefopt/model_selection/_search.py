@@ -212,6 +212,21 @@ class SeedSearchCV(BaseSearchCV):
         Returns
         -------
         self : object
+
+        Examples
+        --------
+        >>> from prefopt import RewardModel, RLOOPolicy
+        >>> from prefopt.model_selection import SeedSearchCV
+        >>> from prefopt.worlds import PreferenceWorld
+        >>> world = PreferenceWorld(random_state=0)
+        >>> rm = RewardModel().fit(world.comparisons(500, random_state=0))
+        >>> policy = RLOOPolicy(model=world.policy_model(), learning_rate=2.0, optimizer="sgd",
+        ...                     n_steps=3, batch_size=16)
+        >>> search = SeedSearchCV(policy, {"beta": [0.1, 1.0]}, seeds=2)
+        >>> search.fit(world.prompts, rm).seeds_  # the reward as y, as for a policy
+        [0, 1]
+        >>> search.best_params_
+        {'beta': 0.1}
         """
         if y is not None and callable(y):
             # A reward is not an array that folds can split: pass it as the fit parameter.
@@ -296,12 +311,69 @@ class SeedSearchCV(BaseSearchCV):
             results[f"rank_{key}"] = _rank(mean)
 
     def sample(self, X, n: int = 1, **kwargs):
-        """``best_estimator_.sample``: ``n`` completions per prompt."""
+        """Sample ``n`` completions per prompt from ``best_estimator_``.
+
+        Parameters
+        ----------
+        X : list of str or table with a ``prompt`` column
+            Prompts.
+        n : int, default=1
+            Completions per prompt.
+        **kwargs : dict
+            Passed to ``best_estimator_.sample`` (e.g. ``random_state``).
+
+        Returns
+        -------
+        completions : list of list of str
+            ``n`` completions per prompt.
+
+        Examples
+        --------
+        >>> from prefopt import RewardModel, RLOOPolicy
+        >>> from prefopt.model_selection import SeedSearchCV
+        >>> from prefopt.worlds import PreferenceWorld
+        >>> world = PreferenceWorld(random_state=0)
+        >>> rm = RewardModel().fit(world.comparisons(500, random_state=0))
+        >>> policy = RLOOPolicy(model=world.policy_model(), learning_rate=2.0, optimizer="sgd",
+        ...                     n_steps=3, batch_size=16)
+        >>> search = SeedSearchCV(policy, {"beta": [0.1, 1.0]}, seeds=2).fit(world.prompts, rm)
+        >>> [len(group) for group in search.sample(world.prompts[:2], n=3)]
+        [3, 3]
+        """
         check_is_fitted(self, "best_estimator_")
         return self.best_estimator_.sample(X, n, **kwargs)
 
     def log_prob(self, prompts, completions, **kwargs):
-        """``best_estimator_.log_prob``."""
+        """Log-probability of each completion under ``best_estimator_``.
+
+        Parameters
+        ----------
+        prompts : list of str
+            One prompt per completion.
+        completions : list of str
+            The completions to score.
+        **kwargs : dict
+            Passed to ``best_estimator_.log_prob`` (e.g. ``reference=True``).
+
+        Returns
+        -------
+        logprobs : ndarray of shape (n,)
+
+        Examples
+        --------
+        >>> from prefopt import RewardModel, RLOOPolicy
+        >>> from prefopt.model_selection import SeedSearchCV
+        >>> from prefopt.worlds import PreferenceWorld
+        >>> world = PreferenceWorld(random_state=0)
+        >>> rm = RewardModel().fit(world.comparisons(500, random_state=0))
+        >>> policy = RLOOPolicy(model=world.policy_model(), learning_rate=2.0, optimizer="sgd",
+        ...                     n_steps=3, batch_size=16)
+        >>> search = SeedSearchCV(policy, {"beta": [0.1, 1.0]}, seeds=2).fit(world.prompts, rm)
+        >>> prompts = world.prompts[:2]
+        >>> completions = [group[0] for group in search.sample(prompts)]
+        >>> search.log_prob(prompts, completions).shape
+        (2,)
+        """
         check_is_fitted(self, "best_estimator_")
         return self.best_estimator_.log_prob(prompts, completions, **kwargs)
 
