@@ -64,8 +64,9 @@ def test_seeds_and_ranks():
 # ----- SeedSearchCV --------------------------------------------------------------------
 
 
+@pytest.mark.slow  # about 4 s: 6 candidates x 3 seeds of 30 RLOO steps
 def test_seed_search_rloo_beta_and_k(rm):
-    """The issue's acceptance run: beta x k, 3 seeds, n_jobs=2, checked by hand."""
+    """A search over beta x k with 3 seeds and n_jobs=2, checked by hand."""
     template = RLOOPolicy(
         model=WORLD.policy_model(), learning_rate=2.0, optimizer="sgd", n_steps=30
     )
@@ -253,6 +254,7 @@ def test_seed_search_under_ray_equals_the_local_run(rm):
 # ----- compare -------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # about 11 s: 4 algorithms x 5 seeds x 60 steps
 def test_compare_on_policy_algorithms_reach_the_optimum_and_raft_does_not(rm):
     def model():
         return WORLD.policy_model()
