@@ -1,13 +1,15 @@
 """Figures from ``history_`` and from the exact worlds.
 
 Every function draws on the matplotlib Axes it is given (``ax=``) or on a new
-figure, and returns what it drew on, so figures compose: the plate's figure is
-:func:`plot_exact_path` on the left and :func:`plot_response_probs` on the
-right. matplotlib is imported only when a function is called.
+figure, and returns what it drew on, so figures compose: a run in the preference
+world next to its closed-form optimum is :func:`plot_exact_path` on the left and
+:func:`plot_response_probs` on the right. matplotlib is imported only when a
+function is called; it is the optional ``plot`` extra (``pip install 'prefopt[plot]'``).
 """
 
 from __future__ import annotations
 
+import re
 import warnings
 from collections.abc import Mapping, Sequence
 
@@ -23,6 +25,23 @@ _PATH_LABELS = {
     "kl": "KL (nats)",
     "objective": "objective",
 }
+
+
+def _pyplot():
+    """``matplotlib.pyplot``, imported on first use: matplotlib is the optional ``plot`` extra."""
+    try:
+        import matplotlib.pyplot as plt
+    except ImportError as error:
+        raise ImportError(
+            "prefopt.plotting needs matplotlib, which is not installed; install it with "
+            "pip install 'prefopt[plot]'"
+        ) from error
+    return plt
+
+
+def _new_axes(figsize, **subplots):
+    """The Axes of a new figure with constrained layout (``subplots`` as in plt.subplots)."""
+    return _pyplot().subplots(figsize=figsize, layout="constrained", **subplots)[1]
 
 
 def _as_histories(histories) -> list[list[dict]]:
@@ -109,8 +128,6 @@ def plot_history(
     >>> axes[0].lines[0].get_ydata().tolist()  # the mean over the two seeds
     [1.5, 3.0, 4.5]
     """
-    import matplotlib.pyplot as plt
-
     if band not in ("std", "minmax"):
         raise ValueError(f"band must be 'std' or 'minmax'; got {band!r}.")
     if isinstance(keys, str):
@@ -120,13 +137,7 @@ def plot_history(
     if not recorded:
         raise ValueError(f"None of the keys {list(keys)} is recorded in the histories.")
     if ax is None:
-        _, ax = plt.subplots(
-            1,
-            len(recorded),
-            figsize=(3.6 * len(recorded), 3.0),
-            squeeze=False,
-            layout="constrained",
-        )
+        ax = _new_axes((3.6 * len(recorded), 3.0), ncols=len(recorded), squeeze=False)
     axes = np.ravel(np.array(ax, dtype=object))
     if len(axes) != len(recorded):
         raise ValueError(f"Got {len(axes)} Axes for {len(recorded)} recorded keys {recorded}.")
@@ -205,9 +216,6 @@ def plot_exact_path(
     >>> len(ax.lines)  # a solid and a dashed line per key
     6
     """
-    import matplotlib.pyplot as plt
-    from matplotlib.lines import Line2D
-
     if not path:
         raise ValueError("plot_exact_path needs a non-empty path.")
     missing = [k for k in ("step", *keys) if k not in path[0]]
@@ -218,7 +226,7 @@ def plot_exact_path(
             "the optimum needs the same keys."
         )
     if ax is None:
-        _, ax = plt.subplots(figsize=(5.5, 4.0), layout="constrained")
+        ax = _new_axes((5.5, 4.0))
     steps = [row["step"] for row in path]
     handles = []
     for i, key in enumerate(keys):
@@ -228,7 +236,9 @@ def plot_exact_path(
         )
         ax.axhline(optimum[key], color=color, linestyle="--", linewidth=1.2)
         handles.append(line)
-    handles.append(Line2D([], [], color="0.4", linestyle="--", label="closed-form optimum"))
+    handles.append(
+        _pyplot().Line2D([], [], color="0.4", linestyle="--", label="closed-form optimum")
+    )
     ax.legend(handles=handles, fontsize="small")
     ax.set_xlabel("step")
     ax.set_xlim(min(steps), max(steps))
@@ -275,7 +285,6 @@ def plot_response_probs(
     >>> [round(float(bar.get_height()), 2) for bar in ax.patches]  # before (averaged), then after
     [0.6, 0.4, 0.9, 0.1]
     """
-    import matplotlib.pyplot as plt
 
     def mean_probs(p, name):
         p = np.asarray(p, dtype=float)
@@ -289,7 +298,7 @@ def plot_response_probs(
 
     before, after = mean_probs(before, "before"), mean_probs(after, "after")
     if ax is None:
-        _, ax = plt.subplots(figsize=(5.5, 4.0), layout="constrained")
+        ax = _new_axes((5.5, 4.0))
     x = np.arange(len(labels))
     width = 0.38
     ax.bar(x - width / 2, before, width, label=names[0], color="0.65")
@@ -382,10 +391,6 @@ def plot_search(
     >>> ax.lines[0].get_ydata().tolist(), ax.get_xscale()
     ([1.0, 2.0], 'log')
     """
-    import re
-
-    import matplotlib.pyplot as plt
-
     results = search if isinstance(search, Mapping) else search.cv_results_
     metric = _search_metric(results, metric, getattr(search, "refit", None))
     x = _param_values(results, param)
@@ -417,7 +422,7 @@ def plot_search(
     )
     groups = [None] if group is None else sorted(set(_param_values(results, group)), key=repr)
     if ax is None:
-        _, ax = plt.subplots(figsize=(5.5, 4.0), layout="constrained")
+        ax = _new_axes((5.5, 4.0))
     for i, g in enumerate(groups):
         rows = (
             np.arange(len(mean))
@@ -493,8 +498,6 @@ def plot_comparison(
     >>> ax.lines[0].get_ydata().tolist(), [t.get_text() for t in ax.get_xticklabels()]
     ([1.1, 2.2], ['A', 'B'])
     """
-    import matplotlib.pyplot as plt
-
     summary, results = comparison.summary, comparison.results
     metrics = list(dict.fromkeys(summary["metric"]))
     if metric is None:
@@ -506,7 +509,7 @@ def plot_comparison(
     mean = rows["mean"].to_numpy(dtype=float)
     low, high = rows["ci_low"].to_numpy(dtype=float), rows["ci_high"].to_numpy(dtype=float)
     if ax is None:
-        _, ax = plt.subplots(figsize=(1.2 * len(names) + 2.5, 4.0), layout="constrained")
+        ax = _new_axes((1.2 * len(names) + 2.5, 4.0))
     x = np.arange(len(names))
     ax.errorbar(
         x,

@@ -9,13 +9,9 @@ from sklearn.model_selection import KFold
 
 from prefopt import PPOPolicy, RAFTPolicy, ReinforcePolicy, RLOOPolicy
 from prefopt.metrics import make_kl_scorer, make_reward_scorer
-from prefopt.model_selection import (
-    SeedSearchCV,
-    _check_seeds,
-    _rank,
-    compare,
-    t_interval,
-)
+from prefopt.model_selection import SeedSearchCV, compare, t_interval
+from prefopt.model_selection._search import _rank
+from prefopt.model_selection._stats import _check_seeds
 from prefopt.worlds import PreferenceWorld
 
 WORLD = PreferenceWorld(rater_bias=1.0, random_state=0)
@@ -68,8 +64,9 @@ def test_seeds_and_ranks():
 # ----- SeedSearchCV --------------------------------------------------------------------
 
 
+@pytest.mark.slow  # about 4 s: 6 candidates x 3 seeds of 30 RLOO steps
 def test_seed_search_rloo_beta_and_k(rm):
-    """The issue's acceptance run: beta x k, 3 seeds, n_jobs=2, checked by hand."""
+    """A search over beta x k with 3 seeds and n_jobs=2, checked by hand."""
     template = RLOOPolicy(
         model=WORLD.policy_model(), learning_rate=2.0, optimizer="sgd", n_steps=30
     )
@@ -257,6 +254,7 @@ def test_seed_search_under_ray_equals_the_local_run(rm):
 # ----- compare -------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # about 11 s: 4 algorithms x 5 seeds x 60 steps
 def test_compare_on_policy_algorithms_reach_the_optimum_and_raft_does_not(rm):
     def model():
         return WORLD.policy_model()
@@ -290,23 +288,27 @@ def test_compare_on_policy_algorithms_reach_the_optimum_and_raft_does_not(rm):
     print("\n" + summary.round(4).to_string())
     table = summary.set_index(["algorithm", "metric"])
     t = stats.t.ppf(0.975, 4)
+
+    def seed_values(name, metric):
+        rows = results[(results["algorithm"] == name) & (results["metric"] == metric)]
+        return rows.sort_values("seed")["value"].to_numpy()
+
     # The summary is the hand computation over seeds; the paired test is ttest_rel.
-    for (name, metric), row in table.iterrows():  # noqa: B007 (read by query)
-        v = results.query("algorithm == @name and metric == @metric").sort_values("seed")
-        v = v["value"].to_numpy()
+    for (name, metric), row in table.iterrows():
+        v = seed_values(name, metric)
         assert row["mean"] == pytest.approx(v.mean(), rel=1e-12)
         assert row["std"] == pytest.approx(v.std(ddof=1), rel=1e-12)
         assert row["ci_high"] - row["mean"] == pytest.approx(t * v.std(ddof=1) / np.sqrt(5))
         if name == "RLOO":
             assert np.isnan(row["diff_mean"]) and np.isnan(row["p_value"])
             continue
-        base = results.query("algorithm == 'RLOO' and metric == @metric").sort_values("seed")
-        d = v - base["value"].to_numpy()
+        base = seed_values("RLOO", metric)
+        d = v - base
         assert row["diff_mean"] == pytest.approx(d.mean())
         assert row["diff_ci_high"] - row["diff_mean"] == pytest.approx(
             t * d.std(ddof=1) / np.sqrt(5)
         )
-        assert row["p_value"] == pytest.approx(stats.ttest_rel(v, base["value"]).pvalue)
+        assert row["p_value"] == pytest.approx(stats.ttest_rel(v, base).pvalue)
 
     best = WORLD.optimum(rm, 0.3)
     for name in ("PPO", "RLOO", "REINFORCE"):

@@ -1,3 +1,6 @@
+import re
+import sys
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -142,3 +145,13 @@ def test_plot_response_probs_optimum_and_ax():
     }
     with pytest.raises(ValueError, match="3 labels"):
         plot_response_probs([0.5, 0.5], [0.9, 0.1], ["x", "y", "z"])
+
+
+def test_missing_matplotlib_names_the_install_command(monkeypatch):
+    # A None entry in sys.modules makes `import matplotlib...` raise ImportError, as if absent.
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.setitem(sys.modules, name, None)
+    with pytest.raises(ImportError, match=re.escape("pip install 'prefopt[plot]'")):
+        plot_history([history(0)])
+    with pytest.raises(ImportError, match=re.escape("pip install 'prefopt[plot]'")):
+        plot_exact_path([{"step": 0, "reward": 1.0}], {"reward": 1.0}, keys=["reward"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from numbers import Integral
 
 import numpy as np
@@ -25,8 +26,9 @@ def t_interval(values, confidence: float = 0.95, axis: int = -1):
     mean, std, low, high : ndarray or float
         ``std`` uses ``ddof=1`` (the unbiased variance of the seed-to-seed
         spread, and the one the t interval is built from); the interval is
-        ``mean +- t_{(1+confidence)/2, n-1} std / sqrt(n)``. With one seed
-        ``std``, ``low`` and ``high`` are NaN.
+        ``mean +- t_{(1+confidence)/2, n-1} std / sqrt(n)``, the one of
+        ``scipy.stats.ttest_1samp(values, 0).confidence_interval(confidence)``.
+        With one seed ``std``, ``low`` and ``high`` are NaN.
 
     Examples
     --------
@@ -38,14 +40,14 @@ def t_interval(values, confidence: float = 0.95, axis: int = -1):
     (-0.4841, 4.4841)
     """
     values = np.asarray(values, dtype=np.float64)
-    n = values.shape[axis]
     mean = values.mean(axis=axis)
-    if n < 2:
+    if values.shape[axis] < 2:
         nan = np.full_like(mean, np.nan)
         return mean, nan, nan.copy(), nan.copy()
-    std = values.std(axis=axis, ddof=1)
-    half = stats.t.ppf(0.5 + confidence / 2, n - 1) * std / np.sqrt(n)
-    return mean, std, mean - half, mean + half
+    with warnings.catch_warnings():  # seeds that all score the same: a zero-width interval
+        warnings.simplefilter("ignore", RuntimeWarning)
+        interval = stats.ttest_1samp(values, 0.0, axis=axis).confidence_interval(confidence)
+    return mean, values.std(axis=axis, ddof=1), interval.low, interval.high
 
 
 def _check_seeds(seeds) -> list[int]:

@@ -1,15 +1,6 @@
-"""Seed-aware model selection: searches and comparisons that report spread, not the best seed.
+"""SeedSearchCV: a grid search that fits every candidate under several seeds.
 
-An RL run is a random variable: the same algorithm and parameters give another
-policy under another seed. :class:`SeedSearchCV` fits every candidate once per
-seed (and per fold, when ``cv`` is given) and ranks candidates by their *mean*
-over seeds, with the standard deviation and a Student-t confidence interval
-beside it; :func:`compare` fits several algorithms on the same seeds and
-prompts and compares each with a baseline by a paired t-test over seeds.
-
-Both run their fits through joblib, so ``n_jobs`` and any joblib backend
-(``with joblib.parallel_backend("ray")`` after ``ray.util.joblib.register_ray()``,
-or Dask) parallelise them unchanged.
+Re-exported by :mod:`prefopt.model_selection`; see its docstring.
 """
 
 from __future__ import annotations
@@ -27,10 +18,9 @@ from sklearn.model_selection._search import (
 from sklearn.utils._param_validation import Interval
 from sklearn.utils.validation import check_is_fitted
 
-from ._compare import Comparison, compare
 from ._stats import _check_seeds, t_interval
 
-__all__ = ["Comparison", "SeedSearchCV", "compare", "t_interval"]
+__all__ = ["SeedSearchCV"]
 
 
 def _rank(means: np.ndarray) -> np.ndarray:
@@ -222,6 +212,21 @@ class SeedSearchCV(BaseSearchCV):
         Returns
         -------
         self : object
+
+        Examples
+        --------
+        >>> from prefopt import RewardModel, RLOOPolicy
+        >>> from prefopt.model_selection import SeedSearchCV
+        >>> from prefopt.worlds import PreferenceWorld
+        >>> world = PreferenceWorld(random_state=0)
+        >>> rm = RewardModel().fit(world.comparisons(500, random_state=0))
+        >>> policy = RLOOPolicy(model=world.policy_model(), learning_rate=2.0, optimizer="sgd",
+        ...                     n_steps=3, batch_size=16)
+        >>> search = SeedSearchCV(policy, {"beta": [0.1, 1.0]}, seeds=2)
+        >>> search.fit(world.prompts, rm).seeds_  # the reward as y, as for a policy
+        [0, 1]
+        >>> search.best_params_
+        {'beta': 0.1}
         """
         if y is not None and callable(y):
             # A reward is not an array that folds can split: pass it as the fit parameter.
@@ -306,12 +311,69 @@ class SeedSearchCV(BaseSearchCV):
             results[f"rank_{key}"] = _rank(mean)
 
     def sample(self, X, n: int = 1, **kwargs):
-        """``best_estimator_.sample``: ``n`` completions per prompt."""
+        """Sample ``n`` completions per prompt from ``best_estimator_``.
+
+        Parameters
+        ----------
+        X : list of str or table with a ``prompt`` column
+            Prompts.
+        n : int, default=1
+            Completions per prompt.
+        **kwargs : dict
+            Passed to ``best_estimator_.sample`` (e.g. ``random_state``).
+
+        Returns
+        -------
+        completions : list of list of str
+            ``n`` completions per prompt.
+
+        Examples
+        --------
+        >>> from prefopt import RewardModel, RLOOPolicy
+        >>> from prefopt.model_selection import SeedSearchCV
+        >>> from prefopt.worlds import PreferenceWorld
+        >>> world = PreferenceWorld(random_state=0)
+        >>> rm = RewardModel().fit(world.comparisons(500, random_state=0))
+        >>> policy = RLOOPolicy(model=world.policy_model(), learning_rate=2.0, optimizer="sgd",
+        ...                     n_steps=3, batch_size=16)
+        >>> search = SeedSearchCV(policy, {"beta": [0.1, 1.0]}, seeds=2).fit(world.prompts, rm)
+        >>> [len(group) for group in search.sample(world.prompts[:2], n=3)]
+        [3, 3]
+        """
         check_is_fitted(self, "best_estimator_")
         return self.best_estimator_.sample(X, n, **kwargs)
 
     def log_prob(self, prompts, completions, **kwargs):
-        """``best_estimator_.log_prob``."""
+        """Log-probability of each completion under ``best_estimator_``.
+
+        Parameters
+        ----------
+        prompts : list of str
+            One prompt per completion.
+        completions : list of str
+            The completions to score.
+        **kwargs : dict
+            Passed to ``best_estimator_.log_prob`` (e.g. ``reference=True``).
+
+        Returns
+        -------
+        logprobs : ndarray of shape (n,)
+
+        Examples
+        --------
+        >>> from prefopt import RewardModel, RLOOPolicy
+        >>> from prefopt.model_selection import SeedSearchCV
+        >>> from prefopt.worlds import PreferenceWorld
+        >>> world = PreferenceWorld(random_state=0)
+        >>> rm = RewardModel().fit(world.comparisons(500, random_state=0))
+        >>> policy = RLOOPolicy(model=world.policy_model(), learning_rate=2.0, optimizer="sgd",
+        ...                     n_steps=3, batch_size=16)
+        >>> search = SeedSearchCV(policy, {"beta": [0.1, 1.0]}, seeds=2).fit(world.prompts, rm)
+        >>> prompts = world.prompts[:2]
+        >>> completions = [group[0] for group in search.sample(prompts)]
+        >>> search.log_prob(prompts, completions).shape
+        (2,)
+        """
         check_is_fitted(self, "best_estimator_")
         return self.best_estimator_.log_prob(prompts, completions, **kwargs)
 

@@ -11,8 +11,8 @@ from numbers import Integral
 import numpy as np
 import pandas as pd
 
-from ._sampled import _check_n_samples, _sample_groups, _SampledScorer
-from .data import check_demonstrations, check_prompts
+from ..data import check_demonstrations, check_prompts
+from ._scorer import _check_n_samples, _sample_groups, _SampledScorer
 
 # Completion length / reference length, binned symmetrically in log space around 1:
 # much shorter, shorter, about the same, longer, much longer.
@@ -163,6 +163,14 @@ def make_win_rate_scorer(
     --------
     make_length_binned_win_rate, length_binned_win_rate
 
+    References
+    ----------
+    .. [1] Stiennon et al. 2020, "Learning to summarize from human feedback",
+       NeurIPS 2020 (win rates against human reference summaries).
+    .. [2] Ahmadian et al. 2024, "Back to Basics: Revisiting REINFORCE Style
+       Optimization for Learning from Human Feedback in LLMs", ACL 2024
+       (win rates from an LLM judge).
+
     Examples
     --------
     >>> from prefopt.metrics import make_win_rate_scorer
@@ -193,7 +201,9 @@ def length_binned_win_rate(
     A policy that writes longer responses than the references may win because
     it is better or because the judge likes length. Binning each judged pair by
     ``length(completion) / length(reference)`` separates the two: a policy that
-    wins within every bin is better at equal length (the seeds' length analysis).
+    wins within every bin is better at equal length. Huang et al. (2024) bin
+    PPO's win rates against the reference summaries this way: PPO wins in every
+    bin, and its win rate rises with length.
 
     Parameters
     ----------
@@ -224,6 +234,11 @@ def length_binned_win_rate(
         One row per bin: ``bin`` (a label such as ``"[0.8, 1.25)"``), ``low``,
         ``high``, ``n`` (judged pairs), ``wins``, ``ties`` and ``win_rate``
         (ties counting half; NaN in an empty bin).
+
+    References
+    ----------
+    .. [1] Huang et al. 2024, "The N+ Implementation Details of RLHF with PPO:
+       A Case Study on TL;DR Summarization", arXiv:2403.17031.
 
     Examples
     --------
@@ -296,12 +311,23 @@ def make_length_binned_win_rate(
 
     Parameters
     ----------
-    judge, references, bins, length, n_samples, random_state
-        As in :func:`length_binned_win_rate`.
+    judge : callable
+        ``judge(prompt, completion, reference) -> float``, as in
+        :func:`make_win_rate_scorer`.
+    references : list of (prompt, completion), DataFrame or Dataset
+        Reference completions.
+    bins : sequence of float, default=DEFAULT_LENGTH_BINS
+        Increasing edges of the length ratio, as in :func:`length_binned_win_rate`.
     bin : int, default=None
         Index of the bin to score (NaN when no judged pair falls in it); ``None``
         scores all pairs that fall in some bin (with the default bins, every
         pair: the overall win rate of :func:`make_win_rate_scorer`).
+    length : callable, default=None
+        ``length(text) -> number``; ``None`` counts whitespace-separated words.
+    n_samples : int, default=1
+        Completions drawn per reference row.
+    random_state : int, default=0
+        Seed of the sampling.
 
     Returns
     -------

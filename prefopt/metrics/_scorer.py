@@ -1,45 +1,86 @@
-"""Scorers for policies: callables ``(estimator, X, y=None) -> float``, larger is better.
+"""Scorers that average over completions sampled from the policy.
 
-Each ``make_*`` function returns a scorer that can be given as ``scoring=`` to
-:class:`~prefopt.model_selection.SeedSearchCV`, :func:`~prefopt.model_selection.compare`,
-``GridSearchCV`` or ``cross_validate`` (alone or in a dict of named scorers).
-A scorer draws ``n_samples`` completions per prompt with the policy's
-``sample(X, n=..., random_state=...)`` at a fixed ``random_state`` (an
-estimator without ``sample`` is asked for ``predict(X)``), so the same policy
-always gets the same score, scorers with the same ``random_state`` in one dict
-see the same completions, and two candidates of a search are scored on common
-random numbers.
-
-The KL scorer is *negated* (``-KL``), as scikit-learn scorers are
-"larger is better"; the other scorers return the quantity itself.
+:class:`_SampledScorer` draws the completions; its subclasses say what to
+average (reward, -KL, the KL-regularised objective). The win-rate scorers in
+:mod:`prefopt.metrics._win_rate` share the same base.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from numbers import Real
+from numbers import Integral, Real
 
 import numpy as np
 
-from ._sampled import _SampledScorer
-from ._win_rate import (
-    DEFAULT_LENGTH_BINS,
-    length_binned_win_rate,
-    make_length_binned_win_rate,
-    make_win_rate_scorer,
-)
-from .rewards import check_rewards
+from ..data import check_prompts
+from ..rewards import check_rewards
 
 __all__ = [
-    "DEFAULT_LENGTH_BINS",
     "gold_reward_scorer",
-    "length_binned_win_rate",
     "make_kl_scorer",
-    "make_length_binned_win_rate",
     "make_objective_scorer",
     "make_reward_scorer",
-    "make_win_rate_scorer",
 ]
+
+# ----- drawing completions ------------------------------------------------------------
+
+
+def _check_n_samples(n_samples) -> int:
+    if not isinstance(n_samples, Integral) or isinstance(n_samples, bool) or n_samples < 1:
+        raise ValueError(f"n_samples must be an integer >= 1; got {n_samples!r}.")
+    return int(n_samples)
+
+
+def _sample_groups(estimator, prompts: list[str], n_samples: int, random_state) -> list:
+    """``n_samples`` completions for each prompt, one list per prompt."""
+    if hasattr(estimator, "sample"):
+        groups = estimator.sample(prompts, n=n_samples, random_state=random_state)
+    elif hasattr(estimator, "predict"):
+        # A Pipeline has no sample(): one completion per prompt from predict, which a
+        # prefopt policy draws with its own random_state.
+        groups = [[c] for c in estimator.predict(prompts)]
+    else:
+        raise TypeError(
+            f"{type(estimator).__name__} has neither sample() nor predict(); a "
+            "sampled scorer needs a fitted policy."
+        )
+    if len(groups) != len(prompts):
+        raise ValueError(
+            f"{type(estimator).__name__}.sample returned {len(groups)} groups "
+            f"for {len(prompts)} prompts."
+        )
+    return groups
+
+
+def _draw(estimator, prompts: list[str], n_samples: int, random_state):
+    """``n_samples`` completions per prompt: (repeated prompts, completions), flat."""
+    groups = _sample_groups(estimator, prompts, n_samples, random_state)
+    rep = [p for p, group in zip(prompts, groups) for _ in group]
+    completions = [c for group in groups for c in group]
+    return rep, completions
+
+
+class _SampledScorer:
+    """Base of the scorers: draws the completions, subclasses say what to average."""
+
+    _name = "score"
+
+    def __init__(self, n_samples: int, random_state):
+        self.n_samples = _check_n_samples(n_samples)
+        self.random_state = random_state
+
+    def __call__(self, estimator, X, y=None) -> float:
+        prompts, completions = _draw(estimator, check_prompts(X), self.n_samples, self.random_state)
+        return float(self._value(estimator, prompts, completions))
+
+    def _value(self, estimator, prompts, completions):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _args(self) -> str:
+        return f"n_samples={self.n_samples}, random_state={self.random_state!r}"
+
+    def __repr__(self) -> str:
+        return f"{self._name}({self._args()})"
 
 
 def _reward_of(estimator, reward):
@@ -162,7 +203,8 @@ def gold_reward_scorer(gold: Callable, *, n_samples: int = 4, random_state=0) ->
 
     The same as :func:`make_reward_scorer` with a required reward; the name
     says that the reward is the one the proxy reward model stands in for
-    (``world.true_quality`` in the exact worlds), to measure over-optimisation.
+    (``world.true_quality`` in the exact worlds), to measure over-optimisation:
+    a proxy reward that keeps rising while the gold reward falls (Gao et al. 2023).
 
     Parameters
     ----------
@@ -176,6 +218,11 @@ def gold_reward_scorer(gold: Callable, *, n_samples: int = 4, random_state=0) ->
     Returns
     -------
     scorer : callable
+
+    References
+    ----------
+    .. [1] Gao et al. 2023, "Scaling Laws for Reward Model Overoptimization",
+       ICML 2023.
 
     Examples
     --------
@@ -214,6 +261,11 @@ def make_kl_scorer(*, n_samples: int = 4, random_state=0) -> Callable:
     scorer : callable
         Returns **-KL** in nats (larger is better: closer to the reference).
 
+    References
+    ----------
+    .. [1] Ziegler et al. 2019, "Fine-Tuning Language Models from Human
+       Preferences", arXiv:1909.08593.
+
     Examples
     --------
     >>> from prefopt.metrics import make_kl_scorer
@@ -233,6 +285,9 @@ def make_objective_scorer(
 ) -> Callable:
     """The KL-regularised objective E[r] - beta KL(pi || pi_ref), from samples.
 
+    The objective that RLHF maximises (Ziegler et al. 2019; Stiennon et al. 2020;
+    Ouyang et al. 2022); its maximiser is pi_ref(y|x) exp(r(x, y) / beta) / Z(x).
+
     Parameters
     ----------
     reward : callable, default=None
@@ -248,6 +303,15 @@ def make_objective_scorer(
     -------
     scorer : callable
         The mean over samples of ``r(x, y) - beta * (log pi(y|x) - log pi_ref(y|x))``.
+
+    References
+    ----------
+    .. [1] Ziegler et al. 2019, "Fine-Tuning Language Models from Human
+       Preferences", arXiv:1909.08593.
+    .. [2] Stiennon et al. 2020, "Learning to summarize from human feedback",
+       NeurIPS 2020.
+    .. [3] Ouyang et al. 2022, "Training language models to follow instructions
+       with human feedback", NeurIPS 2022.
 
     Examples
     --------

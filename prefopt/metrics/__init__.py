@@ -1,0 +1,39 @@
+"""Scorers for policies: callables ``(estimator, X, y=None) -> float``, larger is better.
+
+Each ``make_*`` function returns a scorer that can be given as ``scoring=`` to
+:class:`~prefopt.model_selection.SeedSearchCV`, :func:`~prefopt.model_selection.compare`,
+``GridSearchCV`` or ``cross_validate`` (alone or in a dict of named scorers).
+A scorer draws ``n_samples`` completions per prompt with the policy's
+``sample(X, n=..., random_state=...)`` at a fixed ``random_state`` (an
+estimator without ``sample`` is asked for ``predict(X)``), so the same policy
+always gets the same score, scorers with the same ``random_state`` in one dict
+see the same completions, and two candidates of a search are scored on common
+random numbers.
+
+The KL scorer is *negated* (``-KL``), as scikit-learn scorers are
+"larger is better"; the other scorers return the quantity itself.
+"""
+
+from ._scorer import (
+    gold_reward_scorer,
+    make_kl_scorer,
+    make_objective_scorer,
+    make_reward_scorer,
+)
+from ._win_rate import (
+    DEFAULT_LENGTH_BINS,
+    length_binned_win_rate,
+    make_length_binned_win_rate,
+    make_win_rate_scorer,
+)
+
+__all__ = [
+    "DEFAULT_LENGTH_BINS",
+    "gold_reward_scorer",
+    "length_binned_win_rate",
+    "make_kl_scorer",
+    "make_length_binned_win_rate",
+    "make_objective_scorer",
+    "make_reward_scorer",
+    "make_win_rate_scorer",
+]
