@@ -224,6 +224,15 @@ def check_comparisons(X) -> Comparisons:
 def check_demonstrations(X) -> tuple[list[str], list[str]]:
     """Validate demonstrations (prompt, completion) and return the two columns.
 
+    Parameters
+    ----------
+    X : DataFrame, datasets.Dataset, dict of columns or rows
+        Rows may be ``(prompt, completion)`` tuples or dicts.
+
+    Returns
+    -------
+    prompts, completions : list of str
+
     Examples
     --------
     >>> check_demonstrations([("the movie was", " great.")])
@@ -285,7 +294,17 @@ class PreferenceData:
     reward_model: object = None
 
     def with_(self, **changes) -> PreferenceData:
-        """A copy with some fields replaced."""
+        """A copy with some fields replaced.
+
+        Parameters
+        ----------
+        **changes
+            Field names and their new values.
+
+        Returns
+        -------
+        data : PreferenceData
+        """
         from dataclasses import replace
 
         return replace(self, **changes)

@@ -97,7 +97,19 @@ class _KLController(BaseEstimator):
         return self
 
     def fit(self, X=None, y=None):
-        """Start the controller at its own ``beta`` (the estimator interface)."""
+        """Start the controller at its own ``beta`` (the estimator interface).
+
+        Parameters
+        ----------
+        X : None
+            Ignored; a controller takes no data.
+        y : None
+            Ignored.
+
+        Returns
+        -------
+        self : object
+        """
         return self.start()
 
     def __sklearn_is_fitted__(self) -> bool:
@@ -141,7 +153,19 @@ class FixedKLController(_KLController):
         self.beta = beta
 
     def update(self, kl: float, n_episodes: int | None = None) -> float:
-        """Return beta unchanged (the interface of :class:`AdaptiveKLController`)."""
+        """Return beta unchanged (the interface of :class:`AdaptiveKLController`).
+
+        Parameters
+        ----------
+        kl : float
+            Mean summed KL of the rollouts just collected; only checked to be finite.
+        n_episodes : int, default=None
+            Ignored.
+
+        Returns
+        -------
+        beta : float
+        """
         check_is_fitted(self)
         if not np.isfinite(kl):
             raise ValueError(f"The measured KL is {kl}; the controller needs a finite value.")

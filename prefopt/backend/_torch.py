@@ -31,6 +31,15 @@ def autocast(device: torch.device):
 
     Log-softmax is always taken in float32 by the callers, so log-probabilities
     of the sampling and training passes agree (implementation detail 21).
+
+    Parameters
+    ----------
+    device : torch.device
+        Device of the forward pass; only CUDA gets autocast.
+
+    Returns
+    -------
+    context : context manager
     """
     dtype = get_config()["dtype"]
     if device.type == "cuda" and dtype in ("auto", "bfloat16"):
@@ -76,6 +85,11 @@ def local_seed(seed: int):
 
     Used to build models from a config reproducibly without touching the
     caller's global random state.
+
+    Parameters
+    ----------
+    seed : int
+        Seed of torch's global generator inside the block.
     """
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(int(seed))
@@ -87,6 +101,17 @@ def adamw(params, lr: float) -> torch.optim.Optimizer:
 
     The fused kernel is about 5x faster per step on a 124M model on the CPU and needs no
     extra memory (benchmarks/README.md); the plain implementation where it is unsupported.
+
+    Parameters
+    ----------
+    params : iterable of torch.nn.Parameter
+        Parameters to optimise.
+    lr : float
+        Learning rate.
+
+    Returns
+    -------
+    optimizer : torch.optim.AdamW
     """
     params = list(params)
     try:
@@ -96,7 +121,25 @@ def adamw(params, lr: float) -> torch.optim.Optimizer:
 
 
 def gradient_step(optimizer, loss, *, who: str, step: int, max_grad_norm=None) -> None:
-    """One optimiser step, refusing a non-finite loss with an error that names the step."""
+    """One optimiser step, refusing a non-finite loss with an error that names the step.
+
+    Parameters
+    ----------
+    optimizer : torch.optim.Optimizer
+    loss : torch.Tensor
+        Scalar loss to minimise.
+    who : str
+        Named in the error (the estimator).
+    step : int
+        Named in the error.
+    max_grad_norm : float, default=None
+        Clip the gradients' global norm to this; ``None`` does not clip.
+
+    Raises
+    ------
+    FloatingPointError
+        When ``loss`` is NaN or infinite; no parameter is changed.
+    """
     if not torch.isfinite(loss):
         raise FloatingPointError(
             f"{who}: the loss became {loss.item()} at step {step}; lower "

@@ -27,7 +27,15 @@ from ._torch import autocast
 
 @dataclass
 class EncodedPrompts:
-    """Left-padded prompt ids and their attention mask."""
+    """Left-padded prompt ids and their attention mask.
+
+    Parameters
+    ----------
+    input_ids : torch.Tensor of shape (n, width)
+        Token ids, padded on the left.
+    attention_mask : torch.Tensor of shape (n, width)
+        1 for real tokens, 0 for padding.
+    """
 
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
@@ -80,7 +88,24 @@ def encode_prompts(tokenizer, prompts, *, max_length: int | None = None) -> Enco
 
 
 def pad_left(rows, pad_token_id: int) -> EncodedPrompts:
-    """Pad lists of token ids on the left into an :class:`EncodedPrompts`."""
+    """Pad lists of token ids on the left into an :class:`EncodedPrompts`.
+
+    Parameters
+    ----------
+    rows : list of list of int
+        Token ids of each prompt.
+    pad_token_id : int
+
+    Returns
+    -------
+    encoded : EncodedPrompts
+
+    Examples
+    --------
+    >>> enc = pad_left([[5, 6], [7]], pad_token_id=0)
+    >>> enc.input_ids.tolist(), enc.attention_mask.tolist()
+    ([[5, 6], [0, 7]], [[1, 1], [0, 1]])
+    """
     width = max(len(r) for r in rows)
     ids = torch.full((len(rows), width), pad_token_id, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
@@ -92,7 +117,26 @@ def pad_left(rows, pad_token_id: int) -> EncodedPrompts:
 
 
 def pad_right(rows, pad_token_id: int, width: int | None = None):
-    """Pad lists of token ids on the right; returns ``(ids, mask)``."""
+    """Pad lists of token ids on the right.
+
+    Parameters
+    ----------
+    rows : list of list of int
+        Token ids of each sequence.
+    pad_token_id : int
+    width : int, default=None
+        Width of the result; longer rows are cut. ``None`` is the longest row.
+
+    Returns
+    -------
+    ids, mask : torch.Tensor of shape (n, width)
+
+    Examples
+    --------
+    >>> ids, mask = pad_right([[5, 6], [7]], pad_token_id=0)
+    >>> ids.tolist(), mask.tolist()
+    ([[5, 6], [7, 0]], [[1, 1], [1, 0]])
+    """
     width = max(len(r) for r in rows) if width is None else width
     ids = torch.full((len(rows), width), pad_token_id, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
@@ -104,7 +148,24 @@ def pad_right(rows, pad_token_id: int, width: int | None = None):
 
 
 def position_ids_from_mask(mask: torch.Tensor) -> torch.Tensor:
-    """Positions counting only real tokens: exclusive cumsum of the mask."""
+    """Positions counting only real tokens: exclusive cumsum of the mask.
+
+    Parameters
+    ----------
+    mask : torch.Tensor of shape (n, width)
+        Attention mask, 1 for real tokens.
+
+    Returns
+    -------
+    position_ids : torch.Tensor of shape (n, width)
+        0 at the first real token of each row (and on the left padding).
+
+    Examples
+    --------
+    >>> import torch
+    >>> position_ids_from_mask(torch.tensor([[0, 1, 1], [1, 1, 1]])).tolist()
+    [[0, 0, 1], [0, 1, 2]]
+    """
     return (mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
@@ -483,8 +544,19 @@ def _forward_parameters(cls) -> frozenset:
 def sequence_values(value_model, prompts: EncodedPrompts, response_ids, response_mask):
     """Value estimates V(s_t) for each response token t (the state before it).
 
-    Returns a tensor of shape (n, length), read from the value model's output at
-    the positions that predict each response token.
+    Parameters
+    ----------
+    value_model : torch.nn.Module
+        A model returning one value per position (:class:`ScalarHeadModel`,
+        :class:`TokenValueTable`).
+    prompts : EncodedPrompts
+    response_ids, response_mask : torch.Tensor of shape (n, length)
+
+    Returns
+    -------
+    values : torch.Tensor of shape (n, length), float32
+        The value model's output at the positions that predict each response
+        token.
     """
     n_prompt = prompts.input_ids.shape[1]
     input_ids = torch.cat([prompts.input_ids, response_ids], dim=1)

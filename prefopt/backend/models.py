@@ -20,6 +20,15 @@ def disable_dropout(model: nn.Module) -> nn.Module:
     and the KL estimate is unreliable (seed text; implementation detail 3).
     This applies to all four models: policy, reference, reward and value.
 
+    Parameters
+    ----------
+    model : torch.nn.Module
+
+    Returns
+    -------
+    model : torch.nn.Module
+        The same object, changed in place.
+
     Examples
     --------
     >>> from torch import nn
@@ -97,6 +106,15 @@ def frozen_copy(model: nn.Module) -> nn.Module:
 
     The reference model is made once per ``fit`` and never copied per step.
 
+    Parameters
+    ----------
+    model : torch.nn.Module
+
+    Returns
+    -------
+    reference : torch.nn.Module
+        A deep copy; ``model`` is unchanged.
+
     Examples
     --------
     >>> from torch import nn
@@ -122,6 +140,15 @@ def ensure_pad_token(tokenizer):
     Embeddings are not resized: pad positions are masked and their ids replaced
     by 0 before every forward pass.
 
+    Parameters
+    ----------
+    tokenizer : transformers tokenizer
+
+    Returns
+    -------
+    tokenizer : transformers tokenizer
+        ``tokenizer`` itself when its pad token is usable, else a copy.
+
     Examples
     --------
     >>> from prefopt.worlds import PreferenceWorld
@@ -137,7 +164,18 @@ def ensure_pad_token(tokenizer):
 
 
 def model_vocab_size(model: nn.Module) -> int | None:
-    """Vocabulary size of a causal LM's output layer, when it can be read."""
+    """Vocabulary size of a causal LM's output layer, when it can be read.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+
+    Returns
+    -------
+    vocab_size : int or None
+        From ``model.config.vocab_size``, else the output embedding's width;
+        ``None`` when neither exists.
+    """
     config = getattr(model, "config", None)
     size = getattr(config, "vocab_size", None)
     if size is None:
@@ -202,6 +240,20 @@ class ScalarHeadModel(nn.Module):
         return self.backbone.config
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, **kwargs):
+        """One scalar per position: the head applied to the trunk's last hidden state.
+
+        Parameters
+        ----------
+        input_ids : torch.Tensor of shape (n, width)
+        attention_mask : torch.Tensor of shape (n, width), default=None
+        position_ids : torch.Tensor of shape (n, width), default=None
+        **kwargs
+            Ignored (the callers' other forward arguments).
+
+        Returns
+        -------
+        values : torch.Tensor of shape (n, width)
+        """
         out = self.backbone(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
         )
@@ -234,6 +286,22 @@ class TokenValueTable(nn.Module):
         nn.init.zeros_(self.values.weight)
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, **kwargs):
+        """The learned value of each input token.
+
+        Parameters
+        ----------
+        input_ids : torch.Tensor of shape (n, width)
+        attention_mask : torch.Tensor of shape (n, width), default=None
+            Ignored: each position's value depends on its own token only.
+        position_ids : torch.Tensor of shape (n, width), default=None
+            Ignored.
+        **kwargs
+            Ignored.
+
+        Returns
+        -------
+        values : torch.Tensor of shape (n, width)
+        """
         return self.values(input_ids).squeeze(-1)
 
 
@@ -355,6 +423,16 @@ def default_learning_rate(model: nn.Module, large: float) -> float:
     Models under 10M parameters (the tiny models built from a config for tests,
     worlds and demos, trained nearly from scratch) get 1e-3; larger, pretrained
     models get ``large``, the value the papers use for that stage.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+    large : float
+        Learning rate for models of 10M parameters or more.
+
+    Returns
+    -------
+    learning_rate : float
 
     Examples
     --------

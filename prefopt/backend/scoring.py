@@ -16,6 +16,12 @@ from .generation import EncodedPrompts, pad_right, position_ids_from_mask
 def join_right_padded(prompt_rows, response_rows, pad_token_id: int):
     """Concatenate prompt and response token lists and pad them on the right.
 
+    Parameters
+    ----------
+    prompt_rows, response_rows : list of list of int
+        Token ids of each prompt and of its response, without padding.
+    pad_token_id : int
+
     Returns
     -------
     input_ids, attention_mask : torch.Tensor of shape (n, width)
@@ -34,7 +40,18 @@ def join_right_padded(prompt_rows, response_rows, pad_token_id: int):
 
 
 def unpad(prompts: EncodedPrompts, response_ids, response_mask):
-    """Token lists of left-padded prompts and masked responses (for re-padding)."""
+    """Token lists of left-padded prompts and masked responses (for re-padding).
+
+    Parameters
+    ----------
+    prompts : EncodedPrompts
+    response_ids, response_mask : torch.Tensor of shape (n, length)
+
+    Returns
+    -------
+    prompt_rows, response_rows : list of list of int
+        The real tokens of each row, padding removed.
+    """
     p = [
         r[m.bool()].tolist() for r, m in zip(prompts.input_ids.cpu(), prompts.attention_mask.cpu())
     ]
@@ -43,7 +60,21 @@ def unpad(prompts: EncodedPrompts, response_ids, response_mask):
 
 
 def score_sequences(model, input_ids, attention_mask, last_index) -> torch.Tensor:
-    """Run a scalar-head model and read its output at ``last_index`` of each row."""
+    """Run a scalar-head model and read its output at ``last_index`` of each row.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        A model returning one value per position (:class:`ScalarHeadModel`).
+    input_ids, attention_mask : torch.Tensor of shape (n, width)
+        Right-padded sequences (:func:`join_right_padded`).
+    last_index : torch.Tensor of shape (n,)
+        Index of each row's last real token.
+
+    Returns
+    -------
+    scores : torch.Tensor of shape (n,), float32
+    """
     ids = input_ids.masked_fill(attention_mask == 0, 0)
     with autocast(ids.device):
         values = model(

@@ -1,0 +1,60 @@
+"""Sphinx configuration: the API reference, built from the docstrings with numpydoc.
+
+Build with ``python -m sphinx -W --keep-going -b html docs docs/_build/html``.
+"""
+
+import sys
+from pathlib import Path
+
+DOCS = Path(__file__).resolve().parent
+# Document this checkout, not whichever prefopt the environment has installed.
+sys.path.insert(0, str(DOCS.parent))
+sys.path.insert(0, str(DOCS / "_ext"))
+
+from prefopt_api import pending_exclude  # noqa: E402
+
+import prefopt  # noqa: E402
+
+project = "prefopt"
+author = "the prefopt authors"
+copyright = "the prefopt authors"
+release = prefopt.__version__
+version = release
+
+extensions = [
+    "sphinx.ext.autodoc",
+    "numpydoc",
+    "prefopt_api",
+]
+
+exclude_patterns = ["_build", "PENDING.txt"]
+html_theme = "alabaster"
+html_title = f"prefopt {release}"
+
+autodoc_default_options = {"member-order": "bysource"}
+autodoc_typehints = "none"  # the numpydoc Parameters sections give the types
+
+numpydoc_show_class_members = False  # autodoc's :members: lists them once
+numpydoc_class_members_toctree = False
+numpydoc_validation_checks = {
+    "GL08",  # a public object without a docstring
+    *("PR01", "PR02", "PR03", "PR05", "PR06", "PR08", "PR09", "PR10"),  # Parameters
+    "RT04",
+    "RT05",
+}
+# Objects with known problems, to be fixed in their own files (one line a warning).
+numpydoc_validation_exclude = pending_exclude(DOCS / "PENDING.txt")
+
+# Every name exported by these modules must appear in docs/api.rst.
+prefopt_api_modules = [
+    "prefopt",
+    "prefopt.kl",
+    "prefopt.data",
+    "prefopt.rewards",
+    "prefopt.policies",
+    "prefopt.worlds",
+    "prefopt.model_selection",
+    "prefopt.metrics",
+    "prefopt.plotting",
+    "prefopt.backend",
+]
