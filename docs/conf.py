@@ -52,6 +52,7 @@ prefopt_api_modules = [
     "prefopt.data",
     "prefopt.rewards",
     "prefopt.policies",
+    "prefopt.lm",
     "prefopt.worlds",
     "prefopt.model_selection",
     "prefopt.metrics",

@@ -69,7 +69,19 @@ def context_length(model) -> int | None:
 
 
 def with_lora(model, lora):
-    """Wrap a transformers model with a LoRA adapter (peft); only the adapter trains."""
+    """Wrap a transformers model with a LoRA adapter (peft); only the adapter trains.
+
+    Parameters
+    ----------
+    model : transformers.PreTrainedModel
+        The model to adapt.
+    lora : dict or peft.LoraConfig
+        The adapter's settings, e.g. ``{"r": 8, "target_modules": ["c_attn"]}``.
+
+    Returns
+    -------
+    model : peft.PeftModel
+    """
     try:
         from peft import LoraConfig, get_peft_model
     except ImportError:  # pragma: no cover - depends on the environment
@@ -334,7 +346,17 @@ class GenerativeEstimator(LanguageModelEstimator):
         return [out[i * n : (i + 1) * n] for i in range(len(prompts))]
 
     def predict(self, X) -> list[str]:
-        """One sampled completion per prompt (what a ``Pipeline`` calls)."""
+        """One sampled completion per prompt (what a ``Pipeline`` calls).
+
+        Parameters
+        ----------
+        X : list of str or table with a ``prompt`` column
+            Prompts.
+
+        Returns
+        -------
+        completions : list of str
+        """
         return [c[0] for c in self.sample(X, n=1)]
 
     @torch.no_grad()
@@ -346,6 +368,7 @@ class GenerativeEstimator(LanguageModelEstimator):
         Parameters
         ----------
         prompts : list of str
+            One prompt per completion.
         completions : list of str or list of list of int
             Text, or token ids.
         reference : bool, default=False

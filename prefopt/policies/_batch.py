@@ -76,7 +76,7 @@ def masked_whiten(
 class RolloutBatch:
     """Everything one step's rollouts produced; every algorithm reads the same batch.
 
-    Attributes
+    Parameters
     ----------
     prompts : EncodedPrompts
         Left-padded prompt ids and mask, one row per sample.
@@ -96,10 +96,12 @@ class RolloutBatch:
     rewards : torch.Tensor of shape (n, max_new_tokens)
         Per-token reward: the score at the last token, plus -beta * kl at every
         token when the algorithm puts the KL in the reward.
-    values : torch.Tensor or None
-        V(s_t) under the value model at sampling time (PPO).
+    beta : float
+        The KL coefficient in force when the batch was sampled.
     kl_in_reward : bool
         Whether -beta * kl is part of ``rewards`` (the algorithm's ``kl_penalty``).
+    values : torch.Tensor or None
+        V(s_t) under the value model at sampling time (PPO).
     advantages, returns : torch.Tensor or None
         What the algorithm's ``compute_advantages`` returned.
     """
@@ -168,7 +170,7 @@ class Minibatch:
     What an algorithm's ``compute_loss`` receives. The rollout-time tensors of
     the minibatch's rows are read through properties.
 
-    Attributes
+    Parameters
     ----------
     batch : RolloutBatch
         The whole step's rollouts.

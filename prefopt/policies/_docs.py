@@ -1,5 +1,8 @@
 """Shared parameter documentation of the policy estimators (numpydoc fragments)."""
 
+import inspect
+import re
+
 COMMON_PARAMETERS = """model : str, transformers config, torch module or fitted policy, default=None
         The starting policy, copied before training (``fit`` never mutates it):
         a local path, a config (a fresh model, seeded by ``random_state``), a
@@ -13,7 +16,7 @@ COMMON_PARAMETERS = """model : str, transformers config, torch module or fitted 
         How beta changes; ``None`` keeps it fixed. A controller with
         ``beta=None`` starts from this estimator's ``beta``.
     kl_estimator : {{"k1", "k2", "k3"}}, default="k1"
-        Per-token KL estimator placed in the reward (k1 as in the seeds).
+        Per-token KL estimator (Schulman 2020); k1 in the reward, as Ziegler et al. 2019.
     learning_rate : float, default=None
         ``None`` means 1e-3 for models under 10M parameters (tiny models built
         from a config) and 3e-6 otherwise (Huang et al.'s PPO value).
@@ -33,13 +36,13 @@ COMMON_PARAMETERS = """model : str, transformers config, torch module or fitted 
         Gradient steps per pass.
     temperature : float, default=None
         Sampling temperature, also applied to every log-prob. ``None`` reads the
-        model's generation config, else 0.7 (the seeds).
+        model's generation config, else 0.7 (Ziegler et al. 2019).
     max_new_tokens : int, default=None
         Tokens sampled per response (fixed length, truncated after the first
-        EOS). ``None`` reads the model's generation config, else 53 (the seeds).
+        EOS). ``None`` reads the model's generation config, else 53 (Huang et al. 2024).
     missing_eos_reward : float or None, default=-1.0
         A response with no EOS gets this reward, *replacing* its score (the
-        seeds' EOS trick; TRL instead subtracts a penalty). ``None`` keeps the score.
+        EOS trick of Huang et al. 2024; TRL instead subtracts a penalty). ``None`` keeps the score.
     random_state : int, RandomState instance or None, default=None
         Same seed, same CPU run. No global seed is set.
     verbose : int, default=0
@@ -50,16 +53,19 @@ COMMON_PARAMETERS = """model : str, transformers config, torch module or fitted 
         schedule anneals again over those steps.
     checkpoint_dir : str or path, default=None
         Save the run every ``checkpoint_every`` steps (and at the end) to this
-        folder, atomically (write, then rename). ``fit`` with the same folder
-        and prompts resumes from the checkpoint and ends as the uninterrupted
-        run would, weights and ``history_`` included.
+        folder, atomically (write, then rename), as JSON and safetensors (no
+        pickle). ``fit`` with the same folder, parameters and prompts resumes
+        from the checkpoint and ends as the uninterrupted run would, weights
+        and ``history_`` included; other parameters (except ``n_steps`` and
+        those that only watch the run) or other prompts are refused by name.
+        A clone (every candidate and seed of a search) writes to its own
+        sub-folder, named from its parameters and prompts.
     checkpoint_every : int, default=10
         Steps between checkpoints.
     truncate_prompts : bool, default=False
         A prompt longer than the context minus ``max_new_tokens`` raises an
         error; with True it is cut at the last paragraph (else sentence)
-        boundary that fits, keeping its beginning, as the seeds' reproduction
-        does. Put any instruction that must survive at the start.
+        boundary that fits, keeping its beginning, as Huang et al. 2024 do. Put any instruction that must survive at the start.
     max_kl : float, default=None
         A step whose mean KL to the reference exceeds this warns or stops the
         run (``max_kl_action``); the last checkpoint stays intact.
@@ -97,7 +103,33 @@ COMMON_ATTRIBUTES = """model_ : torch.nn.Module
         ``pandas.DataFrame(history_)`` makes a table."""
 
 
-def fill(doc: str, **defaults) -> str:
-    return doc.replace("{common_parameters}", COMMON_PARAMETERS.format(**defaults)).replace(
-        "{common_attributes}", COMMON_ATTRIBUTES
+def fill(cls, **defaults) -> str:
+    """``cls``'s docstring with the shared fragments filled in, parameters in signature order."""
+    doc = cls.__doc__.replace("{common_parameters}", COMMON_PARAMETERS.format(**defaults))
+    doc = doc.replace("{common_attributes}", COMMON_ATTRIBUTES)
+    return _in_signature_order(doc, list(inspect.signature(cls.__init__).parameters)[1:])
+
+
+def _in_signature_order(doc: str, names: list) -> str:
+    """Reorder the entries of a numpydoc Parameters section to follow ``names``."""
+    lines = doc.split("\n")
+    start = lines.index("    Parameters") + 2
+    end = next(
+        i
+        for i in range(start, len(lines))
+        if lines[i].strip() and lines[i + 1].strip().startswith("---")
     )
+    entries, current = {}, None
+    for line in lines[start:end]:
+        match = re.match(r"^    (\w+)(,\s*\w+)* :", line)
+        if match:
+            current = match.group(1)
+            entries[current] = []
+        if current is not None:
+            entries[current].append(line)
+    for entry in entries.values():
+        while entry and not entry[-1].strip():
+            entry.pop()
+    order = sorted(entries, key=lambda n: names.index(n) if n in names else len(names))
+    body = [line for name in order for line in entries[name]]
+    return "\n".join(lines[:start] + body + [""] + lines[end:])

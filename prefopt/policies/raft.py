@@ -172,6 +172,4 @@ class RAFTPolicy(BasePolicy):
         return loss, {"loss/policy": loss.item()}
 
 
-RAFTPolicy.__doc__ = fill(
-    RAFTPolicy.__doc__, beta=0.05, learning_rate="None", n_epochs=1, n_minibatches=1
-)
+RAFTPolicy.__doc__ = fill(RAFTPolicy, beta=0.05, learning_rate="None", n_epochs=1, n_minibatches=1)

@@ -186,5 +186,5 @@ class ReinforcePolicy(BasePolicy):
 
 
 ReinforcePolicy.__doc__ = fill(
-    ReinforcePolicy.__doc__, beta=0.05, learning_rate="None", n_epochs=1, n_minibatches=2
+    ReinforcePolicy, beta=0.05, learning_rate="None", n_epochs=1, n_minibatches=2
 )

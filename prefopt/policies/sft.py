@@ -208,7 +208,17 @@ class SFTPolicy(GenerativeEstimator):
         return -masked_mean(logprobs, mask), int(mask.sum())
 
     def transform(self, X):
-        """Pass data along a ``Pipeline``: a PreferenceData gets this fitted policy."""
+        """Pass data along a ``Pipeline``: a PreferenceData gets this fitted policy.
+
+        Parameters
+        ----------
+        X : PreferenceData or any data
+            What the next step fits on; anything else passes unchanged.
+
+        Returns
+        -------
+        X_out : PreferenceData or the input
+        """
         check_is_fitted(self)
         return X.with_(policy=self) if isinstance(X, PreferenceData) else X
 

@@ -270,7 +270,17 @@ class RewardModel(LanguageModelEstimator):
         return self.predict(prompts, completions)
 
     def transform(self, X):
-        """Pass data along a ``Pipeline``: a PreferenceData gets this fitted reward model."""
+        """Pass data along a ``Pipeline``: a PreferenceData gets this fitted reward model.
+
+        Parameters
+        ----------
+        X : PreferenceData or any data
+            What the next step fits on; anything else passes unchanged.
+
+        Returns
+        -------
+        X_out : PreferenceData or the input
+        """
         check_is_fitted(self)
         return X.with_(reward_model=self) if isinstance(X, PreferenceData) else X
 
