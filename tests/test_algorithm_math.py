@@ -16,8 +16,15 @@ from prefopt.backend.generation import (
     position_ids_from_mask,
     truncate_after_eos,
 )
-from prefopt.policies import PPOPolicy, RAFTPolicy, ReinforcePolicy, RLOOPolicy
-from prefopt.policies import RolloutBatch, masked_mean, masked_whiten
+from prefopt.policies import (
+    PPOPolicy,
+    RAFTPolicy,
+    ReinforcePolicy,
+    RLOOPolicy,
+    RolloutBatch,
+    masked_mean,
+    masked_whiten,
+)
 from prefopt.policies.ppo import clipped_surrogate, clipped_value_loss, gae
 from prefopt.policies.raft import best_of_k_mask
 from prefopt.policies.reinforce import MovingAverageBaseline

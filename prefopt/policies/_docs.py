@@ -65,7 +65,8 @@ COMMON_PARAMETERS = """model : str, transformers config, torch module or fitted 
     truncate_prompts : bool, default=False
         A prompt longer than the context minus ``max_new_tokens`` raises an
         error; with True it is cut at the last paragraph (else sentence)
-        boundary that fits, keeping its beginning, as Huang et al. 2024 do. Put any instruction that must survive at the start.
+        boundary that fits, keeping its beginning, as Huang et al. 2024 do.
+        Put any instruction that must survive at the start.
     max_kl : float, default=None
         A step whose mean KL to the reference exceeds this warns or stops the
         run (``max_kl_action``); the last checkpoint stays intact.
