@@ -1,7 +1,7 @@
 """KL controllers and per-token KL estimators.
 
 The KL term keeps the policy where the reward model is valid; without it the
-policy writes gibberish (seed text). Its coefficient beta is either fixed or
+policy writes gibberish (Ziegler et al. 2019). Its coefficient beta is either fixed or
 steered towards a target KL by the log-space proportional controller of
 Ziegler et al. (2019).
 """

@@ -352,7 +352,7 @@ def plot_search(
     """A seed-aware search's mean score against one parameter, one line per group.
 
     Each point is a candidate's mean over seeds with its confidence interval as
-    an error bar; the seeds' own scores are the small dots around it, so the
+    an error bar; the scores of the single seeds are the small dots around it, so the
     spread the ranking ignores (it ranks by the mean) stays visible.
 
     Parameters
@@ -462,7 +462,7 @@ def plot_comparison(
     reference_label: str = "closed-form optimum",
     ax=None,
 ):
-    """Each algorithm's mean score with its confidence interval, and the seeds' scores.
+    """Each algorithm's mean score with its confidence interval, and each seed's score.
 
     Parameters
     ----------

@@ -8,6 +8,7 @@ from ._torch import (
     make_generator,
     maybe_compile,
     resolve_device,
+    uses_bf16,
 )
 from .generation import (
     EncodedPrompts,
@@ -62,4 +63,5 @@ __all__ = [
     "join_right_padded",
     "score_sequences",
     "unpad",
+    "uses_bf16",
 ]

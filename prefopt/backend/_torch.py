@@ -26,11 +26,32 @@ def resolve_device() -> torch.device:
     return torch.device(name)
 
 
+def uses_bf16(device: torch.device) -> bool:
+    """Whether forward passes on ``device`` run in bfloat16 (CUDA, dtype "auto" or "bfloat16").
+
+    Parameters
+    ----------
+    device : torch.device
+        Device of the forward pass.
+
+    Returns
+    -------
+    bf16 : bool
+
+    Examples
+    --------
+    >>> import torch
+    >>> uses_bf16(torch.device("cpu"))
+    False
+    """
+    return device.type == "cuda" and get_config()["dtype"] in ("auto", "bfloat16")
+
+
 def autocast(device: torch.device):
     """bfloat16 autocast on CUDA when the configured dtype asks for it, else a no-op.
 
     Log-softmax is always taken in float32 by the callers, so log-probabilities
-    of the sampling and training passes agree (implementation detail 21).
+    of the sampling and training passes agree (Huang et al. 2024).
 
     Parameters
     ----------
@@ -41,8 +62,7 @@ def autocast(device: torch.device):
     -------
     context : context manager
     """
-    dtype = get_config()["dtype"]
-    if device.type == "cuda" and dtype in ("auto", "bfloat16"):
+    if uses_bf16(device):
         return torch.autocast("cuda", dtype=torch.bfloat16)
     return nullcontext()
 

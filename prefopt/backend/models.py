@@ -17,7 +17,7 @@ def disable_dropout(model: nn.Module) -> nn.Module:
 
     With dropout active, the same tokens get different log-probabilities in the
     sampling and training passes, so the PPO ratio is not 1 at the first epoch
-    and the KL estimate is unreliable (seed text; implementation detail 3).
+    and the KL estimate is unreliable (Huang et al. 2024).
     This applies to all four models: policy, reference, reward and value.
 
     Parameters
@@ -134,8 +134,8 @@ def ensure_pad_token(tokenizer):
     """Return a tokenizer whose pad token exists and differs from EOS.
 
     If padding used the EOS token, EOS would be masked as padding during
-    supervised training and the model would never learn to stop (seed text;
-    implementation detail 1). A missing or EOS-equal pad token is replaced by a
+    supervised training and the model would never learn to stop (Huang et al.
+    2024). A missing or EOS-equal pad token is replaced by a
     new ``[PAD]`` special token on a copy; the caller's tokenizer is unchanged.
     Embeddings are not resized: pad positions are masked and their ids replaced
     by 0 before every forward pass.
@@ -198,7 +198,7 @@ class ScalarHeadModel(nn.Module):
 
     Used for the reward model and the value model. The head's weights are drawn
     from N(0, std = 1/sqrt(d_model + 1)) and its bias is 0, as in the original
-    code (implementation details 1A and 1B; the paper misprints the std).
+    code of Ziegler et al. 2019 (Huang et al. 2024; the paper misprints the std).
 
     Parameters
     ----------

@@ -2,7 +2,7 @@
 
 Sequences are right-padded for scoring (the reward model is trained on
 right-padded input) and the score is read at the last real token, which is the
-EOS of a finished response (implementation details 6 and 12).
+EOS of a finished response (Huang et al. 2024).
 """
 
 from __future__ import annotations

@@ -229,7 +229,7 @@ class LanguageModelEstimator(BaseEstimator):
     def _truncated(self, prompt: str, limit: int, row: int) -> list[int]:
         """Cut a prompt at the last paragraph, else sentence, boundary that fits.
 
-        The beginning is kept, as in the seeds' reproduction (the post is cut at the
+        The beginning is kept, as Huang et al. 2024 do (the post is cut at the
         last newline that fits the 512-token budget).
         """
         encode = lambda text: self.tokenizer_(text, add_special_tokens=False)["input_ids"]  # noqa: E731

@@ -36,6 +36,7 @@ from ..backend import (
     maybe_compile,
     response_logprobs,
     sequence_values,
+    uses_bf16,
 )
 from ..data import PreferenceData, check_prompts
 from ..kl import FixedKLController, _KLController, kl_estimate
@@ -76,10 +77,6 @@ _COMMON_CONSTRAINTS = {
     "min_eos_share": [Interval(Real, 0, 1, closed="both"), None],
     "lora": "no_validation",
 }
-
-
-def _low_precision(device) -> bool:
-    return device.type == "cuda" and get_config()["dtype"] in ("auto", "bfloat16")
 
 
 def store_params(estimator, params: dict) -> None:
@@ -526,7 +523,7 @@ class BasePolicy(GenerativeEstimator):
             prompts, self._run.generator, return_logprobs=True
         )
         if (self.uses_ratio and self._training_temperature() == self.temperature_) or (
-            _low_precision(self.device_)
+            uses_bf16(self.device_)
         ):
             # Old log-probs from a full forward pass identical to the training pass, so the
             # ratio is exactly 1 at the first epoch (Huang et al. 2024); in bf16 the cached

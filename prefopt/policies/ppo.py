@@ -29,9 +29,9 @@ def gae(
     """Generalised advantage estimation over each response.
 
     delta_t = r_t + gamma V_{t+1} - V_t with V = 0 after the last token (no
-    bootstrap from padding, implementation detail 16); A_t = sum_l (gamma
+    bootstrap from padding, Huang et al. 2024); A_t = sum_l (gamma
     lam)^l delta_{t+l}; returns G_t = A_t + V_t, computed before any whitening
-    (detail 17). With gamma = lam = 1, A_t is the return-to-go minus V_t.
+    (Huang et al. 2024). With gamma = lam = 1, A_t is the return-to-go minus V_t.
 
     Parameters
     ----------
@@ -114,7 +114,7 @@ def clipped_value_loss(
     """0.5 * mean max((V - G)^2, (clip(V, V_old +- eps) - G)^2) over masked tokens.
 
     The clip is around the old value, not the return, and the max is the
-    pessimistic choice (implementation detail 18).
+    pessimistic choice (Huang et al. 2024).
 
     Examples
     --------
