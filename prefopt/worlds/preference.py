@@ -22,7 +22,7 @@ from transformers import GenerationConfig
 
 from ..data import Comparisons
 from ._exact import check_probs, exact_metrics, tilt
-from ._tokenizer import whole_string_tokenizer
+from ._tokenizer import word_level_tokenizer
 
 __all__ = ["PreferenceWorld"]
 
@@ -184,7 +184,7 @@ class PreferenceWorld:
         w = np.linspace(0.0, 1.0, n_prompts) if n_prompts > 1 else np.zeros(1)
         logits = (1 - w)[:, None] * np.log(_EASY) + w[:, None] * np.log(_HARD)
         self._ref = np.exp(logits) / np.exp(logits).sum(1, keepdims=True)
-        self.tokenizer = whole_string_tokenizer(self.prompts + self.responses)
+        self.tokenizer = word_level_tokenizer(self.prompts + self.responses)
         self._response_index = {text: i for i, text in enumerate(self.responses)}
         self._prompt_index = {text: i for i, text in enumerate(self.prompts)}
 

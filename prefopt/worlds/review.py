@@ -22,18 +22,19 @@ import hashlib
 import os
 import shutil
 import tempfile
+from collections import Counter
 from numbers import Integral, Real
 
 import numpy as np
 import pandas as pd
 from sklearn.utils import check_random_state
+from tokenizers import pre_tokenizers
 
 from ..data import Comparisons
 from ._review_grammar import generate_review
+from ._tokenizer import EOS, word_level_tokenizer
 
 __all__ = ["ReviewWorld"]
-
-PAD, UNK, EOS = "[PAD]", "[UNK]", "</s>"
 
 # Enough redraws that a policy repeating itself half the time still yields n
 # pairs; a policy that (nearly) always repeats itself gets an error instead.
@@ -53,30 +54,15 @@ def _compound(text: str) -> float:
     return float(_analyzer().polarity_scores(text)["compound"])
 
 
-def _word_tokenizer(texts):
-    """A WordLevel tokenizer trained on ``texts``, wrapped for transformers.
+def _words_by_frequency(texts) -> list[str]:
+    """The whitespace-split words of ``texts``, most frequent first, ties in string order.
 
-    Ids 0, 1, 2 are ``[PAD]``, ``[UNK]`` and ``</s>``: the pad token differs from
-    EOS, so supervised training never masks the end of a review (implementation
-    detail 1). Words are split on whitespace and decoded joined by spaces.
+    The order ``tokenizers``' WordLevelTrainer gives, so ids are those of a
+    tokenizer trained on the corpus.
     """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.WordLevel(unk_token=UNK))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    # WordPiece without "##" pieces joins tokens with a space; cleanup=False keeps
-    # the " ." that ends every review instead of gluing it to the last word.
-    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)
-    trainer = trainers.WordLevelTrainer(special_tokens=[PAD, UNK, EOS], show_progress=False)
-    tok.train_from_iterator(texts, trainer=trainer)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        pad_token=PAD,
-        unk_token=UNK,
-        eos_token=EOS,
-        clean_up_tokenization_spaces=False,
-    )
+    split = pre_tokenizers.WhitespaceSplit()
+    counts = Counter(word for text in texts for word, _ in split.pre_tokenize_str(text))
+    return sorted(counts, key=lambda word: (-counts[word], word))
 
 
 def _check_texts(prompts, completions) -> tuple[list, list]:
@@ -217,7 +203,9 @@ class ReviewWorld:
         first = self.demonstrations.drop_duplicates("prompt", keep="first")
         self.prompts = first["prompt"].tolist()
         self.references = first.reset_index(drop=True)
-        self.tokenizer = _word_tokenizer(self.corpus)
+        self.tokenizer = word_level_tokenizer(
+            _words_by_frequency(self.corpus), eos_token=EOS, split_on_whitespace=True
+        )
         self.max_new_tokens = 1 + max(len(c.split()) for _, c in pairs)
         self._longest_review = max(len(r.split()) for r in self.corpus)
 

@@ -27,22 +27,20 @@ import itertools
 import numpy as np
 import torch
 from sklearn.utils import check_random_state
-from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import (
     GenerationConfig,
     GPT2Config,
     GPT2LMHeadModel,
-    PreTrainedTokenizerFast,
 )
 
 from .._config import config_context
 from ..backend import EncodedPrompts, local_seed, pad_left, pad_right, response_logprobs
 from ..rewards import check_rewards
 from ._exact import check_probs, exact_metrics, tilt
+from ._tokenizer import EOS, PAD, word_level_tokenizer
 
 __all__ = ["TinyLMWorld"]
 
-PAD, EOS = "[PAD]", "</s>"
 LENGTH_COST = 0.5  # gold reward: +1 per topic token, -0.5 per token of length
 
 # The reference is a few exact cross-entropy steps towards a random target, so
@@ -53,21 +51,6 @@ _PRETRAIN_LR = 1e-2
 _TARGET_LOGIT_STD = 1.0
 _TARGET_TOPIC_BONUS = 1.0
 _REFERENCE_WEIGHTS: dict = {}  # (vocab, max_len, n_prompts, seed) -> pre-trained state dict
-
-
-def _tokenizer(vocab) -> PreTrainedTokenizerFast:
-    """Whitespace-split word-level tokenizer: id 0 pad, id 1 EOS, then ``vocab``.
-
-    There is deliberately no unknown token: every id the model can emit (all but
-    pad) is EOS or a content token, so the enumerated responses are the whole
-    support of the policy. Text outside the vocabulary raises an error.
-    """
-    ids = {PAD: 0, EOS: 1}
-    for word in vocab:
-        ids[word] = len(ids)
-    tok = Tokenizer(models.WordLevel(ids, unk_token=None))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, eos_token=EOS)
 
 
 def _prompt_words(i: int, vocab) -> list[str]:
@@ -168,7 +151,11 @@ class TinyLMWorld:
         self.max_len = int(max_len)
         self.n_prompts = n_prompts
         self.random_state = random_state
-        self.tokenizer = _tokenizer(vocab)
+        # No unknown token: every id the model can emit (all but pad) is EOS or a content
+        # token, so the enumerated responses are the whole support of the policy.
+        self.tokenizer = word_level_tokenizer(
+            vocab, unk_token=None, eos_token=EOS, split_on_whitespace=True
+        )
         self.prompts = [" ".join(_prompt_words(i, vocab)) for i in range(n_prompts)]
         self._prompt_ids = [
             self.tokenizer(p, add_special_tokens=False)["input_ids"] for p in self.prompts
