@@ -1,11 +1,12 @@
 """The review world: a sentiment task built locally, with VADER as the gold reward.
 
-A mock of the seeds' sentiment task that needs no download. A seeded grammar
-writes short movie and product reviews ("the movie was great and the acting
-was wonderful ."); each splits into a prompt (its first 2-4 words) and a
-completion. A word-level tokenizer is trained on the corpus and a tiny GPT-2
-config sized to it, so an :class:`~prefopt.policies.SFTPolicy` learns the
-reviews in about a minute on a CPU.
+A stand-in for the sentiment task of Ziegler et al. (2019) that needs no
+download. A grammar driven by a random seed writes short movie and product
+reviews ("the movie was great and the acting was wonderful ."); each splits
+into a prompt (its first 2-4 words) and a completion. A word-level tokenizer
+is built from the corpus's words and a tiny GPT-2 config sized to it, so an
+:class:`~prefopt.policies.SFTPolicy` learns the reviews in about a minute on a
+CPU.
 
 The gold ("true") reward is VADER's compound sentiment score of the completion,
 a fixed lexicon that no estimator trains on. Simulated raters compare two
@@ -43,8 +44,14 @@ _MAX_ROUNDS = 50
 
 @functools.lru_cache(maxsize=1)
 def _analyzer():
-    from vaderSentiment.vaderSentiment import SentimentIntensityAnalyzer
-
+    # vaderSentiment is an optional dependency: only the gold reward needs it.
+    try:
+        from vaderSentiment.vaderSentiment import SentimentIntensityAnalyzer
+    except ImportError as e:
+        raise ImportError(
+            "ReviewWorld's gold reward is VADER's sentiment score, which needs the "
+            "vaderSentiment package: pip install 'prefopt[worlds]'."
+        ) from e
     return SentimentIntensityAnalyzer()
 
 
@@ -131,7 +138,7 @@ class ReviewWorld:
 
     See Also
     --------
-    prefopt.worlds.PreferenceWorld : an exactly solvable world.
+    prefopt.worlds.PreferenceWorld : An exactly solvable world.
 
     Notes
     -----
@@ -226,10 +233,17 @@ class ReviewWorld:
             One per completion; checked for length, not scored (see Notes of
             :class:`ReviewWorld`).
         completions : list of str
+            The texts scored.
 
         Returns
         -------
         rewards : ndarray of shape (n,)
+            VADER's compound score of each completion.
+
+        Raises
+        ------
+        ImportError
+            Without vaderSentiment, installed by ``pip install 'prefopt[worlds]'``.
 
         Examples
         --------
@@ -247,6 +261,18 @@ class ReviewWorld:
         ``RewardModel()`` (a linear reward, no language model) can be fitted in
         this world too. Counts sum to the length in words, so a linear reward on
         them can learn the raters' length bias as well as sentiment.
+
+        Parameters
+        ----------
+        prompts : list of str
+            One per completion; checked for length, not counted.
+        completions : list of str
+            The texts counted, tokenized as by :attr:`tokenizer`.
+
+        Returns
+        -------
+        features : ndarray of shape (n, len(tokenizer))
+            Counts of each token id in each completion.
 
         Examples
         --------
