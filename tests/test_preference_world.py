@@ -1,9 +1,10 @@
-"""The preference world of the plate: its exact quantities checked by hand.
+"""The preference world: its exact quantities checked by hand.
 
 Every number here is either computed by hand from the world's definitions
 (features, true quality, pi_ref) or measured with a fixed seed. The setting is
-the plate's: PreferenceWorld(rater_bias=1.0, random_state=0) and a reward model
-fitted on 1000 comparisons drawn with random_state=0.
+that of examples/preference_world.py: PreferenceWorld(rater_bias=1.0,
+random_state=0) and a reward model fitted on 1000 comparisons drawn with
+random_state=0.
 """
 
 import numpy as np
@@ -42,7 +43,7 @@ def test_evaluate_reference_by_hand(world, rm):
     assert out["reward"] == pytest.approx(reward, abs=1e-12)
     assert out["true_quality"] == pytest.approx(quality, abs=1e-12)
     assert out["objective"] == pytest.approx(reward, abs=1e-12)
-    # The plate's measured starting point (rounded to 3 decimals).
+    # The measured starting point that examples/preference_world.py prints (3 decimals).
     assert out["reward"] == pytest.approx(0.675, abs=5e-4)
     assert out["true_quality"] == pytest.approx(0.872, abs=5e-4)
 
@@ -85,7 +86,7 @@ def test_optimal_probs_beta_zero_is_the_argmax(world, rm):
     np.testing.assert_allclose(probs[np.arange(world.n_prompts), best], 1.0)
 
 
-def test_optimum_matches_plate_numbers(world, rm):
+def test_optimum_matches_measured_numbers(world, rm):
     best = world.optimum(rm, BETA)
     assert best["reward"] == pytest.approx(1.6853, abs=5e-5)
     assert best["kl"] == pytest.approx(0.6999, abs=5e-5)
@@ -289,9 +290,7 @@ def test_unknown_prompts_and_responses(world, rm):
     with pytest.raises(ValueError, match="not one of this world's questions"):
         ppo.fit(["Who is there?"], rm)
     with pytest.raises(ValueError, match="not one of this world's prompts"):
-        world.scorer("reward", reward_model=rm, beta=BETA)(
-            ppo.fit(world.prompts, rm), ["Who is there?"]
-        )
+        world.scorer("reward", reward=rm, beta=BETA)(ppo.fit(world.prompts, rm), ["Who is there?"])
 
 
 def test_bad_tables_and_arguments(world, rm):
@@ -305,3 +304,24 @@ def test_bad_tables_and_arguments(world, rm):
         world.comparisons(0)
     with pytest.raises(ValueError, match="Unknown metric"):
         world.scorer("accuracy")
+
+
+# ----- the share of the achievable objective ------------------------------------------
+
+
+def test_objective_share_by_hand(world, rm):
+    ref, best = world.reference_probs(), world.optimal_probs(rm, BETA)
+    mixed = 0.5 * ref + 0.5 * best
+
+    def j(probs):
+        return world.evaluate(probs, rm, BETA)["objective"]
+
+    expected = (j(mixed) - j(ref)) / (j(best) - j(ref))
+    assert world.objective_share(mixed, rm, BETA) == pytest.approx(expected, abs=1e-12)
+    assert 0.0 < expected < 1.0
+    assert world.objective_share(ref, rm, BETA) == pytest.approx(0.0, abs=1e-12)
+    assert world.objective_share(best, rm, BETA) == pytest.approx(1.0, abs=1e-12)
+    # A policy model at theta = 0 is the reference.
+    assert world.objective_share(world.policy_model(), rm, BETA) == pytest.approx(0.0, abs=1e-6)
+    with pytest.raises(ValueError, match="already optimal"):
+        world.objective_share(ref, lambda prompts, completions: np.zeros(len(prompts)), BETA)

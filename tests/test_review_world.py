@@ -1,3 +1,5 @@
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -5,6 +7,7 @@ from transformers import AutoTokenizer, GPT2LMHeadModel
 
 from prefopt.data import check_comparisons
 from prefopt.rewards import RewardModel
+from prefopt.worlds import review as review_module
 from prefopt.worlds.review import ReviewWorld
 
 
@@ -138,6 +141,18 @@ def test_gold_reward_is_vader_on_the_completion(world):
     # VADER handles negation: "not good" is negative.
     assert world.gold_reward(["the film"], [" was not good ."])[0] < 0
     assert world.gold_reward([], []).shape == (0,)
+
+
+def test_gold_reward_without_vader_names_the_extra(world, monkeypatch):
+    # vaderSentiment is optional (the ``worlds`` extra): simulate its absence.
+    monkeypatch.setitem(sys.modules, "vaderSentiment", None)
+    monkeypatch.setitem(sys.modules, "vaderSentiment.vaderSentiment", None)
+    review_module._analyzer.cache_clear()
+    try:
+        with pytest.raises(ImportError, match=r"pip install 'prefopt\[worlds\]'"):
+            world.gold_reward(["the movie"], [" was a text no test scored before ."])
+    finally:
+        review_module._analyzer.cache_clear()
 
 
 def test_gold_reward_errors(world):

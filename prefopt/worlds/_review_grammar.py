@@ -152,10 +152,29 @@ def _clause(rng, domain: dict, polarity: int, noun: str) -> list[str]:
 
 
 def generate_review(rng) -> tuple[str, str]:
-    """One review as ``(prompt, completion)``; ``prompt + completion`` is the review.
+    """Draw one review as ``(prompt, completion)``; ``prompt + completion`` is the review.
 
     The completion starts with a space and ends with " ."; the tokenizer splits on
     whitespace, so the leading space changes no token.
+
+    Parameters
+    ----------
+    rng : numpy.random.RandomState
+        The source of every random choice.
+
+    Returns
+    -------
+    prompt : str
+        The first 2-4 words of the review's opener.
+    completion : str
+        The rest of the review.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> prompt, completion = generate_review(np.random.RandomState(0))
+    >>> completion.endswith(" ."), 2 <= len(prompt.split()) <= 4
+    (True, True)
     """
     domain = MOVIE if rng.uniform() < 0.5 else PRODUCT
     noun = _choice(rng, domain["nouns"])

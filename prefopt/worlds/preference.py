@@ -1,16 +1,18 @@
-"""The preference world of the plate: questions, response types, biased raters.
+"""The preference world: questions, response types and raters who over-rate flattery.
 
 Every prompt is a question; every response is one of six *types* (a correct
 answer, a correct but long and flattering one, a hedged one, a wrong one...),
 each a single token with a feature vector f(y) and a true quality q(y). Raters
 compare two responses by Bradley-Terry on ``q + rater_bias * flattery``, so a
 reward model fitted to their labels over-rates flattery: optimise it too hard
-and true quality falls.
+and true quality falls (Gao et al., 2023).
 
 The policy is pi(y|x) proportional to pi_ref(y|x) exp(theta . f(y)). Because
 the response space is enumerable, the expected reward, true quality and KL of
 any policy, and the closed-form optimum
 pi*(y|x) = pi_ref(y|x) exp(r(x, y)/beta) / Z(x), are computed exactly.
+This is the world of the worked preference-world example
+(``examples/preference_world.py``).
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ from torch import nn
 from transformers import GenerationConfig
 
 from ..data import Comparisons
-from ._exact import check_probs, exact_metrics, tilt
-from ._tokenizer import whole_string_tokenizer
+from ._exact import ExactWorld, _index_of
+from ._tokenizer import word_level_tokenizer
 
 __all__ = ["PreferenceWorld"]
 
@@ -81,7 +83,21 @@ class PreferenceWorldPolicy(nn.Module):
     Called like a Hugging Face causal LM: ``model(input_ids, attention_mask)``
     returns an output whose ``.logits`` has shape (batch, length, vocab). At a
     question token the logits over the response tokens are
-    ``log pi_ref(.|x) + F theta``; every other token has logit -inf.
+    ``log pi_ref(.|x) + F theta``; every other token has logit -inf. Build one
+    with :meth:`PreferenceWorld.policy_model`.
+
+    Parameters
+    ----------
+    ref_logprobs : array-like of shape (n_questions, n_responses)
+        log pi_ref(y|x).
+    features : array-like of shape (n_responses, n_features)
+        f(y) of each response.
+    question_ids : list of int
+        Token id of each question, in row order.
+    response_ids : list of int
+        Token id of each response, in column order.
+    tokenizer : PreTrainedTokenizerFast
+        The world's tokenizer.
 
     Attributes
     ----------
@@ -91,6 +107,13 @@ class PreferenceWorldPolicy(nn.Module):
         The world's tokenizer (one token per question and per response).
     generation_config : GenerationConfig
         One new token at temperature 1, so the sampled distribution is pi itself.
+
+    Examples
+    --------
+    >>> from prefopt.worlds import PreferenceWorld
+    >>> model = PreferenceWorld().policy_model()
+    >>> model.theta.tolist()
+    [0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
     """
 
     def __init__(self, ref_logprobs, features, question_ids, response_ids, tokenizer):
@@ -109,6 +132,30 @@ class PreferenceWorldPolicy(nn.Module):
         self.generation_config = GenerationConfig(do_sample=True, temperature=1.0, max_new_tokens=1)
 
     def forward(self, input_ids, attention_mask=None, **kwargs):
+        """Next-token logits: pi's at a question token, -inf for every other token.
+
+        Parameters
+        ----------
+        input_ids : torch.LongTensor of shape (batch, length)
+            Questions of this world, possibly left-padded.
+        attention_mask : torch.Tensor of shape (batch, length), default=None
+            ``None`` attends to every token.
+        **kwargs
+            Ignored: what a causal LM's caller may pass (``use_cache``...).
+
+        Returns
+        -------
+        output : dict-like
+            ``logits`` of shape (batch, length, vocab).
+
+        Examples
+        --------
+        >>> from prefopt.worlds import PreferenceWorld
+        >>> world = PreferenceWorld()
+        >>> ids = world.tokenizer(world.prompts[:1], return_tensors="pt")["input_ids"]
+        >>> world.policy_model()(ids).logits.shape
+        torch.Size([1, 1, 12])
+        """
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
         if ((input_ids == self.unk_token_id) & attention_mask.bool()).any():
@@ -128,8 +175,12 @@ class PreferenceWorldPolicy(nn.Module):
         return _LogitsOutput(logits=logits)
 
 
-class PreferenceWorld:
-    """The plate's exactly solvable preference world.
+class PreferenceWorld(ExactWorld):
+    """An exactly solvable preference world with raters who over-rate flattery.
+
+    The methods shared with :class:`TinyLMWorld` (``evaluate``, ``optimum``,
+    ``optimal_probs``, ``objective_share``, ``scorer``...) are documented on
+    their base, ``prefopt.worlds._exact.ExactWorld``.
 
     Parameters
     ----------
@@ -147,11 +198,25 @@ class PreferenceWorld:
         The questions.
     responses : list of str
         The six response texts, in type order.
+    response_ids : list of tuple of int
+        The token id of each response (one token each).
     feature_names : tuple of str
+        Names of the features, in column order.
     features_ : ndarray of shape (n_responses, n_features)
+        f(y) of each response type.
     quality_ : ndarray of shape (n_responses,)
         True quality of each response type.
     tokenizer : PreTrainedTokenizerFast
+        One token per question and per response; ``[PAD]`` id 0, ``[UNK]`` id 1.
+
+    See Also
+    --------
+    TinyLMWorld : An exact world of token sequences from a tiny transformer.
+
+    References
+    ----------
+    L. Gao, J. Schulman and J. Hilton, "Scaling laws for reward model
+    overoptimization", ICML, 2023.
 
     Examples
     --------
@@ -184,43 +249,94 @@ class PreferenceWorld:
         w = np.linspace(0.0, 1.0, n_prompts) if n_prompts > 1 else np.zeros(1)
         logits = (1 - w)[:, None] * np.log(_EASY) + w[:, None] * np.log(_HARD)
         self._ref = np.exp(logits) / np.exp(logits).sum(1, keepdims=True)
-        self.tokenizer = whole_string_tokenizer(self.prompts + self.responses)
+        self.tokenizer = word_level_tokenizer(self.prompts + self.responses)
+        token_id = self.tokenizer.convert_tokens_to_ids
+        self._prompt_ids = [[token_id(p)] for p in self.prompts]
+        self.response_ids = [(token_id(r),) for r in self.responses]
         self._response_index = {text: i for i, text in enumerate(self.responses)}
         self._prompt_index = {text: i for i, text in enumerate(self.prompts)}
 
     # ----- the world's definitions -------------------------------------------------
-    def reference_probs(self) -> np.ndarray:
-        """pi_ref(y|x) as an array of shape (n_prompts, n_responses)."""
-        return self._ref.copy()
-
-    def _index(self, texts, table: dict, what: str) -> np.ndarray:
-        try:
-            return np.array([table[t] for t in texts], dtype=int)
-        except KeyError as e:
-            raise ValueError(f"{e.args[0]!r} is not one of this world's {what}.") from None
-
     def features(self, prompts, completions) -> np.ndarray:
-        """Feature vectors f(y) of completions, shape (n, n_features)."""
-        self._index(prompts, self._prompt_index, "prompts")
-        return self.features_[self._index(completions, self._response_index, "responses")]
+        """Feature vectors f(y) of completions: the featurizer of :meth:`comparisons`.
+
+        Parameters
+        ----------
+        prompts : list of str
+            Questions of this world, one per completion.
+        completions : list of str
+            Responses of this world.
+
+        Returns
+        -------
+        features : ndarray of shape (n, n_features)
+
+        Examples
+        --------
+        >>> world = PreferenceWorld()
+        >>> world.features(world.prompts[:1], ["The answer is X."]).tolist()
+        [[1.0, 0.0, 0.0, 0.2, 0.0, 1.0]]
+        """
+        _index_of(prompts, self._prompt_index, "prompts")
+        return self.features_[_index_of(completions, self._response_index, "responses")]
 
     def true_quality(self, prompts, completions) -> np.ndarray:
-        """The gold reward: true quality of each completion, shape (n,)."""
-        self._index(prompts, self._prompt_index, "prompts")
-        return self.quality_[self._index(completions, self._response_index, "responses")]
+        """The gold reward: true quality of each completion.
+
+        Parameters
+        ----------
+        prompts : list of str
+            Questions of this world, one per completion.
+        completions : list of str
+            Responses of this world.
+
+        Returns
+        -------
+        quality : ndarray of shape (n,)
+
+        Examples
+        --------
+        >>> world = PreferenceWorld()
+        >>> world.true_quality(world.prompts[:2], ["The answer is X.", "The answer is Y."])
+        array([ 2., -1.])
+        """
+        _index_of(prompts, self._prompt_index, "prompts")
+        return self.quality_[_index_of(completions, self._response_index, "responses")]
 
     def rater_utility(self) -> np.ndarray:
-        """What raters maximise: q + rater_bias * flattery, per response type."""
+        """What raters maximise: q + rater_bias * flattery, per response type.
+
+        Returns
+        -------
+        utility : ndarray of shape (n_responses,)
+
+        Examples
+        --------
+        >>> PreferenceWorld(rater_bias=1.0).rater_utility().tolist()
+        [2.0, 2.4, 1.2, 0.0, -1.0, -0.6000000000000001]
+        """
         return self.quality_ + self.rater_bias * self.features_[:, FEATURE_NAMES.index("flattery")]
 
     def policy_model(self) -> PreferenceWorldPolicy:
-        """A fresh policy model at the reference (theta = 0)."""
-        ids = lambda texts: [self.tokenizer.convert_tokens_to_ids(t) for t in texts]  # noqa: E731
+        """A fresh policy model at the reference (theta = 0).
+
+        Returns
+        -------
+        model : PreferenceWorldPolicy
+            Pass it as a policy's ``model``; it carries the world's tokenizer.
+
+        Examples
+        --------
+        >>> world = PreferenceWorld()
+        >>> probs = world.model_probs(world.policy_model())
+        >>> bool(abs(probs - world.reference_probs()).max() < 1e-6)
+        True
+        """
         return PreferenceWorldPolicy(
             np.log(self._ref),
             self.features_,
-            ids(self.prompts),
-            ids(self.responses),
+            [ids[0] for ids in self._prompt_ids],
+            [ids[0] for ids in self.response_ids],
             self.tokenizer,
         )
 
@@ -243,6 +359,12 @@ class PreferenceWorld:
         -------
         comparisons : Comparisons
             With this world's featurizer attached.
+
+        Examples
+        --------
+        >>> data = PreferenceWorld(random_state=0).comparisons(100)
+        >>> len(data), data.chosen[0] != data.rejected[0]
+        (100, True)
         """
         from sklearn.utils import check_random_state
 
@@ -263,85 +385,3 @@ class PreferenceWorld:
             chosen.append(self.responses[win])
             rejected.append(self.responses[lose])
         return Comparisons(prompt, chosen, rejected, featurizer=self.features)
-
-    # ----- exact evaluation --------------------------------------------------------
-    def rewards(self, reward_model) -> np.ndarray:
-        """r(x, y) for every question and response, shape (n_prompts, n_responses)."""
-        prompts = [p for p in self.prompts for _ in self.responses]
-        completions = self.responses * self.n_prompts
-        from ..rewards import check_rewards
-
-        r = check_rewards(reward_model(prompts, completions), len(prompts), "reward_model")
-        return r.reshape(self.n_prompts, len(self.responses))
-
-    def policy_probs(self, policy) -> np.ndarray:
-        """pi(y|x) of a fitted prefopt policy, shape (n_prompts, n_responses), exactly."""
-        prompts = [p for p in self.prompts for _ in self.responses]
-        completions = self.responses * self.n_prompts
-        logp = np.asarray(policy.log_prob(prompts, completions), dtype=np.float64)
-        return check_probs(np.exp(logp).reshape(self.n_prompts, len(self.responses)))
-
-    def evaluate(self, policy, reward_model, beta: float) -> dict:
-        """Exact expected reward, true quality, KL and objective of a policy.
-
-        Parameters
-        ----------
-        policy : fitted prefopt policy or ndarray of shape (n_prompts, n_responses)
-            A fitted estimator (its ``log_prob`` is read for every response) or
-            a table of probabilities.
-        reward_model : callable
-            ``reward_model(prompts, completions) -> array``.
-        beta : float
-            KL coefficient of the objective E[r] - beta KL.
-
-        Returns
-        -------
-        metrics : dict
-            ``reward``, ``true_quality``, ``kl`` (nats, KL(pi || pi_ref)) and
-            ``objective``, each averaged over the questions.
-        """
-        probs = check_probs(policy) if isinstance(policy, np.ndarray) else self.policy_probs(policy)
-        quality = np.broadcast_to(self.quality_, probs.shape)
-        return exact_metrics(probs, self._ref, self.rewards(reward_model), quality, beta)
-
-    def optimal_probs(self, reward_model, beta: float) -> np.ndarray:
-        """pi*(y|x) = pi_ref(y|x) exp(r(x,y)/beta) / Z(x), shape (n_prompts, n_responses)."""
-        return tilt(self._ref, self.rewards(reward_model), beta)
-
-    def optimum(self, reward_model, beta: float) -> dict:
-        """The closed-form optimum's metrics, with the keys of :meth:`evaluate`."""
-        return self.evaluate(self.optimal_probs(reward_model, beta), reward_model, beta)
-
-    def scorer(self, metric: str = "true_quality", *, reward_model=None, beta: float | None = None):
-        """A scikit-learn scorer ``(estimator, X, y=None) -> float`` computed exactly.
-
-        Parameters
-        ----------
-        metric : {"true_quality", "reward", "kl", "objective"}, default="true_quality"
-            ``"kl"`` is returned negated, so larger is better.
-        reward_model : callable, default=None
-            ``None`` uses the estimator's fitted ``reward_model_``.
-        beta : float, default=None
-            ``None`` uses the estimator's ``beta``.
-
-        Returns
-        -------
-        scorer : callable
-            Scores the policy on the questions in ``X`` only.
-        """
-        if metric not in ("true_quality", "reward", "kl", "objective"):
-            raise ValueError(f"Unknown metric {metric!r}.")
-
-        def score(estimator, X, y=None):
-            rm = reward_model if reward_model is not None else estimator.reward_model_
-            b = beta if beta is not None else estimator.beta
-            rows = np.unique(self._index(list(X), self._prompt_index, "prompts"))
-            probs = self.policy_probs(estimator)[rows]
-            quality = np.broadcast_to(self.quality_, probs.shape)
-            value = exact_metrics(probs, self._ref[rows], self.rewards(rm)[rows], quality, b)[
-                metric
-            ]
-            return -value if metric == "kl" else value
-
-        score.__name__ = f"{metric}_scorer"
-        return score

@@ -1,11 +1,12 @@
 """The review world: a sentiment task built locally, with VADER as the gold reward.
 
-A mock of the seeds' sentiment task that needs no download. A seeded grammar
-writes short movie and product reviews ("the movie was great and the acting
-was wonderful ."); each splits into a prompt (its first 2-4 words) and a
-completion. A word-level tokenizer is trained on the corpus and a tiny GPT-2
-config sized to it, so an :class:`~prefopt.policies.SFTPolicy` learns the
-reviews in about a minute on a CPU.
+A stand-in for the sentiment task of Ziegler et al. (2019) that needs no
+download. A grammar driven by a random seed writes short movie and product
+reviews ("the movie was great and the acting was wonderful ."); each splits
+into a prompt (its first 2-4 words) and a completion. A word-level tokenizer
+is built from the corpus's words and a tiny GPT-2 config sized to it, so an
+:class:`~prefopt.policies.SFTPolicy` learns the reviews in about a minute on a
+CPU.
 
 The gold ("true") reward is VADER's compound sentiment score of the completion,
 a fixed lexicon that no estimator trains on. Simulated raters compare two
@@ -22,18 +23,19 @@ import hashlib
 import os
 import shutil
 import tempfile
+from collections import Counter
 from numbers import Integral, Real
 
 import numpy as np
 import pandas as pd
 from sklearn.utils import check_random_state
+from tokenizers import pre_tokenizers
 
 from ..data import Comparisons
 from ._review_grammar import generate_review
+from ._tokenizer import EOS, word_level_tokenizer
 
 __all__ = ["ReviewWorld"]
-
-PAD, UNK, EOS = "[PAD]", "[UNK]", "</s>"
 
 # Enough redraws that a policy repeating itself half the time still yields n
 # pairs; a policy that (nearly) always repeats itself gets an error instead.
@@ -42,8 +44,14 @@ _MAX_ROUNDS = 50
 
 @functools.lru_cache(maxsize=1)
 def _analyzer():
-    from vaderSentiment.vaderSentiment import SentimentIntensityAnalyzer
-
+    # vaderSentiment is an optional dependency: only the gold reward needs it.
+    try:
+        from vaderSentiment.vaderSentiment import SentimentIntensityAnalyzer
+    except ImportError as e:
+        raise ImportError(
+            "ReviewWorld's gold reward is VADER's sentiment score, which needs the "
+            "vaderSentiment package: pip install 'prefopt[worlds]'."
+        ) from e
     return SentimentIntensityAnalyzer()
 
 
@@ -53,30 +61,15 @@ def _compound(text: str) -> float:
     return float(_analyzer().polarity_scores(text)["compound"])
 
 
-def _word_tokenizer(texts):
-    """A WordLevel tokenizer trained on ``texts``, wrapped for transformers.
+def _words_by_frequency(texts) -> list[str]:
+    """The whitespace-split words of ``texts``, most frequent first, ties in string order.
 
-    Ids 0, 1, 2 are ``[PAD]``, ``[UNK]`` and ``</s>``: the pad token differs from
-    EOS, so supervised training never masks the end of a review (implementation
-    detail 1). Words are split on whitespace and decoded joined by spaces.
+    The order ``tokenizers``' WordLevelTrainer gives, so ids are those of a
+    tokenizer trained on the corpus.
     """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.WordLevel(unk_token=UNK))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    # WordPiece without "##" pieces joins tokens with a space; cleanup=False keeps
-    # the " ." that ends every review instead of gluing it to the last word.
-    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)
-    trainer = trainers.WordLevelTrainer(special_tokens=[PAD, UNK, EOS], show_progress=False)
-    tok.train_from_iterator(texts, trainer=trainer)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        pad_token=PAD,
-        unk_token=UNK,
-        eos_token=EOS,
-        clean_up_tokenization_spaces=False,
-    )
+    split = pre_tokenizers.WhitespaceSplit()
+    counts = Counter(word for text in texts for word, _ in split.pre_tokenize_str(text))
+    return sorted(counts, key=lambda word: (-counts[word], word))
 
 
 def _check_texts(prompts, completions) -> tuple[list, list]:
@@ -145,7 +138,7 @@ class ReviewWorld:
 
     See Also
     --------
-    prefopt.worlds.PreferenceWorld : an exactly solvable world.
+    prefopt.worlds.PreferenceWorld : An exactly solvable world.
 
     Notes
     -----
@@ -217,7 +210,9 @@ class ReviewWorld:
         first = self.demonstrations.drop_duplicates("prompt", keep="first")
         self.prompts = first["prompt"].tolist()
         self.references = first.reset_index(drop=True)
-        self.tokenizer = _word_tokenizer(self.corpus)
+        self.tokenizer = word_level_tokenizer(
+            _words_by_frequency(self.corpus), eos_token=EOS, split_on_whitespace=True
+        )
         self.max_new_tokens = 1 + max(len(c.split()) for _, c in pairs)
         self._longest_review = max(len(r.split()) for r in self.corpus)
 
@@ -238,10 +233,17 @@ class ReviewWorld:
             One per completion; checked for length, not scored (see Notes of
             :class:`ReviewWorld`).
         completions : list of str
+            The texts scored.
 
         Returns
         -------
         rewards : ndarray of shape (n,)
+            VADER's compound score of each completion.
+
+        Raises
+        ------
+        ImportError
+            Without vaderSentiment, installed by ``pip install 'prefopt[worlds]'``.
 
         Examples
         --------
@@ -259,6 +261,18 @@ class ReviewWorld:
         ``RewardModel()`` (a linear reward, no language model) can be fitted in
         this world too. Counts sum to the length in words, so a linear reward on
         them can learn the raters' length bias as well as sentiment.
+
+        Parameters
+        ----------
+        prompts : list of str
+            One per completion; checked for length, not counted.
+        completions : list of str
+            The texts counted, tokenized as by :attr:`tokenizer`.
+
+        Returns
+        -------
+        features : ndarray of shape (n, len(tokenizer))
+            Counts of each token id in each completion.
 
         Examples
         --------

@@ -5,7 +5,7 @@ token; the prompts are one or two content tokens; the policy is a small
 ``transformers.GPT2LMHeadModel`` that samples exactly ``max_len`` tokens at
 temperature 1, as prefopt's loop does. Responses are truncated after their
 first EOS, and a response with no EOS has its reward *replaced* by
-``missing_eos_reward`` (the EOS trick of the seed text). So the response space
+``missing_eos_reward`` (the EOS trick of Huang et al., 2024). So the response space
 is finite:
 
 * every sequence of 0 .. max_len - 1 content tokens followed by EOS, and
@@ -23,26 +23,23 @@ from __future__ import annotations
 
 import copy
 import itertools
+from collections.abc import Callable
 
 import numpy as np
 import torch
 from sklearn.utils import check_random_state
-from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import (
     GenerationConfig,
     GPT2Config,
     GPT2LMHeadModel,
-    PreTrainedTokenizerFast,
 )
 
-from .._config import config_context
-from ..backend import EncodedPrompts, local_seed, pad_left, pad_right, response_logprobs
-from ..rewards import check_rewards
-from ._exact import check_probs, exact_metrics, tilt
+from ..backend import local_seed, response_logprobs
+from ._exact import ExactWorld, _tilt
+from ._tokenizer import EOS, PAD, word_level_tokenizer
 
 __all__ = ["TinyLMWorld"]
 
-PAD, EOS = "[PAD]", "</s>"
 LENGTH_COST = 0.5  # gold reward: +1 per topic token, -0.5 per token of length
 
 # The reference is a few exact cross-entropy steps towards a random target, so
@@ -55,21 +52,6 @@ _TARGET_TOPIC_BONUS = 1.0
 _REFERENCE_WEIGHTS: dict = {}  # (vocab, max_len, n_prompts, seed) -> pre-trained state dict
 
 
-def _tokenizer(vocab) -> PreTrainedTokenizerFast:
-    """Whitespace-split word-level tokenizer: id 0 pad, id 1 EOS, then ``vocab``.
-
-    There is deliberately no unknown token: every id the model can emit (all but
-    pad) is EOS or a content token, so the enumerated responses are the whole
-    support of the policy. Text outside the vocabulary raises an error.
-    """
-    ids = {PAD: 0, EOS: 1}
-    for word in vocab:
-        ids[word] = len(ids)
-    tok = Tokenizer(models.WordLevel(ids, unk_token=None))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, eos_token=EOS)
-
-
 def _prompt_words(i: int, vocab) -> list[str]:
     # Alternate one- and two-token prompts so a batch needs left padding; for
     # i < 2 V the singles and the pairs' first words are all distinct.
@@ -77,8 +59,14 @@ def _prompt_words(i: int, vocab) -> list[str]:
     return [vocab[j]] if i % 2 == 0 else [vocab[(j + 1) % n], vocab[(j + 2) % n]]
 
 
-class TinyLMWorld:
+class TinyLMWorld(ExactWorld):
     """A tiny language-model world whose every response can be enumerated.
+
+    The methods shared with :class:`PreferenceWorld` are documented on their
+    base, ``prefopt.worlds._exact.ExactWorld``; here ``evaluate``, ``optimum``,
+    ``optimal_probs``, ``objective_share`` and ``rewards`` also take the
+    keyword-only ``missing_eos_reward``, and :meth:`scorer` uses the
+    estimator's own.
 
     Parameters
     ----------
@@ -111,7 +99,7 @@ class TinyLMWorld:
 
     See Also
     --------
-    PreferenceWorld : the one-token world of the plate.
+    PreferenceWorld : One-token responses of six types, biased raters.
 
     Notes
     -----
@@ -127,6 +115,11 @@ class TinyLMWorld:
     the prompt, is far from uniform, and gives no-EOS responses a sizeable
     share. Worlds built with the same integer ``random_state`` are identical;
     their weights are computed once per process.
+
+    References
+    ----------
+    S. Huang et al., "The N+ implementation details of RLHF with PPO: a case
+    study on TL;DR summarization", COLM, 2024 (the missing-EOS penalty).
 
     Examples
     --------
@@ -168,7 +161,11 @@ class TinyLMWorld:
         self.max_len = int(max_len)
         self.n_prompts = n_prompts
         self.random_state = random_state
-        self.tokenizer = _tokenizer(vocab)
+        # No unknown token: every id the model can emit (all but pad) is EOS or a content
+        # token, so the enumerated responses are the whole support of the policy.
+        self.tokenizer = word_level_tokenizer(
+            vocab, unk_token=None, eos_token=EOS, split_on_whitespace=True
+        )
         self.prompts = [" ".join(_prompt_words(i, vocab)) for i in range(n_prompts)]
         self._prompt_ids = [
             self.tokenizer(p, add_special_tokens=False)["input_ids"] for p in self.prompts
@@ -278,90 +275,23 @@ class TinyLMWorld:
     def policy_model(self) -> GPT2LMHeadModel:
         """A fresh copy of the reference policy, to pass as a policy's ``model``.
 
-        It carries ``tokenizer`` (this world's) and a ``generation_config`` with
-        ``do_sample=True``, ``temperature=1.0`` and ``max_new_tokens=max_len``.
+        Returns
+        -------
+        model : GPT2LMHeadModel
+            It carries ``tokenizer`` (this world's) and a ``generation_config``
+            with ``do_sample=True``, ``temperature=1.0`` and
+            ``max_new_tokens=max_len``.
+
+        Examples
+        --------
+        >>> from prefopt.worlds.tiny_lm import TinyLMWorld
+        >>> world = TinyLMWorld()
+        >>> world.policy_model().generation_config.max_new_tokens
+        3
         """
         model = copy.deepcopy(self.reference_model_)
         model.tokenizer = self.tokenizer  # shared, not copied
         return model
-
-    # ----- exact probabilities -----------------------------------------------------
-    def _grid(self):
-        """Every (prompt, response) pair, prompt-major, as padded tensors."""
-        n = len(self.response_ids)
-        prompts = pad_left(
-            [p for p in self._prompt_ids for _ in range(n)], self.tokenizer.pad_token_id
-        )
-        ids, mask = pad_right(
-            [list(r) for r in self.response_ids] * self.n_prompts, self.tokenizer.pad_token_id
-        )
-        return prompts, ids, mask
-
-    @torch.no_grad()
-    def model_probs(self, model) -> np.ndarray:
-        """pi(y|x) of a policy model at temperature 1, shape (n_prompts, n_responses).
-
-        Parameters
-        ----------
-        model : torch.nn.Module
-            Called like a causal LM over this world's token ids.
-
-        Returns
-        -------
-        probs : ndarray of shape (n_prompts, n_responses)
-        """
-        prompts, ids, mask = self._grid()
-        device = next(model.parameters()).device
-        prompts = EncodedPrompts(prompts.input_ids.to(device), prompts.attention_mask.to(device))
-        with config_context(dtype="float32"):  # exact, even where training uses bfloat16
-            logp = response_logprobs(
-                model,
-                prompts,
-                ids.to(device),
-                mask.to(device),
-                temperature=1.0,
-                suppress_ids=(self.tokenizer.pad_token_id,),
-            )
-        logp = logp.sum(1).double().cpu().numpy()
-        return check_probs(np.exp(logp).reshape(self.n_prompts, -1))
-
-    def reference_probs(self) -> np.ndarray:
-        """pi_ref(y|x) as an array of shape (n_prompts, n_responses)."""
-        return self._ref.copy()
-
-    def policy_probs(self, policy) -> np.ndarray:
-        """pi(y|x) of a fitted prefopt policy, read from its ``log_prob``, exactly.
-
-        The policy must sample as the world does: temperature 1 and
-        ``max_new_tokens == max_len`` (the defaults of :meth:`policy_model`).
-        """
-        temperature = getattr(policy, "temperature_", 1.0)
-        length = getattr(policy, "max_new_tokens_", self.max_len)
-        if temperature != 1.0 or length != self.max_len:
-            raise ValueError(
-                f"The policy samples {length} tokens at temperature {temperature}; this world's "
-                f"responses are {self.max_len} tokens at temperature 1. Leave temperature and "
-                "max_new_tokens at None so the policy model's generation config sets them."
-            )
-        prompts = [p for p in self.prompts for _ in self.response_ids]
-        completions = [list(r) for r in self.response_ids] * self.n_prompts
-        # In float32 even where training uses bfloat16 autocast: the rows that share a
-        # prefix must see the same next-token distribution for the sum over y to be 1.
-        with config_context(dtype="float32"):
-            logp = np.asarray(policy.log_prob(prompts, completions), dtype=np.float64)
-        return check_probs(np.exp(logp).reshape(self.n_prompts, -1))
-
-    def _probs(self, policy) -> np.ndarray:
-        if isinstance(policy, np.ndarray):
-            probs = check_probs(policy)
-            if probs.shape != self._ref.shape:
-                raise ValueError(
-                    f"Expected probabilities of shape {self._ref.shape}; got {probs.shape}."
-                )
-            return probs
-        if isinstance(policy, torch.nn.Module):
-            return self.model_probs(policy)
-        return self.policy_probs(policy)
 
     # ----- rewards -----------------------------------------------------------------
     def reward(self, prompts, completions) -> np.ndarray:
@@ -372,7 +302,10 @@ class TinyLMWorld:
 
         Parameters
         ----------
-        prompts, completions : list of str
+        prompts : list of str
+            One per completion; its first word is the topic.
+        completions : list of str
+            Text of the completions (EOS dropped).
 
         Returns
         -------
@@ -393,30 +326,53 @@ class TinyLMWorld:
             out[i] = sum(w in topic for w in words) - LENGTH_COST * len(words)
         return out
 
-    def true_quality(self, prompts, completions) -> np.ndarray:
-        """Alias of :meth:`reward`, the name :class:`PreferenceWorld` uses."""
-        return self.reward(prompts, completions)
+    true_quality = reward  # the gold reward's name in every exact world
 
-    def rewards(self, reward, missing_eos_reward: float | None = -1.0) -> np.ndarray:
-        """Effective r(x, y) for every prompt and response, shape (n_prompts, n_responses).
+    def rewards(self, reward: Callable, *, missing_eos_reward: float | None = -1.0) -> np.ndarray:
+        """Effective r(x, y) for every prompt and response, as prefopt's loop scores them.
 
-        ``reward`` scores the texts; a response with no EOS then gets
-        ``missing_eos_reward`` instead, as in prefopt's loop (``None`` keeps
-        the reward's own score).
+        Parameters
+        ----------
+        reward : callable
+            ``reward(prompts, completions) -> array`` on text (EOS dropped).
+        missing_eos_reward : float or None, default=-1.0
+            Replaces the reward of a response with no EOS, as in prefopt's loop
+            (Huang et al., 2024); ``None`` keeps the reward's own score.
+
+        Returns
+        -------
+        rewards : ndarray of shape (n_prompts, n_responses)
+
+        Examples
+        --------
+        >>> from prefopt.worlds.tiny_lm import TinyLMWorld
+        >>> world = TinyLMWorld()
+        >>> column = world.responses.index("a a a")
+        >>> float(world.rewards(world.reward)[0, column])
+        -1.0
+        >>> float(world.rewards(world.reward, missing_eos_reward=None)[0, column])
+        1.5
         """
-        prompts = [p for p in self.prompts for _ in self.responses]
-        completions = list(self.responses) * self.n_prompts
-        r = check_rewards(reward(prompts, completions), len(prompts), "the reward")
-        r = r.reshape(self.n_prompts, len(self.responses))
+        r = super().rewards(reward)
         if missing_eos_reward is not None:
             r = np.where(self.ended_[None, :], r, float(missing_eos_reward))
         return r
 
-    # ----- exact evaluation --------------------------------------------------------
+    def _tables(self, reward, missing_eos_reward: float | None = -1.0):
+        return (
+            self.rewards(reward, missing_eos_reward=missing_eos_reward),
+            self.rewards(self.reward, missing_eos_reward=missing_eos_reward),
+        )
+
+    def _scorer_tables(self, estimator, reward):
+        # Score the objective the estimator optimised, with its own missing-EOS rule.
+        return self._tables(reward, getattr(estimator, "missing_eos_reward", -1.0))
+
+    # ----- exact evaluation, with the missing-EOS rule -----------------------------
     def evaluate(
-        self, policy, reward, beta: float, missing_eos_reward: float | None = -1.0
+        self, policy, reward: Callable, beta: float, *, missing_eos_reward: float | None = -1.0
     ) -> dict:
-        """Exact expected reward, KL and objective of a policy.
+        """Exact expected reward, true quality, KL and objective of a policy.
 
         Parameters
         ----------
@@ -436,30 +392,97 @@ class TinyLMWorld:
             ``reward``, ``true_quality`` (the expected gold :meth:`reward`, with
             the same missing-EOS rule), ``kl`` (nats, the sequence-level
             KL(pi || pi_ref)) and ``objective``, each averaged over prompts.
+
+        Examples
+        --------
+        >>> from prefopt.worlds.tiny_lm import TinyLMWorld
+        >>> world = TinyLMWorld()
+        >>> world.evaluate(world.reference_probs(), world.reward, 0.2)["kl"]
+        0.0
         """
-        probs = self._probs(policy)
-        gold = self.rewards(self.reward, missing_eos_reward)
-        return exact_metrics(probs, self._ref, self.rewards(reward, missing_eos_reward), gold, beta)
+        tables = self._tables(reward, missing_eos_reward)
+        return self._evaluate(self._probs(policy), *tables, beta)
 
     def optimal_probs(
-        self, reward, beta: float, missing_eos_reward: float | None = -1.0
+        self, reward: Callable, beta: float, *, missing_eos_reward: float | None = -1.0
     ) -> np.ndarray:
-        """pi*(y|x) = pi_ref(y|x) exp(r(x,y)/beta) / Z(x), shape (n_prompts, n_responses)."""
-        return tilt(self._ref, self.rewards(reward, missing_eos_reward), beta)
+        """pi*(y|x) = pi_ref(y|x) exp(r(x,y)/beta) / Z(x), the objective's maximiser.
 
-    def optimum(self, reward, beta: float, missing_eos_reward: float | None = -1.0) -> dict:
-        """The closed-form optimum's metrics, with the keys of :meth:`evaluate`."""
-        return self.evaluate(
-            self.optimal_probs(reward, beta, missing_eos_reward), reward, beta, missing_eos_reward
-        )
+        Parameters
+        ----------
+        reward : callable
+            ``reward(prompts, completions) -> array`` on text.
+        beta : float
+            KL coefficient, >= 0.
+        missing_eos_reward : float or None, default=-1.0
+            Reward of a response with no EOS.
+
+        Returns
+        -------
+        probs : ndarray of shape (n_prompts, n_responses)
+
+        Examples
+        --------
+        >>> from prefopt.worlds.tiny_lm import TinyLMWorld
+        >>> world = TinyLMWorld()
+        >>> best = world.optimal_probs(world.reward, 0.2)
+        >>> world.responses[int(best[0].argmax())]
+        'a a'
+        """
+        return _tilt(self._ref, self.rewards(reward, missing_eos_reward=missing_eos_reward), beta)
+
+    def optimum(
+        self, reward: Callable, beta: float, *, missing_eos_reward: float | None = -1.0
+    ) -> dict:
+        """The metrics of the closed-form optimum :meth:`optimal_probs`.
+
+        Parameters
+        ----------
+        reward : callable
+            ``reward(prompts, completions) -> array`` on text.
+        beta : float
+            KL coefficient of the objective E[r] - beta KL.
+        missing_eos_reward : float or None, default=-1.0
+            Reward of a response with no EOS.
+
+        Returns
+        -------
+        metrics : dict
+            The keys of :meth:`evaluate`.
+
+        Examples
+        --------
+        >>> from prefopt.worlds.tiny_lm import TinyLMWorld
+        >>> world = TinyLMWorld()
+        >>> world.optimum(world.reward, 0.2)["kl"] > 0
+        True
+        """
+        rewards, gold = self._tables(reward, missing_eos_reward)
+        return self._evaluate(_tilt(self._ref, rewards, beta), rewards, gold, beta)
 
     def objective_share(
-        self, policy, reward, beta: float, missing_eos_reward: float | None = -1.0
+        self, policy, reward: Callable, beta: float, *, missing_eos_reward: float | None = -1.0
     ) -> float:
         """Share of the achievable objective a policy reached: 0 at pi_ref, 1 at pi*.
 
         ``(J(pi) - J(pi_ref)) / (J(pi*) - J(pi_ref))`` with
         ``J = E[r] - beta KL(pi || pi_ref)``, all exact.
+
+        Parameters
+        ----------
+        policy : fitted prefopt policy, torch.nn.Module or ndarray
+            As in :meth:`evaluate`.
+        reward : callable
+            ``reward(prompts, completions) -> array`` on text.
+        beta : float
+            KL coefficient of the objective.
+        missing_eos_reward : float or None, default=-1.0
+            Reward of a response with no EOS; match the policy's parameter.
+
+        Returns
+        -------
+        share : float
+            Below 0 for a policy worse than the reference; at most 1.
 
         Examples
         --------
@@ -468,12 +491,4 @@ class TinyLMWorld:
         >>> round(world.objective_share(world.reference_probs(), world.reward, 0.2), 6)
         0.0
         """
-        j = self.evaluate(policy, reward, beta, missing_eos_reward)["objective"]
-        j_ref = self.evaluate(self._ref, reward, beta, missing_eos_reward)["objective"]
-        j_best = self.optimum(reward, beta, missing_eos_reward)["objective"]
-        if j_best - j_ref <= 0:
-            raise ValueError(
-                "The reference is already optimal for this reward and beta; the "
-                "share of the achievable objective is undefined."
-            )
-        return float((j - j_ref) / (j_best - j_ref))
+        return self._share(self._probs(policy), *self._tables(reward, missing_eos_reward), beta)
