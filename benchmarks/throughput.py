@@ -64,7 +64,7 @@ SIZES = {
         learning_rate=1e-5,
         vocab_size=50257,
     ),
-    # The same model at the seeds' settings (53 new tokens), for a GPU.
+    # The same model at Huang et al. 2024's settings (53 new tokens), for a GPU.
     "gpt2": dict(
         model="gpt2",
         batch_size=64,

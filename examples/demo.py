@@ -12,8 +12,8 @@ Everything is built locally, nothing is downloaded:
    (proxy) reward with a KL penalty to the SFT model.
 5. The same RLOO with beta = 0 shows over-optimisation: the proxy reward keeps
    rising while the text degenerates into repeated words (the distinct-word share
-   collapses), as in the seeds' mock sentiment task; depending on the seed the gold
-   (VADER) reward falls, or VADER is itself fooled by the repetition, as the seeds'
+   collapses), as in Ziegler et al. (2019)'s mock sentiment task; depending on the seed the gold
+   (VADER) reward falls, or VADER is itself fooled by the repetition, as the papers'
    sentiment classifier was ("These These These ... easily easily", +8 log odds).
 
 It prints a table (gold reward, proxy reward, KL, length, EOS share, episodes/s per

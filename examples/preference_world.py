@@ -1,4 +1,4 @@
-"""RLHF with PPO in the preference world, measured against the exact optimum (the plate).
+"""RLHF with PPO in the preference world, measured against the exact optimum (the worked example).
 
 A reward model is fitted to 1,000 comparisons from raters who over-rate flattery
 (bias 1). PPO then optimises the world's six-parameter policy against it: each
@@ -52,7 +52,7 @@ METRICS = (
 
 
 def make_policies(world, *, beta, n_steps, seed):
-    """The plate's PPO and, on the same episodes, RLOO, REINFORCE and RAFT."""
+    """The worked example's PPO and, on the same episodes, RLOO, REINFORCE and RAFT."""
     common = {
         "beta": beta,
         "batch_size": 64,

@@ -20,7 +20,7 @@ def _quiet():
 
 @pytest.fixture(scope="session")
 def world():
-    """The plate's preference world (raters with bias 1)."""
+    """The worked example's preference world (raters with bias 1)."""
     from prefopt.worlds import PreferenceWorld
 
     return PreferenceWorld(rater_bias=1.0, random_state=0)
@@ -28,7 +28,7 @@ def world():
 
 @pytest.fixture(scope="session")
 def rm(world):
-    """The plate's reward model: 1,000 comparisons from the world's raters."""
+    """The worked example's reward model: 1,000 comparisons from the world's raters."""
     from prefopt import RewardModel
 
     return RewardModel().fit(world.comparisons(1000, random_state=0))

@@ -1,7 +1,7 @@
 """The pure functions of the algorithms, checked against hand-computed numbers.
 
-Formulas: reference/rlhf-implementation-details.md sections 2.4 (PPO), 2.5
-(REINFORCE, RLOO), 2.6 (RAFT) and the bugs of section 4.
+Formulas: PPO as Huang et al. 2024 and Ziegler et al. 2019 describe it; REINFORCE and RLOO
+as Ahmadian et al. 2024; RAFT as Dong et al. 2023; the padding rules of Huang et al. 2024.
 """
 
 from types import SimpleNamespace
@@ -47,7 +47,7 @@ def close(actual, expected, atol=1e-10):
 
 
 # ---------------------------------------------------------------------------
-# RLOO: A_i = R_i - mean_{j != i} R_j (section 2.5)
+# RLOO: A_i = R_i - mean_{j != i} R_j (Ahmadian et al. 2024)
 # ---------------------------------------------------------------------------
 
 
@@ -157,7 +157,7 @@ def test_rloo_policy_advantages_use_shaped_sequence_reward():
 
 
 # ---------------------------------------------------------------------------
-# PPO clipped surrogate: mean max(-A rho, -A clip(rho, 0.8, 1.2)) (section 2.4)
+# PPO clipped surrogate: mean max(-A rho, -A clip(rho, 0.8, 1.2)) (Schulman et al. 2017)
 # ---------------------------------------------------------------------------
 
 # Six tokens: A = +1/-1, rho inside and outside [0.8, 1.2].
@@ -393,7 +393,7 @@ def test_masked_whiten_keep_mean():
 
 
 # ---------------------------------------------------------------------------
-# REINFORCE moving-average baseline (eq. 8; implementation detail 24)
+# REINFORCE moving-average baseline (Ahmadian et al. 2024, eq. 8)
 # ---------------------------------------------------------------------------
 
 
@@ -465,7 +465,7 @@ def test_raft_rank_by_score_or_shaped():
 
 
 # ---------------------------------------------------------------------------
-# Padding, truncation and positions (section 4, bugs 1, 5, 6, 8)
+# Padding, truncation and positions (Huang et al. 2024)
 # ---------------------------------------------------------------------------
 
 

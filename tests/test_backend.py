@@ -1,4 +1,4 @@
-"""The token-level details of the seeds and implementation notes, one test each."""
+"""The token-level details of Huang et al. 2024 (PPO for RLHF), one test each."""
 
 import copy
 

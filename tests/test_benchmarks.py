@@ -19,6 +19,7 @@ def load_throughput():
     return module
 
 
+@pytest.mark.slow
 def test_throughput_prints_the_table():
     # The smallest run: tiny model, 1 warm-up + 2 measured steps, no peer, one process.
     proc = subprocess.run(
@@ -83,6 +84,7 @@ def test_lexicon_reward_and_padded_tokenizer():
     )
 
 
+@pytest.mark.slow
 def test_trl_settings_match_rloo_policy(tmp_path):
     pytest.importorskip("trl")
     from prefopt import RLOOPolicy

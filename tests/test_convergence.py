@@ -1,6 +1,6 @@
 """Convergence on the preference world, against the closed-form optimum.
 
-The plate's setting: PreferenceWorld(rater_bias=1.0, random_state=0), a reward
+The worked example's setting: PreferenceWorld(rater_bias=1.0, random_state=0), a reward
 model fitted on 1000 comparisons (random_state=0), beta = 0.3, 64 rollouts a
 step for 60 steps, plain SGD. The optimum pi* = pi_ref exp(r / beta) / Z has
 reward 1.6853, KL 0.6999 and true quality 1.7154.
@@ -33,7 +33,7 @@ BATCH = 64
 
 
 def _ppo(world, **kw):
-    # The plate: step size 0.3, 4 epochs (default), clip 0.2 (default).
+    # The worked example: step size 0.3, 4 epochs (default), clip 0.2 (default).
     return PPOPolicy(
         model=world.policy_model(),
         beta=BETA,
@@ -107,7 +107,7 @@ def test_reaches_the_closed_form_optimum(world, rm, name):
 
 
 def test_true_quality_rises_along_a_ppo_run(world, rm):
-    # One plate run (seed 0), evaluated exactly every 20 steps through fit's callback.
+    # One run of the worked example (seed 0), evaluated exactly every 20 steps (callback).
     quality = {0: world.evaluate(world.reference_probs(), rm, BETA)["true_quality"]}
 
     def track(policy, row):
@@ -192,7 +192,7 @@ def test_raft_ignores_beta_and_sharpens_towards_the_argmax(world, rm):
                 f"(pi_ref {p_ref:.3f}, pi* {p_star:.3f}); {final[beta][1]}"
             )
             # Measured 0.744, 0.888, 0.929 (seed 1: 0.755, 0.891, 0.930; 0.967 by step
-            # 120). With the plate's linearly annealed step it stops at 0.846, KL 1.37.
+            # 120). With the worked example's linearly annealed step it stops at 0.846, KL 1.37.
             assert np.all(np.diff(path) > 0)
             assert path[-1] > 0.9 and path[-1] > p_star + 0.4
             metrics = final[beta][1]

@@ -27,8 +27,9 @@ def table_row(output, name):
     return [float(v) for v in match.group(1).split()]
 
 
+@pytest.mark.slow
 def test_preference_world_example_runs(tmp_path):
-    out = tmp_path / "plate.png"
+    out = tmp_path / "preference_world.png"
     proc = subprocess.run(
         [
             sys.executable,

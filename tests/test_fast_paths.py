@@ -127,6 +127,7 @@ def test_no_ready_mask_for_windowed_or_non_sdpa_attention(setting):
     assert generation._may_take_ready_mask(model) is False
 
 
+@pytest.mark.slow
 def test_compiled_models_train_as_the_plain_ones(tmp_path):
     # The "eager" backend traces the models with TorchDynamo (what inductor would compile)
     # without generating code: quick, and it exercises the compiled call path.

@@ -1,7 +1,7 @@
 """KL controllers and per-token KL estimators against hand-computed numbers.
 
-Formulas: reference/rlhf-implementation-details.md sections 2.2 (controller)
-and 2.8 (k1, k2, k3).
+Formulas: the adaptive controller of Ziegler et al. 2019 and the estimators k1, k2, k3 of
+Schulman 2020 ("Approximating KL Divergence").
 """
 
 import math

@@ -10,6 +10,7 @@ nbclient = pytest.importorskip("nbclient")
 NOTEBOOK = Path(__file__).resolve().parents[1] / "benchmarks" / "compare_algorithms.ipynb"
 
 
+@pytest.mark.slow
 def test_compare_algorithms_notebook_runs(monkeypatch):
     monkeypatch.setenv("PREFOPT_NOTEBOOK_SMALL", "1")
     monkeypatch.setenv("MPLBACKEND", "Agg")

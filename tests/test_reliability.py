@@ -167,6 +167,7 @@ KILLED_RUN = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_to_the_same_result(rm, tmp_path):
     directory = str(tmp_path / "run")
     script = KILLED_RUN.format(tests=str(ROOT / "tests"), directory=directory)

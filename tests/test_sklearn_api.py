@@ -307,6 +307,7 @@ def test_tags_say_text_and_no_y(name):
 # ----- GridSearchCV --------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_grid_search_over_beta_picks_the_moderate_one(rm):
     template = PPOPolicy(
         model=WORLD.policy_model(), learning_rate=0.3, optimizer="sgd", n_steps=60, random_state=0
