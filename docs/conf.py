@@ -11,7 +11,6 @@ DOCS = Path(__file__).resolve().parent
 sys.path.insert(0, str(DOCS.parent))
 sys.path.insert(0, str(DOCS / "_ext"))
 
-from prefopt_api import pending_exclude  # noqa: E402
 
 import prefopt  # noqa: E402
 
@@ -27,7 +26,7 @@ extensions = [
     "prefopt_api",
 ]
 
-exclude_patterns = ["_build", "PENDING.txt"]
+exclude_patterns = ["_build"]
 html_theme = "alabaster"
 html_title = f"prefopt {release}"
 
@@ -42,8 +41,6 @@ numpydoc_validation_checks = {
     "RT04",
     "RT05",
 }
-# Objects with known problems, to be fixed in their own files (one line a warning).
-numpydoc_validation_exclude = pending_exclude(DOCS / "PENDING.txt")
 
 # Every name exported by these modules must appear in docs/api.rst.
 prefopt_api_modules = [

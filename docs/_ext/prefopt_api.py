@@ -6,9 +6,6 @@ groups that take part of a module's ``__all__`` (dotted names reach into submodu
 ``rewards.check_rewards``). After reading, every name exported by the modules in
 ``prefopt_api_modules`` must be documented somewhere, or the build warns (and ``-W`` fails):
 a new public name cannot be left out of the reference by accident.
-
-Objects listed in ``docs/PENDING.txt`` (known docstring problems, awaiting a fix) are skipped
-by numpydoc's validation; the build warns when one of them passes, so the list only shrinks.
 """
 
 from __future__ import annotations
@@ -158,51 +155,6 @@ def _check_complete(app, env):
                 )
 
 
-def read_pending(path: Path) -> list[tuple[str, str, str]]:
-    """``(file, object, check)`` for each line of ``PENDING.txt``; ``#`` starts a comment."""
-    rows = []
-    if not path.exists():
-        return rows
-    for line in path.read_text().splitlines():
-        line = line.split("#", 1)[0].strip()
-        if line:
-            file, obj, check = [f.strip() for f in line.split(",", 3)[:3]]
-            rows.append((file, obj, check))
-    return rows
-
-
-def pending_exclude(path: Path) -> set[str]:
-    """Regular expressions for ``numpydoc_validation_exclude``: the objects in ``path``."""
-    return {f"^{re.escape(obj)}$" for _, obj, _ in read_pending(path)}
-
-
-def _check_pending(app, env):
-    """Warn about objects in PENDING.txt that now pass the checks they are listed for."""
-    from numpydoc.validate import validate
-
-    path = Path(app.srcdir) / "PENDING.txt"
-    listed: dict[str, set[str]] = {}
-    for _, obj, check in read_pending(path):
-        listed.setdefault(obj, set()).add(check)
-    for obj, checks in sorted(listed.items()):
-        try:
-            found = {code for code, _ in validate(obj)["errors"]}
-        except (ImportError, AttributeError):
-            logger.warning(
-                "%s in docs/PENDING.txt no longer exists; remove its lines.",
-                obj,
-                type="prefopt_api",
-            )
-            continue
-        for check in sorted(checks - found):
-            logger.warning(
-                "%s passes %s now; remove that line from docs/PENDING.txt.",
-                obj,
-                check,
-                type="prefopt_api",
-            )
-
-
 def setup(app):
     app.add_config_value("prefopt_api_modules", [], "env")
     app.add_directive("prefopt-api", PrefoptAPI)
@@ -210,5 +162,4 @@ def setup(app):
     app.connect("env-purge-doc", _purge)
     app.connect("env-merge-info", _merge)
     app.connect("env-check-consistency", _check_complete)
-    app.connect("env-check-consistency", _check_pending)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
