@@ -13,15 +13,14 @@ Conventions (Ziegler et al. 2019's code, as Huang et al. 2024 describe it):
 
 from __future__ import annotations
 
-import copy
 import functools
 import inspect
-import weakref
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from ._masks import _READY_MASK_OK, _check_ready_mask, _may_take_ready_mask, _ready_mask
 from ._torch import autocast
 
 
@@ -354,66 +353,6 @@ def sample(
     if return_logprobs:
         return tokens, logprobs
     return tokens
-
-
-# Models checked to read a ready 4D mask at a decode step as they read the 2D padding
-# mask (weakly keyed: an entry goes with its model).
-_READY_MASK_OK: weakref.WeakKeyDictionary[torch.nn.Module, bool] = weakref.WeakKeyDictionary()
-
-
-def _may_take_ready_mask(model) -> bool:
-    """Whether a decode step may pass the mask as a ready 4D tensor.
-
-    transformers models build their attention mask with ``masking_utils``, which
-    returns a 4D mask as it is, and SDPA reads it as given (a boolean mask means
-    "may attend", a float mask is added to the scores). Sliding-window or chunked
-    attention, other attention kernels and code outside transformers keep the 2D
-    mask. A model that passes is still checked once (:func:`_check_ready_mask`).
-    """
-    config = getattr(model, "config", None)
-    if (
-        config is None
-        or not type(model).__module__.startswith("transformers.models.")
-        or getattr(config, "_attn_implementation", None) != "sdpa"
-        or getattr(config, "is_encoder_decoder", False)
-    ):
-        return False
-    if any(getattr(config, key, None) for key in ("sliding_window", "attention_chunk_size")):
-        return False
-    layer_types = getattr(config, "layer_types", None) or ()
-    return _READY_MASK_OK.get(model, True) and all(t == "full_attention" for t in layer_types)
-
-
-def _ready_mask(model, mask: torch.Tensor) -> torch.Tensor:
-    """The 4D decode mask: additive (0 or the dtype's minimum) in the model's float
-    dtype on the CPU, where SDPA runs about a quarter faster with it than with a
-    boolean mask; boolean elsewhere (under CUDA autocast the query's dtype varies)."""
-    keep = mask.bool()[:, None, None, :]
-    dtype = next((p.dtype for p in model.parameters()), torch.float32)
-    if mask.device.type != "cpu" or not dtype.is_floating_point:
-        return keep
-    return torch.zeros(keep.shape, dtype=dtype).masked_fill_(~keep, torch.finfo(dtype).min)
-
-
-def _check_ready_mask(model, args: dict, cache_arg: str, past, mask, ready):
-    """The first decode step of ``model``: run it with the 2D mask, check the 4D one.
-
-    The step runs as usual (2D mask, on ``past``) and once more on a copy of the
-    cache with the 4D mask; the model takes the 4D mask from then on only if the
-    logits agree. One extra one-token call in the model's lifetime. Returns the
-    step's output.
-    """
-    trial_cache = copy.deepcopy(past)
-    out = model(attention_mask=mask, **args, **{cache_arg: past})
-    try:
-        trial = model(
-            attention_mask=ready[..., : mask.shape[1]], **args, **{cache_arg: trial_cache}
-        )
-        ok = bool(torch.allclose(out.logits.float(), trial.logits.float(), atol=1e-4, rtol=1e-4))
-    except Exception:  # noqa: BLE001 - any failure means "keep the 2D mask"
-        ok = False
-    _READY_MASK_OK[model] = ok
-    return out
 
 
 def truncate_after_eos(response_ids: torch.Tensor, eos_token_id: int | None, pad_token_id: int):

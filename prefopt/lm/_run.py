@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import torch
 
-__all__ = ["RunState"]
+__all__ = ["RunState", "one_fit_at_a_time"]
+
+_FITTING = threading.Lock()
 
 
 class RunState:
@@ -134,3 +138,24 @@ class RunState:
             self.optimizer.load_state_dict(state["optimizer"])
         self.start_step = int(state["start_step"])
         self.warned = set(state.get("warned", ()))
+
+
+class one_fit_at_a_time:
+    """Refuse a second concurrent ``fit`` of one estimator object (two threads)."""
+
+    def __init__(self, estimator):
+        self.estimator = estimator
+
+    def __enter__(self):
+        with _FITTING:
+            if self.estimator.__dict__.get("_fitting"):
+                raise RuntimeError(
+                    f"This {type(self.estimator).__name__} is already being fitted (in another "
+                    "thread); two fits of one object would corrupt it. Fit a clone "
+                    "(sklearn.base.clone) instead."
+                )
+            self.estimator.__dict__["_fitting"] = True
+
+    def __exit__(self, *exc):
+        self.estimator.__dict__["_fitting"] = False
+        return False

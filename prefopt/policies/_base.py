@@ -12,17 +12,13 @@ epochs, the KL controller, ``history_``, checkpoints and progress live here.
 from __future__ import annotations
 
 import logging
-import os
-import threading
 import time
 import warnings
-from numbers import Integral, Real
 
 import numpy as np
 import torch
 from sklearn.base import clone
 from sklearn.utils import check_random_state
-from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 from tqdm.auto import tqdm
 
@@ -31,75 +27,21 @@ from ..backend import (
     adamw,
     default_learning_rate,
     disable_dropout,
-    gradient_step,
     make_generator,
     maybe_compile,
-    response_logprobs,
-    sequence_values,
-    uses_bf16,
 )
 from ..data import PreferenceData, check_prompts
-from ..kl import FixedKLController, _KLController, kl_estimate
+from ..kl import FixedKLController
 from ..lm import GenerativeEstimator, RunState
 from ..lm import _checkpoint as ckpt
+from ..lm._run import one_fit_at_a_time
 from ..rewards import check_rewards
-from ._batch import Minibatch, RolloutBatch, masked_mean
+from ._batch import Minibatch, RolloutBatch
+from ._params import COMMON_CONSTRAINTS, store_params  # noqa: F401 (store_params re-exported)
+from ._rollout import sample_and_score, update
 from ._value import build_value_model
 
 logger = logging.getLogger("prefopt")
-_FITTING = threading.Lock()
-
-_COMMON_CONSTRAINTS = {
-    "model": "no_validation",
-    "tokenizer": "no_validation",
-    "beta": [Interval(Real, 0, None, closed="left")],
-    "kl": [_KLController, None],
-    "kl_estimator": [StrOptions({"k1", "k2", "k3"})],
-    "learning_rate": [Interval(Real, 0, None, closed="neither"), None],
-    "optimizer": [StrOptions({"adam", "sgd"})],
-    "lr_schedule": [StrOptions({"constant", "linear"})],
-    "max_grad_norm": [Interval(Real, 0, None, closed="neither"), None],
-    "n_steps": [Interval(Integral, 1, None, closed="left")],
-    "batch_size": [Interval(Integral, 1, None, closed="left")],
-    "n_epochs": [Interval(Integral, 1, None, closed="left")],
-    "n_minibatches": [Interval(Integral, 1, None, closed="left")],
-    "temperature": [Interval(Real, 0, None, closed="neither"), None],
-    "max_new_tokens": [Interval(Integral, 1, None, closed="left"), None],
-    "missing_eos_reward": [Real, None],
-    "random_state": ["random_state"],
-    "verbose": ["verbose"],
-    "warm_start": ["boolean"],
-    "checkpoint_dir": [str, os.PathLike, None],
-    "checkpoint_every": [Interval(Integral, 1, None, closed="left")],
-    "truncate_prompts": ["boolean"],
-    "max_kl": [Interval(Real, 0, None, closed="neither"), None],
-    "max_kl_action": [StrOptions({"warn", "raise"})],
-    "min_eos_share": [Interval(Real, 0, 1, closed="both"), None],
-    "lora": "no_validation",
-}
-
-
-def store_params(estimator, params: dict) -> None:
-    """Store ``__init__``'s arguments verbatim, as scikit-learn requires (no validation).
-
-    Parameters
-    ----------
-    estimator : estimator
-        The estimator being constructed.
-    params : dict
-        ``locals()`` of its ``__init__``.
-
-    Examples
-    --------
-    >>> class Toy:
-    ...     def __init__(self, *, a=1):
-    ...         store_params(self, locals())
-    >>> Toy(a=2).a
-    2
-    """
-    for name, value in params.items():
-        if name not in ("self", "__class__"):
-            setattr(estimator, name, value)
 
 
 class BasePolicy(GenerativeEstimator):
@@ -170,7 +112,7 @@ class BasePolicy(GenerativeEstimator):
     3
     """
 
-    _parameter_constraints: dict = dict(_COMMON_CONSTRAINTS)
+    _parameter_constraints: dict = dict(COMMON_CONSTRAINTS)
 
     samples_per_prompt: int | str = 1
     kl_penalty: str = "reward"
@@ -310,7 +252,7 @@ class BasePolicy(GenerativeEstimator):
         folder = ckpt.run_folder(self, data_key)
         if folder is not None:
             ckpt.check_folder(folder)
-        with _one_fit_at_a_time(self), ckpt.locked(folder):
+        with one_fit_at_a_time(self), ckpt.locked(folder):
             saved = ckpt.read(folder, self)
             defining = ckpt.defining_params(self) if folder is not None else None
             if saved is not None:
@@ -513,144 +455,11 @@ class BasePolicy(GenerativeEstimator):
         # Sampling, the reference, the value model and the reward run once per batch under
         # inference_mode; the batch is then cloned into ordinary tensors for the update.
         with torch.inference_mode():
-            batch = self._sample_and_score(prompt_rows)
+            batch = sample_and_score(self, prompt_rows)
         return batch.clone()
 
-    def _sample_and_score(self, prompt_rows: np.ndarray) -> RolloutBatch:
-        rows = np.repeat(prompt_rows, self._samples_per_prompt())
-        prompts = self._encode([self._prompt_tokens[i] for i in rows])
-        response_ids, response_mask, ended, sampled = self._generate(
-            prompts, self._run.generator, return_logprobs=True
-        )
-        if (self.uses_ratio and self._training_temperature() == self.temperature_) or (
-            uses_bf16(self.device_)
-        ):
-            # Old log-probs from a full forward pass identical to the training pass, so the
-            # ratio is exactly 1 at the first epoch (Huang et al. 2024); in bf16 the cached
-            # sampling pass differs from a full pass too much.
-            old = response_logprobs(
-                self.model_,
-                prompts,
-                response_ids,
-                response_mask,
-                temperature=self.temperature_,
-                suppress_ids=self._suppress_ids,
-            )
-        else:
-            # The sampling pass's own log-probs (fp32, tempered, equal to a fresh forward
-            # pass up to float rounding) serve the KL; no extra pass.
-            old = sampled.masked_fill(response_mask == 0, 0.0)
-        # The reference pass goes in chunks of the update's minibatch size: its peak memory
-        # (logits over the whole vocabulary) is then no more than a training pass's, and on
-        # a CPU the smaller chunks stay in cache (2 x 32 rows: 12% faster than 64).
-        chunk = max(1, len(rows) // self.n_minibatches)
-        with self._reference() as reference:
-            ref = torch.cat(
-                [
-                    response_logprobs(
-                        reference,
-                        prompts[i : i + chunk],
-                        response_ids[i : i + chunk],
-                        response_mask[i : i + chunk],
-                        temperature=self.temperature_,
-                        suppress_ids=self._suppress_ids,
-                    )
-                    for i in range(0, len(rows), chunk)
-                ]
-            )
-        values = None
-        if self.value_model_ is not None:
-            values = sequence_values(self.value_model_, prompts, response_ids, response_mask)
-            values = values * response_mask
-        scores = self._score(
-            [self._prompts[i] for i in rows], prompts, response_ids, response_mask, ended
-        )
-        # The KL uses the rollout-time log-probs, fixed for all epochs (Huang et al. 2024).
-        kl = kl_estimate(old, ref, self.kl_estimator) * response_mask
-        beta = self.kl_.beta_  # the coefficient from before this step's update
-        in_reward = self.kl_penalty == "reward"
-        rewards = -beta * kl if in_reward else torch.zeros_like(kl)
-        last = (response_mask.sum(1) - 1).clamp(min=0)  # the EOS, or the last token
-        rewards[torch.arange(len(rows)), last] += scores
-        return RolloutBatch(
-            prompts=prompts,
-            prompt_index=torch.as_tensor(rows),
-            response_ids=response_ids,
-            response_mask=response_mask,
-            ended=ended,
-            old_logprobs=old,
-            ref_logprobs=ref,
-            scores=scores,
-            kl=kl,
-            rewards=rewards,
-            beta=beta,
-            kl_in_reward=in_reward,
-            values=values,
-        )
-
-    def _score(self, prompts, encoded, response_ids, response_mask, ended) -> torch.Tensor:
-        reward = self.reward_model_
-        if self._scores_tokens:
-            # Same vocabulary: score the ids directly, no decoding and re-encoding.
-            raw = reward.score_tokens(encoded, response_ids, response_mask)
-        else:
-            raw = reward(prompts, self._decode(response_ids, response_mask))
-        source = f"the reward model (step {self.n_iter_ + 1})"
-        scores = torch.as_tensor(
-            check_rewards(raw, len(prompts), source),
-            dtype=torch.float32,
-            device=response_ids.device,
-        )
-        if self.missing_eos_reward is not None and self.tokenizer_.eos_token_id is not None:
-            # A response with no EOS gets a fixed reward (-1) *replacing* its score, not
-            # offsetting it (Huang et al. 2024).
-            scores = torch.where(ended, scores, torch.full_like(scores, self.missing_eos_reward))
-        return scores
-
     def _update(self, batch: RolloutBatch) -> dict:
-        n = len(batch)
-        size = max(1, n // self.n_minibatches)
-        temperature = self._training_temperature()
-        totals: dict[str, float] = {}
-        count = 0
-        entropies = []
-        for _ in range(self.n_epochs):
-            perm = torch.randperm(n, generator=self._run.generator).to(self.device_)
-            for start in range(0, n, size):
-                rows = perm[start : start + size]
-                logprobs, entropy = response_logprobs(
-                    self.model_,
-                    batch.prompts[rows],
-                    batch.response_ids[rows],
-                    batch.response_mask[rows],
-                    temperature=temperature,
-                    suppress_ids=self._suppress_ids,
-                    with_entropy=True,
-                )
-                values = None
-                if self.value_model_ is not None:
-                    values = sequence_values(
-                        self.value_model_,
-                        batch.prompts[rows],
-                        batch.response_ids[rows],
-                        batch.response_mask[rows],
-                    )
-                minibatch = Minibatch(batch, rows, logprobs, entropy, values)
-                loss, stats = self.compute_loss(batch, minibatch)
-                gradient_step(
-                    self._run.optimizer,
-                    loss,
-                    who=type(self).__name__,
-                    step=self.n_iter_ + 1,
-                    max_grad_norm=self.max_grad_norm,
-                )
-                entropies.append(float(masked_mean(entropy.detach(), minibatch.mask)))
-                for key, value in stats.items():
-                    totals[key] = totals.get(key, 0.0) + float(value)
-                count += 1
-        out = {key: value / count for key, value in totals.items()}
-        out["policy/entropy"] = float(np.mean(entropies))
-        return out
+        return update(self, batch)
 
     def score(self, X, y=None) -> float:
         """Mean reward of one sampled completion per prompt (larger is better).
@@ -677,24 +486,3 @@ class BasePolicy(GenerativeEstimator):
         # A clone (a search's candidate or seed) checkpoints into its own sub-folder.
         clone_._checkpoint_subfolder = True
         return clone_
-
-
-class _one_fit_at_a_time:
-    """Refuse a second concurrent ``fit`` of one estimator object (two threads)."""
-
-    def __init__(self, estimator):
-        self.estimator = estimator
-
-    def __enter__(self):
-        with _FITTING:
-            if self.estimator.__dict__.get("_fitting"):
-                raise RuntimeError(
-                    f"This {type(self.estimator).__name__} is already being fitted (in another "
-                    "thread); two fits of one object would corrupt it. Fit a clone "
-                    "(sklearn.base.clone) instead."
-                )
-            self.estimator.__dict__["_fitting"] = True
-
-    def __exit__(self, *exc):
-        self.estimator.__dict__["_fitting"] = False
-        return False
