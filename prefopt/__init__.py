@@ -9,6 +9,7 @@ from . import metrics
 from ._config import config_context, get_config, set_config
 from .data import PreferenceData
 from .kl import AdaptiveKLController, FixedKLController, kl_estimate
+from .lm import load, save
 from .model_selection import SeedSearchCV, compare
 from .policies import PPOPolicy, RAFTPolicy, ReinforcePolicy, RLOOPolicy, SFTPolicy
 from .rewards import NoisyReward, RewardModel
@@ -32,6 +33,8 @@ __all__ = [
     "config_context",
     "get_config",
     "kl_estimate",
+    "load",
+    "save",
     "set_config",
     "__version__",
 ]

@@ -8,6 +8,7 @@ Ziegler et al. (2019).
 
 from __future__ import annotations
 
+import warnings
 from numbers import Real
 
 import numpy as np
@@ -271,6 +272,21 @@ class AdaptiveKLController(_KLController):
             if n_episodes is None:
                 raise ValueError("AdaptiveKLController with horizon=... needs n_episodes.")
             gain = n_episodes / self.horizon
-        self.beta_ *= 1.0 + gain * error
+        factor = 1.0 + gain * error
+        if factor <= 0.0:
+            # gain * clip >= 1 (a large gain, or a short horizon for the batch): the linear
+            # update would zero beta or flip its sign. The log-space form exp(gain * error)
+            # agrees with it to first order and keeps beta positive.
+            if not getattr(self, "warned_", False):
+                warnings.warn(
+                    f"AdaptiveKLController: gain {gain:.3g} times the clipped error {error:.3g} "
+                    "would make beta zero or negative; beta moves by exp(gain * error) instead. "
+                    "Lower gain (or raise horizon) so that gain * clip < 1.",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+                self.warned_ = True
+            factor = float(np.exp(gain * error))
+        self.beta_ *= factor
         self.n_updates_ += 1
         return self.beta_

@@ -158,20 +158,28 @@ def gradient_step(optimizer, loss, *, who: str, step: int, max_grad_norm=None) -
     Raises
     ------
     FloatingPointError
-        When ``loss`` is NaN or infinite; no parameter is changed.
+        When ``loss`` is NaN or infinite (no parameter is changed), or when the
+        update left a weight NaN or infinite (a learning rate far too large).
     """
     if not torch.isfinite(loss):
         raise FloatingPointError(
             f"{who}: the loss became {loss.item()} at step {step}; lower "
             "learning_rate or check the data and the reward."
         )
+    params = [p for group in optimizer.param_groups for p in group["params"]]
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     if max_grad_norm is not None:
-        torch.nn.utils.clip_grad_norm_(
-            [p for group in optimizer.param_groups for p in group["params"]], max_grad_norm
-        )
+        torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
     optimizer.step()
+    # One fused norm over the weights (about one read of them; small next to a step) catches
+    # an update that overflowed, here at its step rather than later as a NaN sample.
+    with torch.no_grad():
+        if not torch.isfinite(torch.nn.utils.get_total_norm(params)):
+            raise FloatingPointError(
+                f"{who}: the update at step {step} left NaN or infinite weights; lower "
+                "learning_rate (or set max_grad_norm). The last checkpoint (if any) is intact."
+            )
 
 
 def maybe_compile(module):

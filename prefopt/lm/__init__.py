@@ -15,6 +15,7 @@ from ._base import (
     context_length,
     with_lora,
 )
+from ._persist import load, save
 from ._run import RunState
 from ._supervised import schedule_scale, train_minibatches
 
@@ -25,6 +26,8 @@ __all__ = [
     "LanguageModelEstimator",
     "RunState",
     "context_length",
+    "load",
+    "save",
     "schedule_scale",
     "train_minibatches",
     "with_lora",

@@ -141,6 +141,37 @@ class LanguageModelEstimator(BaseEstimator):
         model.save_pretrained(directory, safe_serialization=True)
         self.tokenizer_.save_pretrained(directory)
 
+    def save(self, folder) -> str:
+        """Save the fitted estimator to ``folder`` as JSON and safetensors (no pickle).
+
+        :func:`prefopt.load` reads it back without running any code from the
+        folder; what JSON cannot hold (a reward function, a custom torch
+        module) is passed to ``load`` again by name.
+
+        Parameters
+        ----------
+        folder : str or path
+            The folder to write.
+
+        Returns
+        -------
+        folder : str
+
+        Examples
+        --------
+        >>> import tempfile, prefopt
+        >>> from prefopt import RewardModel
+        >>> from prefopt.worlds import PreferenceWorld
+        >>> world = PreferenceWorld(random_state=0)
+        >>> rm = RewardModel().fit(world.comparisons(200, random_state=0))
+        >>> folder = rm.save(tempfile.mkdtemp())  # doctest: +SKIP
+        >>> again = prefopt.load(folder, featurizer_=world.features)  # doctest: +SKIP
+        """
+        from ._persist import save
+
+        check_is_fitted(self)
+        return save(self, folder)
+
     # ----- loading ------------------------------------------------------------------
     def _load_lm(self, model, tokenizer, *, seed: int):
         """A copy of the given model on the device, dropout off, and its tokenizer."""

@@ -99,11 +99,16 @@ def score_responses(policy, prompts, encoded, response_ids, response_mask, ended
     else:
         raw = reward(prompts, policy._decode(response_ids, response_mask))
     source = f"the reward model (step {policy.n_iter_ + 1})"
-    scores = torch.as_tensor(
-        check_rewards(raw, len(prompts), source),
-        dtype=torch.float32,
-        device=response_ids.device,
-    )
+    checked = check_rewards(raw, len(prompts), source)
+    scores = torch.as_tensor(checked, dtype=torch.float32, device=response_ids.device)
+    bad = torch.nonzero(~torch.isfinite(scores)).flatten()
+    if len(bad):  # finite in float64, not in the training dtype (|r| > 3.4e38)
+        i = int(bad[0])
+        raise ValueError(
+            f"{source} returned {checked[i]:.3g} for completion {i}, which is not finite in "
+            "float32, the dtype training uses; rescale the reward (normalised rewards are "
+            "of order 1)."
+        )
     if policy.missing_eos_reward is not None and policy.tokenizer_.eos_token_id is not None:
         # A response with no EOS gets a fixed reward (-1) *replacing* its score, not
         # offsetting it (Huang et al. 2024).

@@ -1,0 +1,122 @@
+"""save/load: JSON and safetensors only; a loaded estimator samples and scores as the saved one."""
+
+import json
+import os
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+import prefopt
+from prefopt import PPOPolicy, RewardModel, RLOOPolicy, SFTPolicy
+from prefopt.worlds import PreferenceWorld, TinyLMWorld
+
+
+@pytest.fixture(autouse=True)
+def quiet():
+    prefopt.set_config(show_progress_bar=False)
+
+
+def _no_pickle_in(folder):
+    for root, _, files in os.walk(folder):
+        for name in files:
+            data = open(os.path.join(root, name), "rb").read()
+            assert not data.startswith(b"\x80"), f"{name} looks like a pickle"
+
+
+def test_world_policy_round_trip_takes_the_custom_module_again(tmp_path):
+    world = PreferenceWorld(random_state=0)
+    rm = RewardModel().fit(world.comparisons(300, random_state=0))
+    policy = RLOOPolicy(
+        model=world.policy_model(),
+        beta=0.3,
+        learning_rate=0.3,
+        optimizer="sgd",
+        n_steps=3,
+        random_state=0,
+    ).fit(world.prompts, rm)
+    folder = policy.save(tmp_path / "rloo")
+    _no_pickle_in(folder)
+    with pytest.raises(ValueError, match=r"load\(folder, model_=module\)"):
+        prefopt.load(folder)
+    loaded = prefopt.load(folder, model_=world.policy_model(), featurizer_=world.features)
+    assert torch.equal(loaded.model_.theta, policy.model_.theta)
+    assert loaded.history_ == policy.history_ and loaded.beta_ == policy.beta_
+    assert loaded.sample(world.prompts[:2], n=3) == policy.sample(world.prompts[:2], n=3)
+    assert loaded.score(world.prompts) == pytest.approx(policy.score(world.prompts))
+    assert isinstance(loaded.reward_model_, RewardModel)
+    np.testing.assert_allclose(loaded.reward_model_.coef_, rm.coef_)
+
+
+def test_transformers_policy_round_trips_with_its_value_model(tmp_path):
+    world = TinyLMWorld(random_state=0)
+    sft = SFTPolicy(model=world.policy_model(), n_epochs=1, random_state=0)
+    sft.fit([(world.prompts[0], "a b")] * 8)
+    ppo = PPOPolicy(model=sft, batch_size=8, n_steps=2, random_state=0)
+    ppo.fit(world.prompts, world.reward)
+    with pytest.warns(UserWarning, match="not saved"):
+        folder = ppo.save(tmp_path / "ppo")
+    _no_pickle_in(folder)
+    loaded = prefopt.load(folder, reward=world.reward)
+    for name in ("model_", "ref_model_", "value_model_"):
+        for (k, a), b in zip(
+            getattr(ppo, name).state_dict().items(), getattr(loaded, name).state_dict().values()
+        ):
+            assert torch.equal(a, b), (name, k)
+    prompts = world.prompts
+    assert loaded.sample(prompts, n=2) == ppo.sample(prompts, n=2)
+    completions = [c[0] for c in ppo.sample(prompts)]
+    np.testing.assert_allclose(
+        loaded.log_prob(prompts, completions), ppo.log_prob(prompts, completions)
+    )
+    assert loaded.score(prompts) == pytest.approx(ppo.score(prompts))
+
+
+def test_load_never_runs_a_planted_pickle(tmp_path, monkeypatch):
+    class Boom:
+        def __reduce__(self):
+            return (os.system, ("touch PWNED",))
+
+    monkeypatch.chdir(tmp_path)
+    for name in ("estimator.json", "tensors.safetensors"):
+        folder = tmp_path / name.replace(".", "_")
+        folder.mkdir()
+        if name != "estimator.json":
+            (folder / "estimator.json").write_text(
+                json.dumps(
+                    {
+                        "format": 1,
+                        "class": "prefopt.rewards._reward_model.RewardModel",
+                        "params": {},
+                        "modules": {},
+                        "fitted": {},
+                    }
+                )
+            )
+        (folder / name).write_bytes(pickle.dumps(Boom()))
+        with pytest.raises(Exception):  # noqa: B017 - any refusal will do; nothing may run
+            prefopt.load(folder)
+    assert not (tmp_path / "PWNED").exists()
+
+
+def test_load_refuses_classes_outside_prefopt_and_transformers(tmp_path):
+    (tmp_path / "estimator.json").write_text(
+        json.dumps({"format": 1, "class": "os.system", "params": {}, "modules": {}, "fitted": {}})
+    )
+    with pytest.raises(ValueError, match="only prefopt's, transformers' and peft's classes"):
+        prefopt.load(tmp_path)
+
+
+def test_language_model_reward_round_trip(tmp_path):
+    world = TinyLMWorld(random_state=0)
+    sft = SFTPolicy(model=world.policy_model(), random_state=0)
+    sft.fit([(world.prompts[0], "a b")] * 8)
+    pairs = [(p, "a", "b c") for p in world.prompts] * 4
+    rm = RewardModel(model=sft, normalize_samples=8, random_state=0).fit(pairs)
+    loaded = prefopt.load(rm.save(tmp_path / "rm"))
+    prompts, completions = list(world.prompts), ["a", "b c"]
+    np.testing.assert_allclose(
+        loaded.predict(prompts, completions), rm.predict(prompts, completions)
+    )
+    assert (loaded.gain_, loaded.bias_) == (rm.gain_, rm.bias_)
