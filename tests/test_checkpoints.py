@@ -149,3 +149,60 @@ def test_old_pickle_checkpoint_is_refused_with_the_reason(rm, tmp_path):
     (folder / "checkpoint.joblib").write_bytes(b"whatever")
     with pytest.raises(ValueError, match="old pickle format.*can run code"):
         policy(checkpoint_dir=str(folder)).fit(WORLD.prompts, rm)
+
+
+class _Interrupt(Exception):
+    pass
+
+
+def _interrupt_at(monkeypatch, step):
+    """Make the supervised loop die at ``step``, as a killed run would."""
+    from prefopt.lm import _supervised
+
+    real = _supervised.gradient_step
+
+    def dying(optimizer, loss, *, who, step: int, **kw):
+        if step == stop:
+            raise _Interrupt
+        return real(optimizer, loss, who=who, step=step, **kw)
+
+    stop = step
+    monkeypatch.setattr(_supervised, "gradient_step", dying)
+
+
+@pytest.mark.parametrize("every", [3, 5])  # mid-epoch, and at an epoch's end
+def test_sft_and_reward_model_resume_to_the_uninterrupted_result(monkeypatch, tmp_path, every):
+    from prefopt import SFTPolicy
+    from prefopt.worlds import TinyLMWorld
+
+    world = TinyLMWorld(random_state=0)
+    demos = [(p, c) for p in world.prompts for c in ("a", "b c", "c a b")] * 3
+    kw = dict(model=world.policy_model(), batch_size=4, n_epochs=2, random_state=0)
+    whole = SFTPolicy(**kw).fit(demos)
+    folder = str(tmp_path / "sft")
+    _interrupt_at(monkeypatch, 7)  # 5 steps an epoch: dies in the second epoch
+    with pytest.raises(_Interrupt):
+        SFTPolicy(checkpoint_dir=folder, checkpoint_every=every, **kw).fit(demos)
+    monkeypatch.undo()
+    resumed = SFTPolicy(checkpoint_dir=folder, checkpoint_every=every, **kw).fit(demos)
+    assert resumed.n_iter_ == whole.n_iter_ == 10
+    for a, b in zip(whole.model_.parameters(), resumed.model_.parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    strip = lambda h: [{k: v for k, v in r.items() if not k.startswith("time/")} for r in h]  # noqa: E731
+    assert strip(resumed.history_) == strip(whole.history_)
+    with pytest.raises(ValueError, match="learning_rate=None.*learning_rate=0.5"):
+        SFTPolicy(checkpoint_dir=folder, learning_rate=0.5, **kw).fit(demos)
+
+    pairs = [(p, "a", "b c") for p in world.prompts] * 6
+    rkw = dict(model=whole, batch_size=2, normalize_samples=8, random_state=0)
+    rm_whole = RewardModel(**rkw).fit(pairs)
+    folder = str(tmp_path / "rm")
+    _interrupt_at(monkeypatch, 4)
+    with pytest.raises(_Interrupt):
+        RewardModel(checkpoint_dir=folder, checkpoint_every=2, **rkw).fit(pairs)
+    monkeypatch.undo()
+    rm = RewardModel(checkpoint_dir=folder, checkpoint_every=2, **rkw).fit(pairs)
+    prompts, completions = list(world.prompts), ["a", "b c"]
+    np.testing.assert_allclose(
+        rm.predict(prompts, completions), rm_whole.predict(prompts, completions), rtol=1e-6
+    )

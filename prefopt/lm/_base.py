@@ -109,7 +109,10 @@ class LanguageModelEstimator(BaseEstimator):
 
     def __sklearn_clone__(self):
         # Starting models (a fitted SFTPolicy, a torch module) are kept, not copied.
-        return clone_keeping_models(self)
+        clone_ = clone_keeping_models(self)
+        # A clone (a search's candidate or seed) checkpoints into its own sub-folder.
+        clone_._checkpoint_subfolder = True
+        return clone_
 
     def __getstate__(self):
         return dump_state(self)

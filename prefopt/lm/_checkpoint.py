@@ -357,3 +357,46 @@ def restore(estimator, fitted: dict) -> None:
             current.load_state_dict(value["__state__"])
         else:
             setattr(estimator, key, value)
+
+
+class Resume:
+    """One fit's view of its checkpoint folder: what was saved, and how to save again."""
+
+    def __init__(self, folder: str, saved: dict | None, defining: dict, data: str):
+        self.folder, self.saved = folder, saved
+        self.header = {"defining": defining, "data": data, "model": None}
+
+    def restore(self, estimator, model_key: str) -> dict | None:
+        """Check the starting model, load the fitted state; return the saved run state."""
+        self.header["model"] = model_key
+        if self.saved is None:
+            return None
+        check_same_model(self.saved, self.folder, model_key)
+        restore(estimator, self.saved["fitted"])
+        return self.saved["run"]
+
+    def save(self, estimator, run_state: dict) -> str:
+        """Write a checkpoint of ``estimator`` and its run state."""
+        return save(estimator, self.folder, header=self.header, run_state=run_state)
+
+
+@contextlib.contextmanager
+def resumable(estimator, data_key: str):
+    """The checkpoint of this fit, locked for its length, checked against its parameters.
+
+    Yields ``None`` when the estimator has no ``checkpoint_dir``; else a
+    :class:`Resume` whose ``saved`` is the checkpoint found (or ``None``). A
+    checkpoint written with other defining parameters or other data is refused
+    before any work.
+    """
+    folder = run_folder(estimator, data_key)
+    if folder is None:
+        yield None
+        return
+    check_folder(folder)
+    with locked(folder):
+        saved = read(folder, estimator)
+        defining = defining_params(estimator)
+        if saved is not None:
+            check_same_run(saved, folder, defining=defining, data=data_key)
+        yield Resume(folder, saved, defining, data_key)

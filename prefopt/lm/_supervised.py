@@ -49,7 +49,16 @@ def schedule_scale(schedule: str, progress: float) -> float:
 
 
 def train_minibatches(
-    estimator, n_rows: int, batch_loss, *, parameters, generator, schedule: str, name: str
+    estimator,
+    n_rows: int,
+    batch_loss,
+    *,
+    parameters,
+    generator,
+    schedule: str,
+    name: str,
+    resume=None,
+    model_key: str | None = None,
 ) -> torch.optim.Optimizer:
     """Train ``estimator`` for its ``n_epochs`` over ``n_rows`` rows in shuffled minibatches.
 
@@ -76,6 +85,12 @@ def train_minibatches(
         Learning-rate schedule over the whole fit.
     name : str
         Shown on the progress bar and in errors.
+    resume : Resume, default=None
+        The fit's checkpoint (``None`` for none): a saved run continues from its
+        last checkpoint, and a checkpoint is written every ``checkpoint_every``
+        steps and at the end.
+    model_key : str, default=None
+        Fingerprint of the starting model, compared with the checkpoint's.
 
     Returns
     -------
@@ -96,12 +111,23 @@ def train_minibatches(
     optimizer = adamw(parameters, estimator.learning_rate_)
     per_epoch = math.ceil(n_rows / estimator.batch_size)
     total = per_epoch * estimator.n_epochs
+    start_iter = estimator.n_iter_
+    epoch_generator = generator.get_state()
+    saved = None if resume is None else resume.restore(estimator, model_key)
+    if saved is not None:  # continue the saved run where its last checkpoint left it
+        optimizer.load_state_dict(saved["optimizer"])
+        start_iter = int(saved["start_iter"])
+        generator.set_state(torch.as_tensor(saved["epoch_generator"], dtype=torch.uint8))
+        if int(saved["epoch"]) < (estimator.n_iter_ - start_iter) // per_epoch:
+            torch.randperm(n_rows, generator=generator)  # that epoch's order, drawn again
+    step = estimator.n_iter_ - start_iter
     show = get_config()["show_progress_bar"]
-    bar = tqdm(total=total, desc=name, disable=not show, leave=False)
-    step = 0
-    for _ in range(estimator.n_epochs):
+    bar = tqdm(total=total, initial=step, desc=name, disable=not show, leave=False)
+    for epoch in range(step // per_epoch, estimator.n_epochs):
+        epoch_generator = generator.get_state()
         order = torch.randperm(n_rows, generator=generator).tolist()
-        for start in range(0, n_rows, estimator.batch_size):
+        skip = step % per_epoch if epoch == step // per_epoch else 0
+        for start in range(skip * estimator.batch_size, n_rows, estimator.batch_size):
             rows = order[start : start + estimator.batch_size]
             lr = estimator.learning_rate_ * schedule_scale(schedule, step / total)
             for group in optimizer.param_groups:
@@ -120,5 +146,13 @@ def train_minibatches(
             estimator.history_.append(row)
             bar.update(1)
             bar.set_postfix(loss=f"{loss.item():.3f}")
+            if resume is not None and (step % estimator.checkpoint_every == 0 or step == total):
+                run = {
+                    "optimizer": optimizer.state_dict(),
+                    "start_iter": start_iter,
+                    "epoch": epoch,
+                    "epoch_generator": epoch_generator,
+                }
+                resume.save(estimator, run)
     bar.close()
     return optimizer

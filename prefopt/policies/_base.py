@@ -249,30 +249,19 @@ class BasePolicy(GenerativeEstimator):
                 "(k samples are drawn for each prompt)."
             )
         data_key = ckpt.fingerprint(prompts)
-        folder = ckpt.run_folder(self, data_key)
-        if folder is not None:
-            ckpt.check_folder(folder)
-        with one_fit_at_a_time(self), ckpt.locked(folder):
-            saved = ckpt.read(folder, self)
-            defining = ckpt.defining_params(self) if folder is not None else None
-            if saved is not None:
-                ckpt.check_same_run(saved, folder, defining=defining, data=data_key)
-            if saved is not None or not (self.warm_start and hasattr(self, "_run")):
+        with one_fit_at_a_time(self), ckpt.resumable(self, data_key) as resume:
+            if (resume is not None and resume.saved is not None) or not (
+                self.warm_start and hasattr(self, "_run")
+            ):
                 self._setup(reward, start_model)
             else:  # warm start: n_steps more steps, a fresh pass over the prompts
                 self._run.start_step = self.n_iter_
                 self._run.stream = np.zeros(0, dtype=np.int64)
-            if folder is not None:
-                self._checkpoint = {
-                    "folder": folder,
-                    "defining": defining,
-                    "data": data_key,
-                    "model": self._start_key,
-                }
-                if saved is not None:
-                    ckpt.check_same_model(saved, folder, self._start_key)
-                    ckpt.restore(self, saved["fitted"])
-                    self._run.load_state_dict(saved["run"])
+            self._checkpoint = resume
+            if resume is not None:
+                saved_run = resume.restore(self, self._start_key)
+                if saved_run is not None:
+                    self._run.load_state_dict(saved_run)
             self.reward_model_ = reward
             self._scores_tokens = (
                 hasattr(reward, "score_tokens")
@@ -290,8 +279,9 @@ class BasePolicy(GenerativeEstimator):
         rng = check_random_state(self.random_state)
         seeds = rng.randint(np.iinfo(np.int32).max, size=3)
         self._init_model(start_model, self.tokenizer, seed=int(seeds[0]))
-        if self.checkpoint_dir is not None:
-            self._start_key = ckpt.module_fingerprint(self.model_)
+        self._start_key = (
+            ckpt.module_fingerprint(self.model_) if self.checkpoint_dir is not None else None
+        )
         value_model = None
         if self.uses_value_model:
             spec = getattr(self, "value_model", None)
@@ -405,9 +395,7 @@ class BasePolicy(GenerativeEstimator):
             if getattr(self, "_checkpoint", None) is not None and (
                 self.n_iter_ % self.checkpoint_every == 0 or self.n_iter_ == total
             ):
-                info = self._checkpoint
-                header = {k: info[k] for k in ("defining", "data", "model")}
-                ckpt.save(self, info["folder"], header=header, run_state=run.state_dict())
+                self._checkpoint.save(self, run.state_dict())
             if callback is not None and callback(self, row) is True:
                 break
         bar.close()
@@ -480,9 +468,3 @@ class BasePolicy(GenerativeEstimator):
         reward = y if callable(y) else self.reward_model_
         completions = self.predict(prompts)
         return float(np.mean(check_rewards(reward(prompts, completions), len(prompts))))
-
-    def __sklearn_clone__(self):
-        clone_ = super().__sklearn_clone__()
-        # A clone (a search's candidate or seed) checkpoints into its own sub-folder.
-        clone_._checkpoint_subfolder = True
-        return clone_

@@ -7,6 +7,7 @@ and the model learns to stop (Huang et al. 2024).
 
 from __future__ import annotations
 
+import os
 from numbers import Integral, Real
 
 import numpy as np
@@ -19,6 +20,7 @@ from .._config import get_config
 from ..backend import default_learning_rate, make_generator, response_logprobs
 from ..data import PreferenceData, check_demonstrations
 from ..lm import GenerativeEstimator, context_length, train_minibatches
+from ..lm import _checkpoint as ckpt
 from ._batch import masked_mean
 
 __all__ = ["SFTPolicy"]
@@ -60,6 +62,12 @@ class SFTPolicy(GenerativeEstimator):
     verbose : int, default=0
     warm_start : bool, default=False
         Continue training the fitted model.
+    checkpoint_dir : str or path, default=None
+        Save the fit every ``checkpoint_every`` steps and at the end (JSON and
+        safetensors, no pickle); ``fit`` with the same folder, parameters and
+        demonstrations resumes from it, as the policies do.
+    checkpoint_every : int, default=100
+        Gradient steps between checkpoints.
 
     Attributes
     ----------
@@ -107,6 +115,8 @@ class SFTPolicy(GenerativeEstimator):
         "random_state": ["random_state"],
         "verbose": ["verbose"],
         "warm_start": ["boolean"],
+        "checkpoint_dir": [str, os.PathLike, None],
+        "checkpoint_every": [Interval(Integral, 1, None, closed="left")],
     }
 
     def __init__(
@@ -123,6 +133,8 @@ class SFTPolicy(GenerativeEstimator):
         random_state=None,
         verbose=0,
         warm_start=False,
+        checkpoint_dir=None,
+        checkpoint_every=100,
     ):
         self.model = model
         self.tokenizer = tokenizer
@@ -135,6 +147,8 @@ class SFTPolicy(GenerativeEstimator):
         self.random_state = random_state
         self.verbose = verbose
         self.warm_start = warm_start
+        self.checkpoint_dir = checkpoint_dir
+        self.checkpoint_every = checkpoint_every
 
     def fit(self, X, y=None):
         """Fit on demonstrations.
@@ -179,10 +193,13 @@ class SFTPolicy(GenerativeEstimator):
         generation_config = getattr(self.model_, "generation_config", None)
         if generation_config is not None:
             generation_config.max_new_tokens = self.max_new_tokens_
-        self._train(ptoks, ctoks, make_generator(int(seeds[1])))
+        data_key = ckpt.fingerprint([prompts, completions])
+        with ckpt.resumable(self, data_key) as resume:
+            model_key = None if resume is None else ckpt.module_fingerprint(self.model_)
+            self._train(ptoks, ctoks, make_generator(int(seeds[1])), resume, model_key)
         return self
 
-    def _train(self, ptoks, ctoks, generator) -> None:
+    def _train(self, ptoks, ctoks, generator, resume=None, model_key=None) -> None:
         def batch_loss(rows):
             loss, n_tokens = self._batch_loss(
                 self.model_, [ptoks[i] for i in rows], [ctoks[i] for i in rows]
@@ -197,6 +214,8 @@ class SFTPolicy(GenerativeEstimator):
             generator=generator,
             schedule=self.lr_schedule,
             name="SFTPolicy",
+            resume=resume,
+            model_key=model_key,
         )
 
     def _batch_loss(self, model, ptoks, ctoks):

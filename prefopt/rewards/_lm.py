@@ -19,6 +19,7 @@ from ..backend import (
     score_sequences,
 )
 from ..data import check_demonstrations
+from ..lm import _checkpoint as ckpt
 from ..lm import context_length, train_minibatches
 
 
@@ -65,16 +66,21 @@ def fit_lm_reward(rm, model, data, references) -> None:
         }
 
     rm.history_, rm.n_iter_ = [], 0
-    # Linear decay to 0, as the original reward-model code (Ziegler et al. 2019).
-    train_minibatches(
-        rm,
-        len(prompts),
-        batch_loss,
-        parameters=rm.model_.parameters(),
-        generator=make_generator(int(seeds[2])),
-        schedule="linear",
-        name="RewardModel",
-    )
+    data_key = ckpt.fingerprint([data.prompt, data.chosen, data.rejected])
+    with ckpt.resumable(rm, data_key) as resume:
+        model_key = None if resume is None else ckpt.module_fingerprint(rm.model_)
+        # Linear decay to 0, as the original reward-model code (Ziegler et al. 2019).
+        train_minibatches(
+            rm,
+            len(prompts),
+            batch_loss,
+            parameters=rm.model_.parameters(),
+            generator=make_generator(int(seeds[2])),
+            schedule="linear",
+            name="RewardModel",
+            resume=resume,
+            model_key=model_key,
+        )
     if rm.normalize:
         _normalize(rm, lm, prompts, check_random_state(int(seeds[3])))
     if references is not None:

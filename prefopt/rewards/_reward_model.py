@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from numbers import Integral, Real
 
 import numpy as np
@@ -63,7 +64,16 @@ class RewardModel(LanguageModelEstimator):
     head_std : float, default=None
         Std of the head's initial weights; ``None`` means 1/sqrt(d_model + 1).
     random_state : int, RandomState instance or None, default=None
+        Seeds the head's initial weights, the order of the comparisons and
+        the normalisation samples.
     verbose : int, default=0
+        Unused; kept for scikit-learn's interface.
+    checkpoint_dir : str or path, default=None
+        Language-model reward only: save the fit every ``checkpoint_every``
+        steps and at the end (JSON and safetensors, no pickle); ``fit`` with
+        the same folder, parameters and comparisons resumes from it.
+    checkpoint_every : int, default=100
+        Gradient steps between checkpoints.
 
     Attributes
     ----------
@@ -118,6 +128,8 @@ class RewardModel(LanguageModelEstimator):
         "head_std": [Interval(Real, 0, None, closed="left"), None],
         "random_state": ["random_state"],
         "verbose": ["verbose"],
+        "checkpoint_dir": [str, os.PathLike, None],
+        "checkpoint_every": [Interval(Integral, 1, None, closed="left")],
     }
 
     def __init__(
@@ -137,6 +149,8 @@ class RewardModel(LanguageModelEstimator):
         head_std=None,
         random_state=None,
         verbose=0,
+        checkpoint_dir=None,
+        checkpoint_every=100,
     ):
         self.model = model
         self.tokenizer = tokenizer
@@ -152,6 +166,8 @@ class RewardModel(LanguageModelEstimator):
         self.head_std = head_std
         self.random_state = random_state
         self.verbose = verbose
+        self.checkpoint_dir = checkpoint_dir
+        self.checkpoint_every = checkpoint_every
 
     def fit(self, X, y=None, *, references=None):
         """Fit the reward on comparisons.
