@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 from _tiny import word_tokenizer
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import (
     AutoModelForCausalLM,
     GPT2Config,
@@ -128,3 +128,92 @@ def test_heads_sized_from_the_trunks_output_width():
         ).fit(PROMPTS, length_reward)
         assert ppo.value_model_.head.in_features == 8
         assert np.isfinite(ppo.history_[-1]["loss/value"])
+
+
+def bos_tokenizer(append_eos=False):
+    """Llama/Mistral/Gemma-style: the post-processor puts BOS before every text.
+
+    ``append_eos`` also appends EOS after it (as some tokenizers do), which must never
+    end up after a prompt.
+    """
+    vocab = {"[UNK]": 0, "<s>": 1, "</s>": 2}
+    for w in WORDS:
+        vocab[w] = len(vocab)
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)
+    specials = [("<s>", 1), ("</s>", 2)] if append_eos else [("<s>", 1)]
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A </s>" if append_eos else "<s> $A", special_tokens=specials
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="[UNK]", bos_token="<s>", eos_token="</s>"
+    )
+
+
+def _record(monkeypatch, owner, name, store):
+    """Record the token rows passed to ``owner.name`` (its first argument after self)."""
+    original = getattr(owner, name)
+
+    def spy(self, rows, *args, **kwargs):
+        store.extend(list(r) for r in rows)
+        return original(self, rows, *args, **kwargs)
+
+    monkeypatch.setattr(owner, name, spy)
+
+
+def _starts_with_one_bos(rows, bos):
+    return all(r[0] == bos and bos not in r[1:] for r in rows)
+
+
+@pytest.mark.parametrize("append_eos", [False, True], ids=["bos", "bos-and-eos"])
+def test_prompts_get_bos_once_completions_none(monkeypatch, append_eos):
+    import prefopt.rewards._lm as lm_reward
+    from prefopt.lm._base import LanguageModelEstimator
+
+    tok = bos_tokenizer(append_eos)
+    bos, eos = tok.bos_token_id, tok.eos_token_id
+    assert tok("the movie")["input_ids"][0] == bos  # what the model was trained on
+    model = _build(
+        LlamaConfig(**{**_llama(tok).to_dict(), "bos_token_id": bos, "eos_token_id": eos})
+    )
+    prompts, completions = [], []
+    _record(monkeypatch, LanguageModelEstimator, "_encode", prompts)
+    _record(monkeypatch, LanguageModelEstimator, "_pad_responses", completions)
+    # A prompt that already begins with the BOS string keeps exactly one.
+    demos = DEMOS + [("<s> the plot was", "bad .")]
+    sft = SFTPolicy(
+        model=model, tokenizer=tok, n_epochs=1, batch_size=4, max_new_tokens=4, random_state=0
+    ).fit(demos)
+    sft.sample(PROMPTS + ["<s> the movie"], n=2)
+    sft.log_prob([p for p, _ in demos], [c for _, c in demos])
+    assert prompts and _starts_with_one_bos(prompts, bos)
+    assert all(r[-1] != eos for r in prompts)
+    assert completions and all(bos not in r for r in completions)
+    assert sft._prompt_prefix() == [bos]  # never the EOS the tokenizer appends
+
+    # The reward model reads BOS + prompt + completion, with no BOS in the completion.
+    pairs = []
+    original = lm_reward.join_right_padded
+
+    def spy(prompt_rows, response_rows, pad_token_id):
+        pairs.extend(zip(prompt_rows, response_rows))
+        return original(prompt_rows, response_rows, pad_token_id)
+
+    monkeypatch.setattr(lm_reward, "join_right_padded", spy)
+    rm = RewardModel(model=sft, normalize_samples=4, random_state=0).fit(COMPARISONS)
+    rm.predict(["the movie was", "<s> the movie was"], ["good .", "bad ."])
+    assert pairs and _starts_with_one_bos([p for p, _ in pairs], bos)
+    assert all(bos not in r for _, r in pairs if r)
+    prompts.clear()
+    RLOOPolicy(model=sft, k=2, batch_size=4, n_steps=1, random_state=0).fit(PROMPTS, rm)
+    assert prompts and _starts_with_one_bos(prompts, bos)
+
+
+def test_tokenizers_that_add_nothing_get_no_prefix():
+    from prefopt.worlds import PreferenceWorld, ReviewWorld
+
+    for tok in (word_tokenizer(), PreferenceWorld().tokenizer, ReviewWorld().tokenizer):
+        sft = SFTPolicy()
+        sft.tokenizer_ = tok
+        assert sft._prompt_prefix() == []
