@@ -168,11 +168,17 @@ def position_ids_from_mask(mask: torch.Tensor) -> torch.Tensor:
     return (mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
+def _valid_ids(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    # A tokenizer without a pad token (GPT-2, Llama, Mistral) gets one added without
+    # resizing the embeddings, as the original code does, so the pad id may equal the
+    # vocabulary size: it must reach no embedding lookup and no gather over the
+    # vocabulary. Masked positions are ignored, so any valid id (0) will do there.
+    return ids.masked_fill(mask == 0, 0)
+
+
 def _forward_logits(model, input_ids, attention_mask, position_ids, **kwargs):
-    # Pad ids may lie outside the embedding matrix (the pad token is added without
-    # resizing, as the original code); they are masked, so any valid id will do.
     # With a KV cache the mask covers the whole sequence but the ids only the new tokens.
-    ids = input_ids.masked_fill(attention_mask[:, -input_ids.shape[1] :] == 0, 0)
+    ids = _valid_ids(input_ids, attention_mask[:, -input_ids.shape[1] :])
     with autocast(ids.device):
         return model(
             input_ids=ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs
@@ -451,7 +457,9 @@ def response_logprobs(
     if suppress_ids:  # in place: the division's output is not needed for its backward
         logits[..., list(suppress_ids)] = float("-inf")
     logp_all = F.log_softmax(logits, dim=-1)
-    logp = logp_all.gather(-1, response_ids.unsqueeze(-1)).squeeze(-1)
+    # The pad id after a response's EOS may be the vocabulary size: gather a valid id there.
+    targets = _valid_ids(response_ids, response_mask)
+    logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     valid = response_mask.bool()
     logp = logp.masked_fill(~valid, 0.0)
     if not with_entropy:

@@ -185,12 +185,52 @@ def model_vocab_size(model: nn.Module) -> int | None:
     return size
 
 
-def hidden_size(model: nn.Module) -> int:
+def _config_width(model: nn.Module) -> int:
     config = getattr(model, "config", None)
     for attr in ("hidden_size", "n_embd", "d_model"):
         if config is not None and getattr(config, attr, None):
             return int(getattr(config, attr))
     raise ValueError(f"Cannot read the hidden size of {type(model).__name__}.")
+
+
+@torch.no_grad()
+def trunk_width(backbone: nn.Module) -> int:
+    """Width of the last hidden state a trunk returns, measured on one token.
+
+    The config's ``hidden_size`` is not always that width: OPT projects its last
+    hidden state to ``word_embed_proj_dim`` (``project_out``). One forward pass of
+    one token, in eval mode and without gradients, measures the very tensor a head
+    multiplies, for any trunk; it draws no random numbers, so seeded runs are
+    unchanged. A module without weights (nothing to run on) is read from its config.
+
+    Parameters
+    ----------
+    backbone : nn.Module
+        A Hugging Face base model returning ``last_hidden_state``.
+
+    Returns
+    -------
+    width : int
+
+    Examples
+    --------
+    >>> from transformers import OPTConfig, OPTModel
+    >>> trunk = OPTModel(OPTConfig(vocab_size=11, hidden_size=16, word_embed_proj_dim=8,
+    ...     ffn_dim=32, num_hidden_layers=1, num_attention_heads=2))
+    >>> trunk.config.hidden_size, trunk_width(trunk)
+    (16, 8)
+    """
+    weight = next(backbone.parameters(), None)
+    if weight is None:
+        return _config_width(backbone)
+    training = backbone.training
+    backbone.eval()
+    try:
+        ids = torch.zeros((1, 1), dtype=torch.long, device=weight.device)
+        out = backbone(input_ids=ids, attention_mask=torch.ones_like(ids))
+    finally:
+        backbone.train(training)
+    return int(out.last_hidden_state.shape[-1])
 
 
 class ScalarHeadModel(nn.Module):
@@ -199,6 +239,8 @@ class ScalarHeadModel(nn.Module):
     Used for the reward model and the value model. The head's weights are drawn
     from N(0, std = 1/sqrt(d_model + 1)) and its bias is 0, as in the original
     code of Ziegler et al. 2019 (Huang et al. 2024; the paper misprints the std).
+    ``d_model`` is the width of the trunk's last hidden state, measured by
+    :func:`trunk_width` (OPT's ``word_embed_proj_dim``, not its ``hidden_size``).
 
     Parameters
     ----------
@@ -228,7 +270,7 @@ class ScalarHeadModel(nn.Module):
     ):
         super().__init__()
         self.backbone = backbone
-        d_model = hidden_size(backbone)
+        d_model = trunk_width(backbone)
         self.head = nn.Linear(d_model, 1)
         std = 1.0 / math.sqrt(d_model + 1) if head_std is None else head_std
         with torch.no_grad():

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from ._torch import autocast
-from .generation import EncodedPrompts, pad_right, position_ids_from_mask
+from .generation import EncodedPrompts, _valid_ids, pad_right, position_ids_from_mask
 
 
 def join_right_padded(prompt_rows, response_rows, pad_token_id: int):
@@ -75,7 +75,7 @@ def score_sequences(model, input_ids, attention_mask, last_index) -> torch.Tenso
     -------
     scores : torch.Tensor of shape (n,), float32
     """
-    ids = input_ids.masked_fill(attention_mask == 0, 0)
+    ids = _valid_ids(input_ids, attention_mask)  # pad may be the vocabulary size
     with autocast(ids.device):
         values = model(
             input_ids=ids,

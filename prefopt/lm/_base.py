@@ -94,6 +94,34 @@ def with_lora(model, lora):
     return get_peft_model(model, copy.deepcopy(config))
 
 
+def _default_prefix(tokenizer) -> list[int]:
+    """The ids a tokenizer puts before a text by default (its BOS), without any after it.
+
+    A probe text, one ordinary token of the vocabulary, is encoded with and without
+    special tokens; what comes before the probe's own ids is the prefix. Whatever
+    the tokenizer appends (an EOS after the text) is left out: a prompt goes on.
+    """
+    specials = set(tokenizer.all_special_ids)
+    probe = next(
+        (
+            text
+            for i in range(len(tokenizer))
+            if i not in specials and (text := tokenizer.decode([i])).strip()
+        ),
+        None,
+    )
+    if probe is None:
+        return []
+    plain = tokenizer(probe, add_special_tokens=False)["input_ids"]
+    full = tokenizer(probe, add_special_tokens=True)["input_ids"]
+    for start in range(len(full) - len(plain) + 1):
+        if full[start : start + len(plain)] == plain:
+            return list(full[:start])
+    # The probe itself came out differently: keep the leading special tokens.
+    start = next((i for i, t in enumerate(full) if t not in specials), len(full))
+    return list(full[:start])
+
+
 class LanguageModelEstimator(BaseEstimator):
     """Base of every estimator whose fitted state holds a causal language model.
 
@@ -229,6 +257,33 @@ class LanguageModelEstimator(BaseEstimator):
             raise ValueError(f"{type(self).__name__} has no reference model.")
 
     # ----- tokenisation -------------------------------------------------------------
+    def _prompt_prefix(self) -> list[int]:
+        """Ids put once at the start of every prompt: what the tokenizer adds in front.
+
+        A prompt is encoded as the model was trained: a tokenizer that adds BOS by
+        default (Llama, Mistral, Gemma) gets it once at the start of the prompt, never
+        inside a completion; one that adds nothing (GPT-2) gets nothing. Computed once
+        per tokenizer. A chat-template path, whose template writes BOS itself, would
+        skip it.
+        """
+        tok = self.tokenizer_
+        cached = self.__dict__.get("_prefix_cache")
+        if cached is None or cached[0] is not tok:
+            cached = self._prefix_cache = (tok, _default_prefix(tok))
+        return cached[1]
+
+    def _with_prefix(self, ids) -> list[int]:
+        """``ids`` behind the prompt prefix, unless they already begin with it."""
+        prefix = self._prompt_prefix()
+        ids = list(ids)
+        return ids if ids[: len(prefix)] == prefix else prefix + ids
+
+    def _prompt_tokens(self, prompts) -> list[list[int]]:
+        """Ids of prompts as the reward model reads them: text gets the prefix, ids stay."""
+        prompts = list(prompts)
+        rows = self._completion_tokens(prompts, add_eos=False)
+        return [self._with_prefix(r) if isinstance(p, str) else r for p, r in zip(prompts, rows)]
+
     def _encode(self, token_rows) -> EncodedPrompts:
         """Left-pad prompt token lists and move them to the device."""
         enc = pad_left(list(token_rows), self.tokenizer_.pad_token_id)
@@ -247,6 +302,7 @@ class LanguageModelEstimator(BaseEstimator):
         for i, (p, ids) in enumerate(zip(prompts, encoded)):
             if not ids:
                 raise ValueError(f"Prompt at row {i} ({p!r}) has no tokens.")
+            ids = self._with_prefix(ids)
             if limit is not None and len(ids) > limit:
                 if getattr(self, "truncate_prompts", False):
                     ids = self._truncated(p, limit, i)
@@ -271,6 +327,7 @@ class LanguageModelEstimator(BaseEstimator):
             cuts = [m.start() for m in re.finditer(pattern, prompt)]
             for cut in reversed(cuts):
                 ids = encode(prompt[:cut].rstrip())
+                ids = self._with_prefix(ids) if ids else ids
                 if ids and len(ids) <= limit:
                     return ids
         raise ValueError(

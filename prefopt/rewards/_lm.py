@@ -47,7 +47,7 @@ def fit_lm_reward(rm, model, data, references) -> None:
         if rm.learning_rate is not None
         else default_learning_rate(rm.model_, large=1e-5)
     )
-    prompts = rm._completion_tokens(data.prompt, add_eos=False)
+    prompts = rm._prompt_tokens(data.prompt)  # BOS once at the start, as the policy's
     chosen = rm._completion_tokens(data.chosen, add_eos=True)
     rejected = rm._completion_tokens(data.rejected, add_eos=True)
 
@@ -129,6 +129,6 @@ def score_token_rows(rm, prompt_rows, response_rows, normalized: bool = True) ->
 
 
 def predict_text(rm, prompts, completions) -> np.ndarray:
-    p = rm._completion_tokens(prompts, add_eos=False)
+    p = rm._prompt_tokens(prompts)
     c = rm._completion_tokens(completions, add_eos=True)
     return score_token_rows(rm, p, c).cpu().double().numpy()
