@@ -18,7 +18,6 @@ from .generation import (
     position_ids_from_mask,
     response_logprobs,
     sample,
-    sequence_values,
     truncate_after_eos,
 )
 from .models import (
@@ -32,7 +31,7 @@ from .models import (
     load_causal_lm,
     model_vocab_size,
 )
-from .scoring import join_right_padded, score_sequences, unpad
+from .scoring import join_right_padded, score_sequences, sequence_values, unpad
 
 __all__ = [
     "EncodedPrompts",

@@ -481,27 +481,3 @@ def _forward_parameters(cls) -> frozenset:
         return frozenset(inspect.signature(cls.forward).parameters)
     except (TypeError, ValueError):
         return frozenset()
-
-
-def sequence_values(value_model, prompts: EncodedPrompts, response_ids, response_mask):
-    """Value estimates V(s_t) for each response token t (the state before it).
-
-    Parameters
-    ----------
-    value_model : torch.nn.Module
-        A model returning one value per position (:class:`ScalarHeadModel`,
-        :class:`TokenValueTable`).
-    prompts : EncodedPrompts
-    response_ids, response_mask : torch.Tensor of shape (n, length)
-
-    Returns
-    -------
-    values : torch.Tensor of shape (n, length), float32
-        The value model's output at the positions that predict each response
-        token.
-    """
-    n_prompt = prompts.input_ids.shape[1]
-    input_ids = torch.cat([prompts.input_ids, response_ids], dim=1)
-    mask = torch.cat([prompts.attention_mask, response_mask.long()], dim=1)
-    values = _forward_logits(value_model, input_ids, mask, position_ids_from_mask(mask))
-    return values[:, n_prompt - 1 : -1].float()

@@ -10,7 +10,13 @@ from __future__ import annotations
 import torch
 
 from ._torch import autocast
-from .generation import EncodedPrompts, _valid_ids, pad_right, position_ids_from_mask
+from .generation import (
+    EncodedPrompts,
+    _forward_logits,
+    _valid_ids,
+    pad_right,
+    position_ids_from_mask,
+)
 
 
 def join_right_padded(prompt_rows, response_rows, pad_token_id: int):
@@ -83,3 +89,27 @@ def score_sequences(model, input_ids, attention_mask, last_index) -> torch.Tenso
             position_ids=position_ids_from_mask(attention_mask),
         )
     return values.float()[torch.arange(ids.shape[0], device=ids.device), last_index]
+
+
+def sequence_values(value_model, prompts: EncodedPrompts, response_ids, response_mask):
+    """Value estimates V(s_t) for each response token t (the state before it).
+
+    Parameters
+    ----------
+    value_model : torch.nn.Module
+        A model returning one value per position (:class:`ScalarHeadModel`,
+        :class:`TokenValueTable`).
+    prompts : EncodedPrompts
+    response_ids, response_mask : torch.Tensor of shape (n, length)
+
+    Returns
+    -------
+    values : torch.Tensor of shape (n, length), float32
+        The value model's output at the positions that predict each response
+        token.
+    """
+    n_prompt = prompts.input_ids.shape[1]
+    input_ids = torch.cat([prompts.input_ids, response_ids], dim=1)
+    mask = torch.cat([prompts.attention_mask, response_mask.long()], dim=1)
+    values = _forward_logits(value_model, input_ids, mask, position_ids_from_mask(mask))
+    return values[:, n_prompt - 1 : -1].float()
