@@ -49,6 +49,10 @@ class EncodedPrompts:
 def encode_prompts(tokenizer, prompts, *, max_length: int | None = None) -> EncodedPrompts:
     """Tokenise prompts and pad them on the left for generation.
 
+    A low-level helper: the text is encoded as given, with no special tokens.
+    The estimators encode prompts with the tokenizer's BOS, when it adds one
+    (see the README, "How prompts are encoded").
+
     Parameters
     ----------
     tokenizer : transformers tokenizer
