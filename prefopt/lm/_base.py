@@ -37,7 +37,7 @@ from ..backend import (
 )
 from ..backend.models import clone_keeping_models
 from ..backend.serialization import dump_state, restore_state
-from ..data import check_prompts
+from ..data import check_prompts, check_texts
 
 # Sampling defaults of Ziegler et al. (2019) and Huang et al. (2024): temperature 0.7,
 # a fixed 53 new tokens truncated after the first EOS.
@@ -383,10 +383,14 @@ class GenerativeEstimator(LanguageModelEstimator):
             Sums of per-token log-probs at the sampling temperature.
         """
         check_is_fitted(self)
-        prompts = list(prompts)
-        completions = list(completions)
+        what = f"{type(self).__name__}.log_prob"
+        prompts = check_texts(prompts, "prompt", what)
+        completions = check_texts(completions, "completion", what, token_ids=True)
         if len(prompts) != len(completions):
-            raise ValueError(f"Got {len(prompts)} prompts and {len(completions)} completions.")
+            raise ValueError(
+                f"Got {len(prompts)} prompts and {len(completions)} completions; "
+                "pass one prompt per completion."
+            )
         ptoks = self._tokenize_prompts(prompts)
         rtoks = self._completion_tokens(completions, add_eos)
         out = []

@@ -10,7 +10,7 @@ from sklearn.utils._param_validation import Interval
 from sklearn.utils.validation import check_is_fitted
 
 from ..backend import unpad
-from ..data import PreferenceData, check_comparisons
+from ..data import PreferenceData, check_comparisons, check_texts
 from ..lm import LanguageModelEstimator
 from ._lm import fit_lm_reward, predict_text, score_token_rows
 
@@ -236,8 +236,8 @@ class RewardModel(LanguageModelEstimator):
         rewards : ndarray of shape (n,)
         """
         check_is_fitted(self)
-        prompts = list(prompts)
-        completions = list(completions)
+        prompts = check_texts(prompts, "prompt", "RewardModel.predict")
+        completions = check_texts(completions, "completion", "RewardModel.predict")
         if len(prompts) != len(completions):
             raise ValueError(
                 f"Got {len(prompts)} prompts and {len(completions)} completions; "

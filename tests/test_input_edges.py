@@ -1,0 +1,73 @@
+"""Input edges: each gets an error naming the row or parameter and the fix, or a warning.
+
+Tiny models only (tests/_tiny.py and the worlds); nothing here touches the network.
+"""
+
+import pytest
+from _tiny import tiny_lm
+
+from prefopt import RewardModel, RLOOPolicy, SFTPolicy
+from prefopt.data import check_prompts, check_texts
+from prefopt.worlds import PreferenceWorld, TinyLMWorld
+
+DEMOS = [("the movie", "was good .")] * 4
+
+
+@pytest.fixture(scope="module")
+def sft():
+    return SFTPolicy(model=tiny_lm(), learning_rate=1e-2, random_state=0).fit(DEMOS)
+
+
+@pytest.fixture(scope="module")
+def pref():
+    world = PreferenceWorld(random_state=0)
+    rm = RewardModel().fit(world.comparisons(200, random_state=0))
+    policy = RLOOPolicy(model=world.policy_model(), n_steps=1, batch_size=4, k=2, random_state=0)
+    return world, rm, policy.fit(world.prompts, world.true_quality)
+
+
+@pytest.fixture(scope="module")
+def word_sft():
+    """A policy whose word-level tokenizer has no unknown token (the tiny-LM world's)."""
+    world = TinyLMWorld(random_state=0)
+    policy = SFTPolicy(model=world.policy_model(), learning_rate=1e-2, random_state=0)
+    return world, policy.fit([(world.prompts[0], "a")] * 4)
+
+
+# ----- 12: a bare string is refused, not split into characters --------------------------
+
+
+def test_log_prob_refuses_a_bare_string(sft):
+    with pytest.raises(TypeError, match=r"prompts must be a list of strings.*\['the'\]"):
+        sft.log_prob("the", ["good"])
+    with pytest.raises(TypeError, match=r"completions must be a list of strings.*\['good'\]"):
+        sft.log_prob(["the"], "good")
+
+
+def test_reward_model_refuses_a_bare_string(pref):
+    world, rm, _ = pref
+    prompt, response = world.prompts[0], world.responses[0]
+    with pytest.raises(TypeError, match="RewardModel.predict: prompts must be a list"):
+        rm.predict(prompt, [response])
+    with pytest.raises(TypeError, match="completions must be a list of strings, not one"):
+        rm([prompt], response)
+
+
+def test_check_texts_refuses_bare_bytes_and_non_text_rows():
+    with pytest.raises(TypeError, match="not bytes; decode and wrap it"):
+        check_texts(b"abc", "completion", "predict")
+    with pytest.raises(TypeError, match="completion at row 1 is int"):
+        check_texts(["a", 3], "completion", "predict")
+    assert check_texts(["a", [1, 2]], "completion", "log_prob", token_ids=True) == ["a", [1, 2]]
+
+
+# ----- 13: each edge gets a message that says what to do --------------------------------
+
+
+def test_bytes_prompts_name_the_row_and_say_decode(sft):
+    with pytest.raises(TypeError, match=r"prompt at row 1 is bytes .* decode it"):
+        check_prompts(["the", b"movie"])
+    with pytest.raises(TypeError, match=r"prompt at row 0 is bytes .* decode it"):
+        sft.log_prob([b"the"], ["good"])
+    with pytest.raises(TypeError, match="Prompts must be a list of strings, not bytes"):
+        sft.sample(b"the movie")
