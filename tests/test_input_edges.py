@@ -64,6 +64,17 @@ def test_check_texts_refuses_bare_bytes_and_non_text_rows():
 # ----- 13: each edge gets a message that says what to do --------------------------------
 
 
+def test_words_a_word_level_tokenizer_cannot_encode_name_the_row(word_sft):
+    world, policy = word_sft
+    prompt = world.prompts[0]
+    with pytest.raises(ValueError, match=r"prompt at row 1 \('a 😀'\) cannot be tokenized"):
+        policy.sample([prompt, "a 😀"])
+    with pytest.raises(ValueError, match=r"completion at row 1 \('b\\x07'\) cannot be"):
+        policy.log_prob([prompt, prompt], [[4], "b\x07"])  # rows count token-id rows too
+    with pytest.raises(ValueError, match="completion at row 1 .* remove or replace"):
+        SFTPolicy(model=world.policy_model()).fit([(prompt, "a"), (prompt, "😀")])
+
+
 def test_bytes_prompts_name_the_row_and_say_decode(sft):
     with pytest.raises(TypeError, match=r"prompt at row 1 is bytes .* decode it"):
         check_prompts(["the", b"movie"])

@@ -200,16 +200,40 @@ class LanguageModelEstimator(BaseEstimator):
         enc = pad_left(list(token_rows), self.tokenizer_.pad_token_id)
         return EncodedPrompts(enc.input_ids.to(self.device_), enc.attention_mask.to(self.device_))
 
+    def _token_ids(
+        self, texts, column: str, rows=None, add_special_tokens: bool = False
+    ) -> list[list[int]]:
+        """Token ids of each text, in one batched call; a text the tokenizer refuses is named.
+
+        A word-level tokenizer without an unknown token raises a bare ``Exception``
+        on a word outside its vocabulary (an emoji, a control character). ``rows``
+        are the texts' row numbers in the caller's input, when not 0, 1, 2...
+        """
+        texts = list(texts)
+        if not texts:
+            return []
+        try:
+            return self.tokenizer_(texts, add_special_tokens=add_special_tokens)["input_ids"]
+        except Exception as batch_error:  # noqa: BLE001 - the tokenizers library raises Exception
+            for i, text in enumerate(texts):
+                try:
+                    self.tokenizer_(text, add_special_tokens=add_special_tokens)
+                except Exception as error:  # noqa: BLE001
+                    row = i if rows is None else rows[i]
+                    raise ValueError(
+                        f"The {column} at row {row} ({text!r}) cannot be tokenized ({error}): "
+                        "a word-level tokenizer with no unknown token cannot encode a word "
+                        "outside its vocabulary (an emoji, a control character); remove or "
+                        "replace such words."
+                    ) from None
+            raise batch_error
+
     def _tokenize_prompts(self, prompts, check_length: bool = True) -> list[list[int]]:
         context = context_length(self.model_)
         limit = None if context is None or not check_length else context - self.max_new_tokens_
         rows = []
         # One call for the whole list: the fast tokenizer batches it.
-        encoded = (
-            self.tokenizer_(list(prompts), add_special_tokens=False)["input_ids"]
-            if len(prompts)
-            else []
-        )
+        encoded = self._token_ids(prompts, "prompt")
         for i, (p, ids) in enumerate(zip(prompts, encoded)):
             if not ids:
                 raise ValueError(f"Prompt at row {i} ({p!r}) has no tokens.")
@@ -253,11 +277,13 @@ class LanguageModelEstimator(BaseEstimator):
         ids = [r[m.bool()].tolist() for r, m in zip(response_ids.cpu(), response_mask.cpu())]
         return self.tokenizer_.batch_decode(ids, skip_special_tokens=True)
 
-    def _completion_tokens(self, completions, add_eos: bool = True) -> list[list[int]]:
+    def _completion_tokens(
+        self, completions, add_eos: bool = True, column: str = "completion"
+    ) -> list[list[int]]:
         tok = self.tokenizer_
         completions = list(completions)
-        texts = [c for c in completions if isinstance(c, str)]
-        encoded = iter(tok(texts, add_special_tokens=False)["input_ids"] if texts else [])
+        rows = [i for i, c in enumerate(completions) if isinstance(c, str)]
+        encoded = iter(self._token_ids([completions[i] for i in rows], column, rows))
         eos = [tok.eos_token_id] if add_eos and tok.eos_token_id is not None else []
         return [
             list(next(encoded)) + eos if isinstance(c, str) else [int(i) for i in c]

@@ -46,9 +46,9 @@ def fit_lm_reward(rm, model, data, references) -> None:
         if rm.learning_rate is not None
         else default_learning_rate(rm.model_, large=1e-5)
     )
-    prompts = rm._completion_tokens(data.prompt, add_eos=False)
-    chosen = rm._completion_tokens(data.chosen, add_eos=True)
-    rejected = rm._completion_tokens(data.rejected, add_eos=True)
+    prompts = rm._completion_tokens(data.prompt, add_eos=False, column="prompt")
+    chosen = rm._completion_tokens(data.chosen, add_eos=True, column="chosen response")
+    rejected = rm._completion_tokens(data.rejected, add_eos=True, column="rejected response")
 
     def batch_loss(rows):
         # Chosen and rejected go through one forward pass together.
@@ -123,6 +123,6 @@ def score_token_rows(rm, prompt_rows, response_rows, normalized: bool = True) ->
 
 
 def predict_text(rm, prompts, completions) -> np.ndarray:
-    p = rm._completion_tokens(prompts, add_eos=False)
+    p = rm._completion_tokens(prompts, add_eos=False, column="prompt")
     c = rm._completion_tokens(completions, add_eos=True)
     return score_token_rows(rm, p, c).cpu().double().numpy()
