@@ -3,11 +3,13 @@
 Tiny models only (tests/_tiny.py and the worlds); nothing here touches the network.
 """
 
+import numpy as np
 import pytest
 from _tiny import tiny_lm
 
 from prefopt import RewardModel, RLOOPolicy, SFTPolicy
 from prefopt.data import check_prompts, check_texts
+from prefopt.rewards import check_rewards
 from prefopt.worlds import PreferenceWorld, TinyLMWorld
 
 DEMOS = [("the movie", "was good .")] * 4
@@ -82,3 +84,9 @@ def test_bytes_prompts_name_the_row_and_say_decode(sft):
         sft.log_prob([b"the"], ["good"])
     with pytest.raises(TypeError, match="Prompts must be a list of strings, not bytes"):
         sft.sample(b"the movie")
+
+
+@pytest.mark.parametrize("values", [["1.0", "2"], [b"1", 2], [1.0, "2"], np.array(["1", "2"])])
+def test_check_rewards_refuses_text(values):
+    with pytest.raises(TypeError, match="returned text .* for completion .*, not numbers"):
+        check_rewards(values, 2)
