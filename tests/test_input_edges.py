@@ -90,3 +90,9 @@ def test_bytes_prompts_name_the_row_and_say_decode(sft):
 def test_check_rewards_refuses_text(values):
     with pytest.raises(TypeError, match="returned text .* for completion .*, not numbers"):
         check_rewards(values, 2)
+
+
+def test_chosen_and_rejected_that_tokenize_identically_name_the_row():
+    rows = [("the movie", "good .", "bad ."), ("the movie", "good .", "good  .")]
+    with pytest.raises(ValueError, match="tokenize identically at row 1"):
+        RewardModel(model=tiny_lm(), normalize=False, random_state=0).fit(rows)

@@ -49,6 +49,14 @@ def fit_lm_reward(rm, model, data, references) -> None:
     prompts = rm._completion_tokens(data.prompt, add_eos=False, column="prompt")
     chosen = rm._completion_tokens(data.chosen, add_eos=True, column="chosen response")
     rejected = rm._completion_tokens(data.rejected, add_eos=True, column="rejected response")
+    for i, (c, r) in enumerate(zip(chosen, rejected)):
+        if c == r:  # check_comparisons refuses equal strings; these differ only as text
+            raise ValueError(
+                f"Comparisons: chosen and rejected tokenize identically at row {i} "
+                f"({data.chosen[i]!r} and {data.rejected[i]!r}): they differ only in what "
+                "the tokenizer drops or maps to one token (whitespace, unknown words), so "
+                "the reward model cannot tell them apart; drop the row."
+            )
 
     def batch_loss(rows):
         # Chosen and rejected go through one forward pass together.
