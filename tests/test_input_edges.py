@@ -96,3 +96,15 @@ def test_chosen_and_rejected_that_tokenize_identically_name_the_row():
     rows = [("the movie", "good .", "bad ."), ("the movie", "good .", "good  .")]
     with pytest.raises(ValueError, match="tokenize identically at row 1"):
         RewardModel(model=tiny_lm(), normalize=False, random_state=0).fit(rows)
+
+
+@pytest.mark.parametrize("n", [2.5, "2", True])
+def test_sample_refuses_a_non_integer_n(sft, n):
+    with pytest.raises(TypeError, match="n must be an int"):
+        sft.sample(["the"], n=n)
+
+
+@pytest.mark.parametrize("seed", [1.5, "1", -1])
+def test_sample_refuses_a_bad_seed_naming_random_state(sft, seed):
+    with pytest.raises(ValueError, match="'random_state' parameter of SFTPolicy.sample"):
+        sft.sample(["the"], random_state=seed)

@@ -13,10 +13,12 @@ from __future__ import annotations
 import copy
 import re
 from contextlib import contextmanager, nullcontext
+from numbers import Integral
 
 import numpy as np
 import torch
 from sklearn.base import BaseEstimator
+from sklearn.utils._param_validation import validate_parameter_constraints
 from sklearn.utils.validation import check_is_fitted
 
 from .._config import get_config
@@ -358,8 +360,19 @@ class GenerativeEstimator(LanguageModelEstimator):
         """
         check_is_fitted(self)
         prompts = check_prompts(X)
+        if isinstance(n, bool) or not isinstance(n, Integral):
+            raise TypeError(
+                f"n must be an int, the number of completions per prompt; got {n!r} "
+                f"({type(n).__name__})."
+            )
         if n < 1:
             raise ValueError(f"n must be >= 1; got {n!r}.")
+        # The same check as the constructors' random_state, naming the parameter.
+        validate_parameter_constraints(
+            {"random_state": ["random_state"]},
+            {"random_state": random_state},
+            caller_name=f"{type(self).__name__}.sample",
+        )
         tokens = self._tokenize_prompts(prompts)
         generator = make_generator(self.random_state if random_state is None else random_state)
         rows = np.repeat(np.arange(len(prompts)), n)
