@@ -108,3 +108,26 @@ def test_sample_refuses_a_non_integer_n(sft, n):
 def test_sample_refuses_a_bad_seed_naming_random_state(sft, seed):
     with pytest.raises(ValueError, match="'random_state' parameter of SFTPolicy.sample"):
         sft.sample(["the"], random_state=seed)
+
+
+def test_score_warns_that_y_is_ignored(sft, pref):
+    world, rm, _ = pref
+    with pytest.warns(UserWarning, match="SFTPolicy.score ignores y"):
+        sft.score(DEMOS, y=[1.0] * 4)
+    with pytest.warns(UserWarning, match="RewardModel.score ignores y"):
+        rm.score(world.comparisons(8, random_state=1), y=np.ones(8))
+
+
+def test_policy_score_refuses_a_non_callable_y(pref):
+    world, _, policy = pref
+    with pytest.raises(TypeError, match=r"y is the reward to score with and must be callable"):
+        policy.score(world.prompts, y=[1.0] * len(world.prompts))
+
+
+def test_policy_score_without_a_reward_says_to_pass_one(pref):
+    world, _, policy = pref
+    loaded = RLOOPolicy(**policy.get_params())
+    loaded.__dict__.update(policy.__dict__, reward_model_=None)  # as joblib.load of a lambda's
+    with pytest.raises(ValueError, match=r"no reward to score with .* score\(X, y=reward\)"):
+        loaded.score(world.prompts)
+    assert np.isfinite(loaded.score(world.prompts, y=world.true_quality))

@@ -476,8 +476,19 @@ class BasePolicy(GenerativeEstimator):
         score : float
         """
         check_is_fitted(self)
+        if y is not None and not callable(y):
+            raise TypeError(
+                f"{type(self).__name__}.score(X, y): y is the reward to score with and must "
+                f"be callable as y(prompts, completions); got {type(y).__name__}. Pass "
+                "y=None to score with the reward given to fit."
+            )
         prompts = check_prompts(X)
-        reward = y if callable(y) else self.reward_model_
+        reward = self.reward_model_ if y is None else y
+        if reward is None:  # a loaded policy whose reward could not be pickled
+            raise ValueError(
+                f"{type(self).__name__} has no reward to score with (it was not saved); "
+                "pass one: score(X, y=reward)."
+            )
         completions = self.predict(prompts)
         return float(np.mean(check_rewards(reward(prompts, completions), len(prompts))))
 

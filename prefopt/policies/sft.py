@@ -7,6 +7,7 @@ and the model learns to stop (Huang et al. 2024).
 
 from __future__ import annotations
 
+import warnings
 from numbers import Integral, Real
 
 import numpy as np
@@ -237,6 +238,13 @@ class SFTPolicy(GenerativeEstimator):
         score : float
         """
         check_is_fitted(self)
+        if y is not None:
+            warnings.warn(
+                f"SFTPolicy.score ignores y (got {type(y).__name__}): the score is the "
+                "log-likelihood of the demonstrations' completions; call score(X) without y.",
+                UserWarning,
+                stacklevel=2,
+            )
         prompts, completions = check_demonstrations(X)
         ptoks = self._tokenize_prompts(prompts, check_length=False)
         ctoks = self._completion_tokens(completions, add_eos=True)

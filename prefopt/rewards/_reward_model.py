@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from numbers import Integral, Real
 
 import numpy as np
@@ -297,6 +298,7 @@ class RewardModel(LanguageModelEstimator):
         -------
         accuracy : float
         """
+        _warn_y_ignored(y, "RewardModel.score")
         data = check_comparisons(X)
         r_chosen = self.predict(data.prompt, data.chosen)
         r_rejected = self.predict(data.prompt, data.rejected)
@@ -304,3 +306,13 @@ class RewardModel(LanguageModelEstimator):
 
     def __sklearn_is_fitted__(self) -> bool:
         return hasattr(self, "coef_") or hasattr(self, "model_")
+
+
+def _warn_y_ignored(y, method: str) -> None:
+    if y is not None:
+        warnings.warn(
+            f"{method} ignores y (got {type(y).__name__}): the comparisons say which "
+            "response is chosen; call score(X) without y.",
+            UserWarning,
+            stacklevel=3,
+        )
