@@ -3,6 +3,8 @@
 Tiny models only (tests/_tiny.py and the worlds); nothing here touches the network.
 """
 
+import warnings
+
 import numpy as np
 import pytest
 from _tiny import tiny_lm
@@ -122,6 +124,16 @@ def test_policy_score_refuses_a_non_callable_y(pref):
     world, _, policy = pref
     with pytest.raises(TypeError, match=r"y is the reward to score with and must be callable"):
         policy.score(world.prompts, y=[1.0] * len(world.prompts))
+
+
+def test_a_tiny_temperature_warns_at_fit(pref):
+    world = pref[0]
+    policy = RLOOPolicy(model=world.policy_model(), temperature=0.01, n_steps=1, batch_size=4, k=2)
+    with pytest.warns(UserWarning, match="temperature=0.01 makes sampling greedy"):
+        policy.fit(world.prompts, world.true_quality)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        policy.set_params(temperature=0.05).fit(world.prompts, world.true_quality)
 
 
 def test_policy_score_without_a_reward_says_to_pass_one(pref):
