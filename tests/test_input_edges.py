@@ -136,6 +136,19 @@ def test_a_tiny_temperature_warns_at_fit(pref):
         policy.set_params(temperature=0.05).fit(world.prompts, world.true_quality)
 
 
+def test_max_new_tokens_beyond_the_context_names_it():
+    message = "max_new_tokens=40 does not fit the model's context of 32 tokens"
+    with pytest.raises(ValueError, match=message):
+        SFTPolicy(model=tiny_lm(), max_new_tokens=40).fit(DEMOS)
+
+
+def test_max_new_tokens_beyond_the_context_at_sample(sft):
+    sft = SFTPolicy(**sft.get_params()).fit(DEMOS)
+    sft.max_new_tokens_ = 32  # as a model whose generation config asks for too many
+    with pytest.raises(ValueError, match="at most 31"):
+        sft.sample(["the"])
+
+
 def test_policy_score_without_a_reward_says_to_pass_one(pref):
     world, _, policy = pref
     loaded = RLOOPolicy(**policy.get_params())

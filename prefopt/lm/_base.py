@@ -157,6 +157,18 @@ class LanguageModelEstimator(BaseEstimator):
         self.model_ = self._load_lm(model, tokenizer, seed=seed)
         self._resolve_sampling(self.model_)
 
+    def _check_max_new_tokens(self, module) -> None:
+        """Refuse a ``max_new_tokens_`` that leaves no room for a prompt in the context."""
+        context = context_length(module)
+        n = self.max_new_tokens_
+        if context is not None and n >= context:
+            given = getattr(self, "max_new_tokens", None)
+            name = f"max_new_tokens={n}" if given else f"max_new_tokens=None (resolved to {n})"
+            raise ValueError(
+                f"{name} does not fit the model's context of {context} tokens with a prompt "
+                f"of at least one token; set max_new_tokens to at most {context - 1}."
+            )
+
     def _resolve_sampling(self, module) -> None:
         """``temperature_``, ``max_new_tokens_`` and the ids never sampled, for ``module``."""
         generation_config = getattr(module, "generation_config", None)
@@ -232,6 +244,8 @@ class LanguageModelEstimator(BaseEstimator):
 
     def _tokenize_prompts(self, prompts, check_length: bool = True) -> list[list[int]]:
         context = context_length(self.model_)
+        if check_length:
+            self._check_max_new_tokens(self.model_)
         limit = None if context is None or not check_length else context - self.max_new_tokens_
         rows = []
         # One call for the whole list: the fast tokenizer batches it.

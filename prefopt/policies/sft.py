@@ -177,6 +177,7 @@ class SFTPolicy(GenerativeEstimator):
                 )
         if self.max_new_tokens is None:
             self.max_new_tokens_ = max(len(c) for c in ctoks)
+        self._check_max_new_tokens(self.model_)  # sampling would fail later otherwise
         generation_config = getattr(self.model_, "generation_config", None)
         if generation_config is not None:
             generation_config.max_new_tokens = self.max_new_tokens_

@@ -35,6 +35,8 @@ def fit_lm_reward(rm, model, data, references) -> None:
             f"{type(lm).__name__}."
         )
     rm._resolve_sampling(lm)  # the normalisation samples the starting policy as a policy would
+    if rm.normalize:
+        rm._check_max_new_tokens(lm)
     # The head is drawn with std 1/sqrt(d_model + 1) from a local generator.
     head = ScalarHeadModel(
         copy.deepcopy(trunk), head_std=rm.head_std, generator=make_generator(int(seeds[1]))
