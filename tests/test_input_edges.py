@@ -149,6 +149,22 @@ def test_max_new_tokens_beyond_the_context_at_sample(sft):
         sft.sample(["the"])
 
 
+@pytest.mark.parametrize("parameter", ["model", "tokenizer"])
+def test_a_missing_local_folder_fails_at_once(parameter, tmp_path):
+    missing = str(tmp_path / "no" / "such" / "dir")
+    params = {"model": tiny_lm(), parameter: missing}
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        SFTPolicy(**params).fit(DEMOS)
+    with pytest.raises(FileNotFoundError, match=r"model='./no/such/dir': the folder"):
+        SFTPolicy(model="./no/such/dir").fit(DEMOS)
+
+
+def test_a_hub_name_missing_from_the_cache_says_so():
+    name = "prefopt-tests/no-such-model"  # looked up in the local cache only
+    with pytest.raises(FileNotFoundError, match="not a local folder, and no copy of it"):
+        SFTPolicy(model=tiny_lm(), tokenizer=name).fit(DEMOS)
+
+
 def test_policy_score_without_a_reward_says_to_pass_one(pref):
     world, _, policy = pref
     loaded = RLOOPolicy(**policy.get_params())
