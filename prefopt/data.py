@@ -19,6 +19,7 @@ __all__ = [
     "check_prompts",
     "check_comparisons",
     "check_demonstrations",
+    "check_texts",
 ]
 
 
@@ -121,14 +122,73 @@ def _is_hf_dataset(data) -> bool:
     return type(data).__module__.startswith("datasets") and hasattr(data, "column_names")
 
 
+def _not_one_text(values, what: str) -> None:
+    """Refuse one string (or bytes) where a list of them is meant: it would be split."""
+    if isinstance(values, str):
+        raise TypeError(f"{what} must be a list of strings, not one string; wrap it: [{values!r}].")
+    if isinstance(values, bytes):
+        raise TypeError(
+            f"{what} must be a list of strings, not bytes; decode and wrap it: "
+            f"[{values.decode('utf-8', 'replace')!r}]."
+        )
+
+
+def _not_text_error(v, i: int, column: str, what: str) -> TypeError:
+    if isinstance(v, bytes):
+        return TypeError(
+            f"{what}: {column} at row {i} is bytes ({v!r}); decode it to a string first, "
+            "e.g. with .decode('utf-8')."
+        )
+    return TypeError(
+        f"{what}: {column} at row {i} is {type(v).__name__} ({v!r}); every {column} must be "
+        "a string."
+    )
+
+
+def check_texts(values, column: str, what: str, *, token_ids: bool = False) -> list:
+    """A list of texts, one per row, as ``predict``, ``log_prob`` and rewards take them.
+
+    Unlike :func:`check_prompts`, an empty list and empty strings pass: an empty
+    completion is a response that stops at once.
+
+    Parameters
+    ----------
+    values : list of str
+        The texts; a bare string or bytes is refused rather than split into characters.
+    column : str
+        What one row is (``"prompt"``, ``"completion"``), named in errors.
+    what : str
+        What is being checked, named in errors (``"RewardModel.predict"``).
+    token_ids : bool, default=False
+        Also accept rows that are lists of token ids.
+
+    Returns
+    -------
+    texts : list
+
+    Examples
+    --------
+    >>> check_texts(["a", ""], "completion", "predict")
+    ['a', '']
+    >>> check_texts("abc", "completion", "predict")
+    Traceback (most recent call last):
+    ...
+    TypeError: predict: completions must be a list of strings, not one string; wrap it: ['abc'].
+    """
+    _not_one_text(values, f"{what}: {column}s")
+    rows = list(values)
+    for i, v in enumerate(rows):
+        ids = token_ids and not isinstance(v, bytes) and isinstance(v, (list, tuple, np.ndarray))
+        if not isinstance(v, str) and not ids:
+            raise _not_text_error(v, i, column, what)
+    return rows
+
+
 def _check_text(values, column: str, what: str, allow_empty: bool = False) -> list[str]:
     out = []
     for i, v in enumerate(values):
         if not isinstance(v, str):
-            raise TypeError(
-                f"{what}: {column} at row {i} is {type(v).__name__} "
-                f"({v!r}); every {column} must be a string."
-            )
+            raise _not_text_error(v, i, column, what)
         if not allow_empty and not v.strip():
             raise ValueError(
                 f"{what}: {column} at row {i} is empty; remove the row or give it text."
@@ -154,8 +214,7 @@ def check_prompts(X) -> list[str]:
     >>> check_prompts(["the movie was", "I think"])
     ['the movie was', 'I think']
     """
-    if isinstance(X, str):
-        raise TypeError(f"Prompts must be a list of strings, not one string; wrap it: [{X!r}].")
+    _not_one_text(X, "Prompts")
     if isinstance(X, pd.DataFrame) or _is_hf_dataset(X) or isinstance(X, dict):
         values = _columns(X, ["prompt"], "Prompts")["prompt"]
     elif isinstance(X, pd.Series):

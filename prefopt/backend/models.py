@@ -380,11 +380,11 @@ def load_causal_lm(model, tokenizer=None, *, seed: int = 0):
         model = model.estimator
     if hasattr(model, "model_") and hasattr(model, "tokenizer_"):
         module, tok = copy.deepcopy(model.model_), model.tokenizer_
-    elif isinstance(model, str):
-        module = AutoModelForCausalLM.from_pretrained(model)
+    elif isinstance(model, (str, os.PathLike)):
+        module = _from_local(AutoModelForCausalLM, model, "model")
         tok = None
         if tokenizer is None:
-            tok = AutoTokenizer.from_pretrained(model)
+            tok = _from_local(AutoTokenizer, model, "model")
     elif isinstance(model, PretrainedConfig):
         from ._torch import local_seed
 
@@ -410,7 +410,8 @@ def load_causal_lm(model, tokenizer=None, *, seed: int = 0):
             f"fitted prefopt policy; got {type(model).__name__}."
         )
     if tokenizer is not None:
-        tok = AutoTokenizer.from_pretrained(tokenizer) if isinstance(tokenizer, str) else tokenizer
+        is_path = isinstance(tokenizer, (str, os.PathLike))
+        tok = _from_local(AutoTokenizer, tokenizer, "tokenizer") if is_path else tokenizer
     if tok is None:
         raise ValueError(
             "No tokenizer: pass tokenizer= (a path or a tokenizer object) with this model."
@@ -423,6 +424,36 @@ def load_causal_lm(model, tokenizer=None, *, seed: int = 0):
         )
     fuse_activations(module)  # the copy is ours: same function, one kernel
     return module, tok
+
+
+def _from_local(auto_class, name, parameter: str):
+    """``auto_class.from_pretrained`` from a local folder or the local cache, never the network.
+
+    Without this, a mistyped folder is taken for a Hub name and transformers tries the
+    network (for tens of seconds offline) before failing with an unrelated message.
+    """
+    name = os.fspath(name)
+    folder = os.path.expanduser(name)
+    if os.path.isdir(folder):
+        return auto_class.from_pretrained(folder)
+    # A Hub name is "name" or "owner/name"; anything else is meant as a folder.
+    if (
+        name.startswith((".", "/", "~"))
+        or name.count("/") > 1
+        or (os.sep != "/" and os.sep in name)
+    ):
+        raise FileNotFoundError(
+            f"{parameter}={name!r}: the folder {os.path.abspath(folder)} does not exist; "
+            "pass the path of a folder written by save_pretrained."
+        )
+    try:
+        return auto_class.from_pretrained(name, local_files_only=True)
+    except (OSError, ValueError):
+        raise FileNotFoundError(
+            f"{parameter}={name!r} is not a local folder, and no copy of it is in the "
+            "Hugging Face cache; prefopt does not download. Download it first (for example "
+            f"`hf download {name}`, or from_pretrained in transformers) or pass a local folder."
+        ) from None
 
 
 SMALL_MODEL_PARAMETERS = 10_000_000

@@ -13,10 +13,12 @@ from __future__ import annotations
 import copy
 import re
 from contextlib import contextmanager, nullcontext
+from numbers import Integral
 
 import numpy as np
 import torch
 from sklearn.base import BaseEstimator
+from sklearn.utils._param_validation import validate_parameter_constraints
 from sklearn.utils.validation import check_is_fitted
 
 from .._config import get_config
@@ -37,7 +39,7 @@ from ..backend import (
 )
 from ..backend.models import clone_keeping_models
 from ..backend.serialization import dump_state, restore_state
-from ..data import check_prompts
+from ..data import check_prompts, check_texts
 
 # Sampling defaults of Ziegler et al. (2019) and Huang et al. (2024): temperature 0.7,
 # a fixed 53 new tokens truncated after the first EOS.
@@ -217,6 +219,18 @@ class LanguageModelEstimator(BaseEstimator):
         self.model_ = self._load_lm(model, tokenizer, seed=seed)
         self._resolve_sampling(self.model_)
 
+    def _check_max_new_tokens(self, module) -> None:
+        """Refuse a ``max_new_tokens_`` that leaves no room for a prompt in the context."""
+        context = context_length(module)
+        n = self.max_new_tokens_
+        if context is not None and n >= context:
+            given = getattr(self, "max_new_tokens", None)
+            name = f"max_new_tokens={n}" if given else f"max_new_tokens=None (resolved to {n})"
+            raise ValueError(
+                f"{name} does not fit the model's context of {context} tokens with a prompt "
+                f"of at least one token; set max_new_tokens to at most {context - 1}."
+            )
+
     def _resolve_sampling(self, module) -> None:
         """``temperature_``, ``max_new_tokens_`` and the ids never sampled, for ``module``."""
         generation_config = getattr(module, "generation_config", None)
@@ -281,7 +295,7 @@ class LanguageModelEstimator(BaseEstimator):
     def _prompt_tokens(self, prompts) -> list[list[int]]:
         """Ids of prompts as the reward model reads them: text gets the prefix, ids stay."""
         prompts = list(prompts)
-        rows = self._completion_tokens(prompts, add_eos=False)
+        rows = self._completion_tokens(prompts, add_eos=False, column="prompt")
         return [self._with_prefix(r) if isinstance(p, str) else r for p, r in zip(prompts, rows)]
 
     def _encode(self, token_rows) -> EncodedPrompts:
@@ -289,16 +303,42 @@ class LanguageModelEstimator(BaseEstimator):
         enc = pad_left(list(token_rows), self.tokenizer_.pad_token_id)
         return EncodedPrompts(enc.input_ids.to(self.device_), enc.attention_mask.to(self.device_))
 
+    def _token_ids(
+        self, texts, column: str, rows=None, add_special_tokens: bool = False
+    ) -> list[list[int]]:
+        """Token ids of each text, in one batched call; a text the tokenizer refuses is named.
+
+        A word-level tokenizer without an unknown token raises a bare ``Exception``
+        on a word outside its vocabulary (an emoji, a control character). ``rows``
+        are the texts' row numbers in the caller's input, when not 0, 1, 2...
+        """
+        texts = list(texts)
+        if not texts:
+            return []
+        try:
+            return self.tokenizer_(texts, add_special_tokens=add_special_tokens)["input_ids"]
+        except Exception as batch_error:  # noqa: BLE001 - the tokenizers library raises Exception
+            for i, text in enumerate(texts):
+                try:
+                    self.tokenizer_(text, add_special_tokens=add_special_tokens)
+                except Exception as error:  # noqa: BLE001
+                    row = i if rows is None else rows[i]
+                    raise ValueError(
+                        f"The {column} at row {row} ({text!r}) cannot be tokenized ({error}): "
+                        "a word-level tokenizer with no unknown token cannot encode a word "
+                        "outside its vocabulary (an emoji, a control character); remove or "
+                        "replace such words."
+                    ) from None
+            raise batch_error
+
     def _tokenize_prompts(self, prompts, check_length: bool = True) -> list[list[int]]:
         context = context_length(self.model_)
+        if check_length:
+            self._check_max_new_tokens(self.model_)
         limit = None if context is None or not check_length else context - self.max_new_tokens_
         rows = []
         # One call for the whole list: the fast tokenizer batches it.
-        encoded = (
-            self.tokenizer_(list(prompts), add_special_tokens=False)["input_ids"]
-            if len(prompts)
-            else []
-        )
+        encoded = self._token_ids(prompts, "prompt")
         for i, (p, ids) in enumerate(zip(prompts, encoded)):
             if not ids:
                 raise ValueError(f"Prompt at row {i} ({p!r}) has no tokens.")
@@ -344,11 +384,13 @@ class LanguageModelEstimator(BaseEstimator):
         ids = [r[m.bool()].tolist() for r, m in zip(response_ids.cpu(), response_mask.cpu())]
         return self.tokenizer_.batch_decode(ids, skip_special_tokens=True)
 
-    def _completion_tokens(self, completions, add_eos: bool = True) -> list[list[int]]:
+    def _completion_tokens(
+        self, completions, add_eos: bool = True, column: str = "completion"
+    ) -> list[list[int]]:
         tok = self.tokenizer_
         completions = list(completions)
-        texts = [c for c in completions if isinstance(c, str)]
-        encoded = iter(tok(texts, add_special_tokens=False)["input_ids"] if texts else [])
+        rows = [i for i, c in enumerate(completions) if isinstance(c, str)]
+        encoded = iter(self._token_ids([completions[i] for i in rows], column, rows))
         eos = [tok.eos_token_id] if add_eos and tok.eos_token_id is not None else []
         return [
             list(next(encoded)) + eos if isinstance(c, str) else [int(i) for i in c]
@@ -423,8 +465,19 @@ class GenerativeEstimator(LanguageModelEstimator):
         """
         check_is_fitted(self)
         prompts = check_prompts(X)
+        if isinstance(n, bool) or not isinstance(n, Integral):
+            raise TypeError(
+                f"n must be an int, the number of completions per prompt; got {n!r} "
+                f"({type(n).__name__})."
+            )
         if n < 1:
             raise ValueError(f"n must be >= 1; got {n!r}.")
+        # The same check as the constructors' random_state, naming the parameter.
+        validate_parameter_constraints(
+            {"random_state": ["random_state"]},
+            {"random_state": random_state},
+            caller_name=f"{type(self).__name__}.sample",
+        )
         tokens = self._tokenize_prompts(prompts)
         generator = make_generator(self.random_state if random_state is None else random_state)
         rows = np.repeat(np.arange(len(prompts)), n)
@@ -474,10 +527,14 @@ class GenerativeEstimator(LanguageModelEstimator):
             Sums of per-token log-probs at the sampling temperature.
         """
         check_is_fitted(self)
-        prompts = list(prompts)
-        completions = list(completions)
+        what = f"{type(self).__name__}.log_prob"
+        prompts = check_texts(prompts, "prompt", what)
+        completions = check_texts(completions, "completion", what, token_ids=True)
         if len(prompts) != len(completions):
-            raise ValueError(f"Got {len(prompts)} prompts and {len(completions)} completions.")
+            raise ValueError(
+                f"Got {len(prompts)} prompts and {len(completions)} completions; "
+                "pass one prompt per completion."
+            )
         ptoks = self._tokenize_prompts(prompts)
         rtoks = self._completion_tokens(completions, add_eos)
         out = []

@@ -43,6 +43,13 @@ from ._value import build_value_model
 
 logger = logging.getLogger("prefopt")
 
+# Below this sampling temperature nothing is learned: log pi = log softmax(z / T), so at
+# T = 0.05 a 1-nat gap between the two likeliest tokens becomes 20 nats and the runner-up
+# is sampled with probability below e^-20 (about 2e-9). Sampling is then greedy, the k
+# samples of a prompt coincide (zero advantages), and the sampled token's log-prob has
+# gradient (1 - p) / T, about 0. The usual values are 0.7 to 1 (Ziegler et al. 2019).
+MIN_TEMPERATURE = 0.05
+
 
 class BasePolicy(GenerativeEstimator):
     """Base of policy-optimisation estimators: the shared loop and the algorithm contract.
@@ -270,10 +277,23 @@ class BasePolicy(GenerativeEstimator):
             )
             self._prompts = prompts
             self._prompt_tokens = self._tokenize_prompts(prompts)
+            self._check_temperature()
             for name in ("model_", "ref_model_", "value_model_"):  # also after a resume
                 maybe_compile(getattr(self, name, None))  # set_config(compile=...); off by default
             self._train_steps(self._run.start_step + self.n_steps - self.n_iter_, callback)
         return self
+
+    def _check_temperature(self) -> None:
+        if self.temperature_ < MIN_TEMPERATURE:
+            given = "" if self.temperature else " (read from the model's generation config)"
+            warnings.warn(
+                f"{type(self).__name__}: temperature={self.temperature_:g}{given} makes "
+                "sampling greedy: the samples of a prompt coincide and their gradient is "
+                f"about 0, so nothing is learned. Use a temperature of {MIN_TEMPERATURE} or "
+                "more (0.7 to 1 is usual).",
+                UserWarning,
+                stacklevel=3,
+            )
 
     def _setup(self, reward, start_model) -> None:
         rng = check_random_state(self.random_state)
@@ -464,7 +484,18 @@ class BasePolicy(GenerativeEstimator):
         score : float
         """
         check_is_fitted(self)
+        if y is not None and not callable(y):
+            raise TypeError(
+                f"{type(self).__name__}.score(X, y): y is the reward to score with and must "
+                f"be callable as y(prompts, completions); got {type(y).__name__}. Pass "
+                "y=None to score with the reward given to fit."
+            )
         prompts = check_prompts(X)
-        reward = y if callable(y) else self.reward_model_
+        reward = self.reward_model_ if y is None else y
+        if reward is None:  # a loaded policy whose reward could not be pickled
+            raise ValueError(
+                f"{type(self).__name__} has no reward to score with (it was not saved); "
+                "pass one: score(X, y=reward)."
+            )
         completions = self.predict(prompts)
         return float(np.mean(check_rewards(reward(prompts, completions), len(prompts))))

@@ -8,6 +8,7 @@ and the model learns to stop (Huang et al. 2024).
 from __future__ import annotations
 
 import os
+import warnings
 from numbers import Integral, Real
 
 import numpy as np
@@ -190,6 +191,7 @@ class SFTPolicy(GenerativeEstimator):
                 )
         if self.max_new_tokens is None:
             self.max_new_tokens_ = max(len(c) for c in ctoks)
+        self._check_max_new_tokens(self.model_)  # sampling would fail later otherwise
         generation_config = getattr(self.model_, "generation_config", None)
         if generation_config is not None:
             generation_config.max_new_tokens = self.max_new_tokens_
@@ -256,6 +258,13 @@ class SFTPolicy(GenerativeEstimator):
         score : float
         """
         check_is_fitted(self)
+        if y is not None:
+            warnings.warn(
+                f"SFTPolicy.score ignores y (got {type(y).__name__}): the score is the "
+                "log-likelihood of the demonstrations' completions; call score(X) without y.",
+                UserWarning,
+                stacklevel=2,
+            )
         prompts, completions = check_demonstrations(X)
         ptoks = self._tokenize_prompts(prompts, check_length=False)
         ctoks = self._completion_tokens(completions, add_eos=True)

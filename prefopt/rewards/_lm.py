@@ -36,6 +36,8 @@ def fit_lm_reward(rm, model, data, references) -> None:
             f"{type(lm).__name__}."
         )
     rm._resolve_sampling(lm)  # the normalisation samples the starting policy as a policy would
+    if rm.normalize:
+        rm._check_max_new_tokens(lm)
     # The head is drawn with std 1/sqrt(d_model + 1) from a local generator.
     head = ScalarHeadModel(
         copy.deepcopy(trunk), head_std=rm.head_std, generator=make_generator(int(seeds[1]))
@@ -48,8 +50,16 @@ def fit_lm_reward(rm, model, data, references) -> None:
         else default_learning_rate(rm.model_, large=1e-5)
     )
     prompts = rm._prompt_tokens(data.prompt)  # BOS once at the start, as the policy's
-    chosen = rm._completion_tokens(data.chosen, add_eos=True)
-    rejected = rm._completion_tokens(data.rejected, add_eos=True)
+    chosen = rm._completion_tokens(data.chosen, add_eos=True, column="chosen response")
+    rejected = rm._completion_tokens(data.rejected, add_eos=True, column="rejected response")
+    for i, (c, r) in enumerate(zip(chosen, rejected)):
+        if c == r:  # check_comparisons refuses equal strings; these differ only as text
+            raise ValueError(
+                f"Comparisons: chosen and rejected tokenize identically at row {i} "
+                f"({data.chosen[i]!r} and {data.rejected[i]!r}): they differ only in what "
+                "the tokenizer drops or maps to one token (whitespace, unknown words), so "
+                "the reward model cannot tell them apart; drop the row."
+            )
 
     def batch_loss(rows):
         # Chosen and rejected go through one forward pass together.

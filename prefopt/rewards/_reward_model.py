@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from numbers import Integral, Real
 
 import numpy as np
@@ -11,7 +12,7 @@ from sklearn.utils._param_validation import Interval
 from sklearn.utils.validation import check_is_fitted
 
 from ..backend import unpad
-from ..data import PreferenceData, check_comparisons
+from ..data import PreferenceData, check_comparisons, check_texts
 from ..lm import LanguageModelEstimator
 from ._lm import fit_lm_reward, predict_text, score_token_rows
 
@@ -252,8 +253,8 @@ class RewardModel(LanguageModelEstimator):
         rewards : ndarray of shape (n,)
         """
         check_is_fitted(self)
-        prompts = list(prompts)
-        completions = list(completions)
+        prompts = check_texts(prompts, "prompt", "RewardModel.predict")
+        completions = check_texts(completions, "completion", "RewardModel.predict")
         if len(prompts) != len(completions):
             raise ValueError(
                 f"Got {len(prompts)} prompts and {len(completions)} completions; "
@@ -313,6 +314,7 @@ class RewardModel(LanguageModelEstimator):
         -------
         accuracy : float
         """
+        _warn_y_ignored(y, "RewardModel.score")
         data = check_comparisons(X)
         r_chosen = self.predict(data.prompt, data.chosen)
         r_rejected = self.predict(data.prompt, data.rejected)
@@ -320,3 +322,13 @@ class RewardModel(LanguageModelEstimator):
 
     def __sklearn_is_fitted__(self) -> bool:
         return hasattr(self, "coef_") or hasattr(self, "model_")
+
+
+def _warn_y_ignored(y, method: str) -> None:
+    if y is not None:
+        warnings.warn(
+            f"{method} ignores y (got {type(y).__name__}): the comparisons say which "
+            "response is chosen; call score(X) without y.",
+            UserWarning,
+            stacklevel=3,
+        )

@@ -32,11 +32,22 @@ def check_rewards(values, n: int, source: str = "the reward") -> np.ndarray:
     Traceback (most recent call last):
     ...
     ValueError: the reward returned a non-finite value (nan) for completion 1; ...
+    >>> check_rewards(["1.0", "2"], 2)
+    Traceback (most recent call last):
+    ...
+    TypeError: the reward returned text ('1.0' for completion 0), not numbers; ...
     """
-    try:
-        arr = np.asarray(
-            values.detach().cpu() if hasattr(values, "detach") else values, dtype=np.float64
+    values = values.detach().cpu() if hasattr(values, "detach") else values
+    text = _first_text(values)
+    if text is not None:
+        # numpy would turn "1.0" into 1.0 silently: a reward returning text is a bug upstream.
+        raise TypeError(
+            f"{source} returned text ({text[1]!r} for completion {text[0]}), not numbers; "
+            "a reward must return numbers, one per completion: convert them inside the "
+            "reward (float(...))."
         )
+    try:
+        arr = np.asarray(values, dtype=np.float64)
     except (TypeError, ValueError):
         raise TypeError(
             f"{source} must return numbers, one per completion; got {type(values).__name__}."
@@ -55,6 +66,23 @@ def check_rewards(values, n: int, source: str = "the reward") -> np.ndarray:
             f"{bad[0]}; a reward must be a finite number for every completion."
         )
     return arr
+
+
+def _first_text(values):
+    """``(index, value)`` of the first str or bytes among the values, or None."""
+    if isinstance(values, (str, bytes)):
+        return 0, values
+    kind = getattr(getattr(values, "dtype", None), "kind", "O")
+    if hasattr(values, "detach") or kind not in "USO" or not hasattr(values, "__iter__"):
+        return None  # tensors and numeric arrays hold no text
+    for i, row in enumerate(values):
+        if isinstance(row, (int, float, np.number)):
+            continue
+        items = row if isinstance(row, (list, tuple, np.ndarray)) else [row]
+        for v in np.ravel(np.asarray(items, dtype=object)):
+            if isinstance(v, (str, bytes)):
+                return i, (str(v) if isinstance(v, str) else bytes(v))
+    return None
 
 
 class NoisyReward:
