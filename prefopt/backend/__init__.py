@@ -20,9 +20,8 @@ from .generation import (
     sample,
     truncate_after_eos,
 )
+from .heads import ScalarHeadModel, TokenValueTable
 from .models import (
-    ScalarHeadModel,
-    TokenValueTable,
     default_learning_rate,
     disable_dropout,
     ensure_pad_token,

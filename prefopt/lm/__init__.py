@@ -10,11 +10,11 @@ state apart from the fitted model. Both ``rewards`` and ``policies`` import it.
 from ._base import (
     DEFAULT_MAX_NEW_TOKENS,
     DEFAULT_TEMPERATURE,
-    GenerativeEstimator,
     LanguageModelEstimator,
     context_length,
     with_lora,
 )
+from ._generative import GenerativeEstimator
 from ._persist import load, save
 from ._run import RunState
 from ._supervised import schedule_scale, train_minibatches
