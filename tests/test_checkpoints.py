@@ -206,3 +206,61 @@ def test_sft_and_reward_model_resume_to_the_uninterrupted_result(monkeypatch, tm
     np.testing.assert_allclose(
         rm.predict(prompts, completions), rm_whole.predict(prompts, completions), rtol=1e-6
     )
+
+
+def test_save_pretrained_checks_its_folder_first(tmp_path):
+    from prefopt import SFTPolicy
+    from prefopt.worlds import TinyLMWorld
+
+    world = TinyLMWorld(random_state=0)
+    sft = SFTPolicy(model=world.policy_model(), random_state=0).fit([(world.prompts[0], "a")] * 4)
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    for bad, message in (
+        (a_file, "is a file"),
+        (a_file / "sub", "cannot be written"),
+        ("", "empty path"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            sft.save_pretrained(str(bad))
+    sft.save_pretrained(tmp_path / "ok")
+    assert (tmp_path / "ok" / "config.json").exists()
+
+
+TWO_THREADS = """
+import threading, prefopt
+from prefopt import RLOOPolicy
+from prefopt.worlds import PreferenceWorld
+prefopt.set_config(show_progress_bar=False)
+world = PreferenceWorld(random_state=0)
+policy = RLOOPolicy(model=world.policy_model(), n_steps=200, learning_rate=0.1,
+                    optimizer="sgd", random_state=0)
+errors, started = [], threading.Event()
+def fit():
+    try:
+        policy.fit(world.prompts, world.true_quality,
+                   callback=lambda p, row: started.set())
+    except RuntimeError as exc:
+        errors.append(str(exc))
+first = threading.Thread(target=fit)
+first.start()
+started.wait(60)
+second = threading.Thread(target=fit)
+second.start()
+second.join()
+first.join()
+print("ERRORS", errors)
+assert len(errors) == 1 and "already being fitted" in errors[0], errors
+assert policy.n_iter_ == 200
+"""
+
+
+def test_one_estimator_fitted_in_two_threads_refuses_the_second():
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-c", TWO_THREADS], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "already being fitted" in result.stdout

@@ -120,3 +120,26 @@ def test_language_model_reward_round_trip(tmp_path):
         loaded.predict(prompts, completions), rm.predict(prompts, completions)
     )
     assert (loaded.gain_, loaded.bias_) == (rm.gain_, rm.bias_)
+
+
+def test_planted_pickles_in_a_saved_folder_never_run(tmp_path, monkeypatch):
+    class Boom:
+        def __reduce__(self):
+            return (os.system, ("touch PWNED",))
+
+    monkeypatch.chdir(tmp_path)
+    world = TinyLMWorld(random_state=0)
+    sft = SFTPolicy(model=world.policy_model(), random_state=0).fit([(world.prompts[0], "a")] * 4)
+    folder = sft.save(tmp_path / "sft")
+    for root, _, files in os.walk(folder):  # every file the save format uses, tokenizer's too
+        for name in files:
+            path = os.path.join(root, name)
+            original = open(path, "rb").read()
+            with open(path, "wb") as f:
+                f.write(pickle.dumps(Boom()))
+            with pytest.raises(Exception):  # noqa: B017 - any refusal will do; nothing may run
+                prefopt.load(folder)
+            with open(path, "wb") as f:
+                f.write(original)
+    assert not (tmp_path / "PWNED").exists()
+    assert prefopt.load(folder).sample(world.prompts) == sft.sample(world.prompts)

@@ -11,6 +11,7 @@ on :class:`LanguageModelEstimator`; those that generate text also on
 from __future__ import annotations
 
 import copy
+import os
 import re
 from contextlib import contextmanager
 
@@ -162,10 +163,19 @@ class LanguageModelEstimator(BaseEstimator):
         if not isinstance(model, PreTrainedModel):
             raise TypeError(
                 f"save_pretrained needs a transformers model; this estimator's model is "
-                f"a {type(model).__name__}. Use joblib.dump for it instead."
+                f"a {type(model).__name__}. Use save(folder) for it instead."
             )
+        from ._checkpoint import check_folder
+
+        directory = check_folder(directory, "save_pretrained's folder")
         model.save_pretrained(directory, safe_serialization=True)
         self.tokenizer_.save_pretrained(directory)
+        written = set(os.listdir(directory))
+        if "config.json" not in written or not any(f.endswith(".safetensors") for f in written):
+            raise OSError(
+                f"save_pretrained wrote no model into {directory!r} (found {sorted(written)}); "
+                "check the disk and the folder's permissions."
+            )
 
     def save(self, folder) -> str:
         """Save the fitted estimator to ``folder`` as JSON and safetensors (no pickle).
