@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import time
-import warnings
 
 import numpy as np
 import torch
@@ -37,18 +36,12 @@ from ..lm import _checkpoint as ckpt
 from ..lm._run import one_fit_at_a_time
 from ..rewards import check_rewards
 from ._batch import Minibatch, RolloutBatch
+from ._health import check_health, check_temperature
 from ._params import COMMON_CONSTRAINTS, store_params  # noqa: F401 (store_params re-exported)
 from ._rollout import sample_and_score, update
 from ._value import build_value_model
 
 logger = logging.getLogger("prefopt")
-
-# Below this sampling temperature nothing is learned: log pi = log softmax(z / T), so at
-# T = 0.05 a 1-nat gap between the two likeliest tokens becomes 20 nats and the runner-up
-# is sampled with probability below e^-20 (about 2e-9). Sampling is then greedy, the k
-# samples of a prompt coincide (zero advantages), and the sampled token's log-prob has
-# gradient (1 - p) / T, about 0. The usual values are 0.7 to 1 (Ziegler et al. 2019).
-MIN_TEMPERATURE = 0.05
 
 
 class BasePolicy(GenerativeEstimator):
@@ -277,23 +270,11 @@ class BasePolicy(GenerativeEstimator):
             )
             self._prompts = prompts
             self._prompt_tokens = self._tokenize_prompts(prompts)
-            self._check_temperature()
+            check_temperature(self)
             for name in ("model_", "ref_model_", "value_model_"):  # also after a resume
                 maybe_compile(getattr(self, name, None))  # set_config(compile=...); off by default
             self._train_steps(self._run.start_step + self.n_steps - self.n_iter_, callback)
         return self
-
-    def _check_temperature(self) -> None:
-        if self.temperature_ < MIN_TEMPERATURE:
-            given = "" if self.temperature else " (read from the model's generation config)"
-            warnings.warn(
-                f"{type(self).__name__}: temperature={self.temperature_:g}{given} makes "
-                "sampling greedy: the samples of a prompt coincide and their gradient is "
-                f"about 0, so nothing is learned. Use a temperature of {MIN_TEMPERATURE} or "
-                "more (0.7 to 1 is usual).",
-                UserWarning,
-                stacklevel=3,
-            )
 
     def _setup(self, reward, start_model) -> None:
         rng = check_random_state(self.random_state)
@@ -401,7 +382,7 @@ class BasePolicy(GenerativeEstimator):
                 "time/episodes_per_s": len(batch) / elapsed,
             }
             self.history_.append(row)
-            self._check_health(row)
+            check_health(self, row)
             bar.set_postfix(reward=f"{row['objective/reward']:.3f}", kl=f"{mean_kl:.3f}")
             if self.verbose and (self.n_iter_ % 10 == 0 or self.n_iter_ == total):
                 logger.info(
@@ -419,33 +400,6 @@ class BasePolicy(GenerativeEstimator):
             if callback is not None and callback(self, row) is True:
                 break
         bar.close()
-
-    def _check_health(self, row: dict) -> None:
-        step, kl, eos = row["step"], row["objective/kl"], row["response/eos_share"]
-        if self.max_kl is not None and kl > self.max_kl:
-            message = (
-                f"{type(self).__name__}: the KL to the reference reached {kl:.3g} nats at "
-                f"step {step}, beyond max_kl={self.max_kl}; raise beta, use an adaptive "
-                "KL controller or lower learning_rate."
-            )
-            if self.max_kl_action == "raise":
-                raise RuntimeError(message + " The last checkpoint (if any) is intact.")
-            warnings.warn(message, RuntimeWarning, stacklevel=3)
-        if (
-            self.min_eos_share is not None
-            and self.tokenizer_.eos_token_id is not None
-            and self.missing_eos_reward is not None
-            and eos < self.min_eos_share
-            and self._run.warn_once("eos_share")
-        ):
-            warnings.warn(
-                f"{type(self).__name__}: only {eos:.0%} of responses ended with EOS at "
-                f"step {step}; the fixed missing_eos_reward={self.missing_eos_reward} "
-                "then dominates the reward. Raise max_new_tokens or fine-tune the "
-                "model to stop (SFTPolicy).",
-                RuntimeWarning,
-                stacklevel=3,
-            )
 
     def _set_learning_rate(self) -> None:
         if self.lr_schedule == "linear":  # annealed linearly to 0, as the original code
