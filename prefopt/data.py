@@ -35,6 +35,11 @@ class Comparisons:
         ``featurizer(prompts, completions) -> ndarray (n, d)``; lets a
         :class:`~prefopt.RewardModel` with no language model fit a linear reward
         on features (the preference world supplies one).
+    policy : fitted policy, torch module or callable, default=None
+        The policy whose samples were compared (a callable returns a fresh copy
+        of it, as ``PreferenceWorld.policy_model``). A reward model fitted on the
+        comparisons remembers it, and a policy estimator given that reward model
+        and no ``model=`` starts from it.
 
     Examples
     --------
@@ -47,6 +52,7 @@ class Comparisons:
     chosen: Sequence[str]
     rejected: Sequence[str]
     featurizer: Callable | None = None
+    policy: object = None
 
     def __len__(self) -> int:
         return len(self.prompt)
@@ -56,7 +62,11 @@ class Comparisons:
         idx = np.atleast_1d(idx)
         pick = lambda col: [col[i] for i in idx]  # noqa: E731
         return Comparisons(
-            pick(self.prompt), pick(self.chosen), pick(self.rejected), self.featurizer
+            pick(self.prompt),
+            pick(self.chosen),
+            pick(self.rejected),
+            self.featurizer,
+            self.policy,
         )
 
     def to_pandas(self) -> pd.DataFrame:
@@ -254,9 +264,9 @@ def check_comparisons(X) -> Comparisons:
     ...
     ValueError: Comparisons: chosen and rejected are identical at row 0 ('same'); ...
     """
-    featurizer = None
+    featurizer = policy = None
     if isinstance(X, Comparisons):
-        featurizer = X.featurizer
+        featurizer, policy = X.featurizer, X.policy
         cols = {"prompt": list(X.prompt), "chosen": list(X.chosen), "rejected": list(X.rejected)}
     else:
         cols = _columns(X, ["prompt", "chosen", "rejected"], "Comparisons")
@@ -277,7 +287,7 @@ def check_comparisons(X) -> Comparisons:
                 f"Comparisons: chosen and rejected are identical at row {i} "
                 f"({c!r}); such a pair carries no preference, drop it."
             )
-    return Comparisons(prompt, chosen, rejected, featurizer)
+    return Comparisons(prompt, chosen, rejected, featurizer, policy)
 
 
 def check_demonstrations(X) -> tuple[list[str], list[str]]:

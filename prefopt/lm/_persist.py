@@ -128,6 +128,18 @@ def _build(spec: dict, name: str, given: dict, built: dict) -> nn.Module:
     return copy.deepcopy(module)
 
 
+def _is_fitted_prefopt(value) -> bool:
+    from sklearn.utils.validation import check_is_fitted
+
+    if not type(value).__module__.startswith("prefopt.") or not hasattr(value, "get_params"):
+        return False
+    try:
+        check_is_fitted(value)
+    except Exception:  # noqa: BLE001 - not fitted, or not an estimator
+        return False
+    return True
+
+
 # ----- parameters and fitted attributes -------------------------------------------------------
 def _encode_param(value):
     if _is_json(value) and not isinstance(value, dict):
@@ -173,8 +185,8 @@ def save(estimator, folder) -> str:
         if isinstance(value, nn.Module):
             modules[key] = _module_spec(value, estimator)
             fitted[key] = {"__module__": value.state_dict()}
-        elif key == "reward_model_" and hasattr(value, "__sklearn_is_fitted__"):
-            save(value, os.path.join(folder, "reward_model"))  # a prefopt reward model
+        elif _is_fitted_prefopt(value):  # a reward model, a starting SFT policy: nested
+            save(value, os.path.join(folder, key.rstrip("_")))
             objects[key] = "saved"
         elif isinstance(value, BaseEstimator):  # a KL controller: parameters and fitted state
             fitted[key] = {
@@ -282,7 +294,7 @@ def load(folder, **objects):
     estimator._suppress_ids = tuple(state.get("suppress_ids", ()))
     for key, kind in state.get("objects", {}).items():
         if kind == "saved":
-            setattr(estimator, key, load(os.path.join(folder, "reward_model"), **objects))
+            setattr(estimator, key, load(os.path.join(folder, key.rstrip("_")), **objects))
         elif key in objects or (key == "reward_model_" and "reward" in objects):
             setattr(estimator, key, objects.get(key, objects.get("reward")))
     return estimator

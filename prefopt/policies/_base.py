@@ -232,6 +232,8 @@ class BasePolicy(GenerativeEstimator):
             X = X.require("prompts", type(self).__name__)
         prompts = check_prompts(X)
         reward = reward_model if reward_model is not None else y
+        if start_model is None and reward is not None:
+            start_model = _starting_policy(reward, type(self).__name__)
         if reward is None:
             raise ValueError(
                 f"{type(self).__name__}.fit needs a reward: fit(prompts, "
@@ -453,3 +455,20 @@ class BasePolicy(GenerativeEstimator):
             )
         completions = self.predict(prompts)
         return float(np.mean(check_rewards(reward(prompts, completions), len(prompts))))
+
+
+def _starting_policy(reward, who: str):
+    """The starting policy a reward knows (see ``RewardModel.starting_policy_``)."""
+    from torch import nn
+
+    start = getattr(reward, "starting_policy_", None)
+    if start is None:
+        raise ValueError(
+            f"{who}.fit has no starting policy: pass model= (a local path, a transformers "
+            "config, a torch module or a fitted SFTPolicy). A RewardModel fitted on an "
+            "SFTPolicy, or on a world's comparisons, knows where the policy starts; this "
+            f"reward ({type(reward).__name__}) does not."
+        )
+    if callable(start) and not isinstance(start, nn.Module) and not hasattr(start, "fit"):
+        start = start()  # a factory of fresh copies, as PreferenceWorld.policy_model
+    return start

@@ -91,6 +91,11 @@ class RewardModel(LanguageModelEstimator):
         ``loss/reward`` and ``reward/accuracy`` per step.
     n_comparisons_ : int
         Comparisons seen in ``fit``.
+    starting_policy_ : object or None
+        Where a policy fitted against this reward starts when it is given no
+        ``model=``: the language model the reward was built on (usually the
+        fitted :class:`SFTPolicy`), or for a linear reward the policy the
+        comparisons were sampled from (a world's reference policy).
 
     See Also
     --------
@@ -202,6 +207,10 @@ class RewardModel(LanguageModelEstimator):
         data = check_comparisons(X)
         for attr in ("coef_", "featurizer_", "model_", "tokenizer_"):
             self.__dict__.pop(attr, None)
+        # The policy the compared responses came from; a policy fitted against this reward
+        # with no model= starts from it (Ouyang et al. 2022: policy and reward model both
+        # start from the SFT model).
+        self.starting_policy_ = model if model is not None else data.policy
         if model is None:
             self._fit_linear(data)
         else:

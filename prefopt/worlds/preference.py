@@ -384,4 +384,6 @@ class PreferenceWorld(ExactWorld):
             prompt.append(self.prompts[x])
             chosen.append(self.responses[win])
             rejected.append(self.responses[lose])
-        return Comparisons(prompt, chosen, rejected, featurizer=self.features)
+        return Comparisons(
+            prompt, chosen, rejected, featurizer=self.features, policy=self.policy_model
+        )

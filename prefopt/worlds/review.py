@@ -369,7 +369,7 @@ class ReviewWorld:
         a_wins = rng.uniform(size=n) < 1.0 / (1.0 + np.exp(-logit))
         chosen = [a if w else b for a, b, w in zip(first, second, a_wins)]
         rejected = [b if w else a for a, b, w in zip(first, second, a_wins)]
-        return Comparisons(prompt, chosen, rejected, featurizer=self.features)
+        return Comparisons(prompt, chosen, rejected, featurizer=self.features, policy=policy)
 
     @staticmethod
     def _check_pairs(pairs, n_prompts: int, policy) -> None:
