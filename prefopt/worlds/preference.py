@@ -103,6 +103,8 @@ class PreferenceWorldPolicy(nn.Module):
     ----------
     theta : nn.Parameter of shape (n_features,)
         The policy's parameters, zero at the reference.
+    is_log_linear : bool
+        True: estimators given no ``learning_rate`` use the log-linear default (0.1).
     tokenizer : PreTrainedTokenizerFast
         The world's tokenizer (one token per question and per response).
     generation_config : GenerationConfig
@@ -115,6 +117,9 @@ class PreferenceWorldPolicy(nn.Module):
     >>> model.theta.tolist()
     [0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
     """
+
+    # Logits linear in theta: the default learning rate of this kind of model applies.
+    is_log_linear = True
 
     def __init__(self, ref_logprobs, features, question_ids, response_ids, tokenizer):
         super().__init__()
