@@ -8,7 +8,7 @@ known.
 from . import metrics
 from ._config import config_context, get_config, set_config
 from .data import PreferenceData
-from .kl import AdaptiveKLController, FixedKLController, kl_estimate
+from .kl import AdaptiveKLController, FixedKLController, KLController, kl_estimate
 from .lm import load, save
 from .model_selection import SeedSearchCV, compare
 from .policies import PPOPolicy, RAFTPolicy, ReinforcePolicy, RLOOPolicy, SFTPolicy
@@ -19,6 +19,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AdaptiveKLController",
     "FixedKLController",
+    "KLController",
     "NoisyReward",
     "PPOPolicy",
     "PreferenceData",

@@ -8,8 +8,9 @@ Ziegler et al. (2019).
 
 from __future__ import annotations
 
+import copy
 import warnings
-from numbers import Real
+from numbers import Integral, Real
 
 import numpy as np
 import torch
@@ -17,7 +18,7 @@ from sklearn.base import BaseEstimator
 from sklearn.utils._param_validation import Interval
 from sklearn.utils.validation import check_is_fitted
 
-__all__ = ["FixedKLController", "AdaptiveKLController", "kl_estimate"]
+__all__ = ["KLController", "FixedKLController", "AdaptiveKLController", "kl_estimate"]
 
 
 def kl_estimate(logprobs, ref_logprobs, kind: str = "k1"):
@@ -72,8 +73,43 @@ def kl_estimate(logprobs, ref_logprobs, kind: str = "k1"):
     return out if is_tensor else out.numpy()
 
 
-class _KLController(BaseEstimator):
-    """Shared interface: ``start`` sets ``beta_``, ``update`` moves it after a step."""
+class KLController(BaseEstimator):
+    """Base class of the KL controllers: what a policy's ``kl=`` parameter accepts.
+
+    A controller holds the KL coefficient ``beta_`` of the reward
+    ``r - beta * KL(pi || pi_ref)``. ``fit`` (or ``start``, which the policies call with
+    their own ``beta``) sets it; after each policy update the loop calls
+    ``update(kl, n_episodes)`` with the mean summed KL of the rollouts just collected and
+    uses the beta it returns. ``sample`` replays a sequence of KLs on a copy and returns the
+    beta path; ``score`` says how well a sequence of KLs kept to the controller's aim.
+
+    A subclass takes a ``beta`` parameter (the starting coefficient, ``None`` for the
+    policy's) and supplies ``update``; it may override ``score``.
+
+    Attributes
+    ----------
+    beta_ : float
+        The coefficient in use.
+    n_updates_ : int
+        Updates made since ``start``.
+
+    See Also
+    --------
+    FixedKLController, AdaptiveKLController
+
+    Examples
+    --------
+    >>> from prefopt import AdaptiveKLController, KLController
+    >>> kl = AdaptiveKLController(beta=0.1, target=6.0).fit()
+    >>> isinstance(kl, KLController)
+    True
+    >>> kl.sample([12.0, 12.0]).round(6)   # beta after each update; kl is unchanged
+    array([0.102  , 0.10404])
+    >>> kl.beta_
+    0.1
+    """
+
+    _parameter_constraints = {"beta": [Interval(Real, 0, None, closed="left"), None]}
 
     def start(self, beta: float | None = None):
         """Set the starting coefficient ``beta_`` and return ``self``.
@@ -113,6 +149,81 @@ class _KLController(BaseEstimator):
         """
         return self.start()
 
+    def update(self, kl: float, n_episodes: int | None = None) -> float:
+        """Move beta after one policy update and return the new value (subclasses say how).
+
+        Parameters
+        ----------
+        kl : float
+            Mean summed KL of the rollouts just collected.
+        n_episodes : int, default=None
+            Episodes in that batch.
+
+        Returns
+        -------
+        beta : float
+        """
+        raise NotImplementedError(f"{type(self).__name__} must define update(kl, n_episodes).")
+
+    def sample(self, kls, n_episodes=None) -> np.ndarray:
+        """The beta path this controller would take for a sequence of measured KLs.
+
+        The updates are made on a copy, so the fitted controller does not move:
+        ``sample(kls)[t]`` is the beta returned by the ``t``-th of ``len(kls)`` calls to
+        ``update`` from the current state (``beta_`` is the one in force before the first).
+
+        Parameters
+        ----------
+        kls : array-like of shape (n_steps,)
+            Mean summed KL measured at each step.
+        n_episodes : int or array-like of shape (n_steps,), default=None
+            Episodes per step, one number for all or one per step.
+
+        Returns
+        -------
+        betas : ndarray of shape (n_steps,)
+
+        Examples
+        --------
+        >>> from prefopt import AdaptiveKLController
+        >>> kl = AdaptiveKLController(beta=0.1, target=6.0).fit()
+        >>> kl.sample([6.0, 3.0]).round(6)   # on target, then half of it: -2%
+        array([0.1  , 0.098])
+        """
+        check_is_fitted(self)
+        kls = _check_kls(kls, f"{type(self).__name__}.sample")
+        if n_episodes is None or isinstance(n_episodes, Integral):
+            episodes = [n_episodes] * len(kls)
+        else:
+            episodes = list(np.asarray(n_episodes).ravel())
+            if len(episodes) != len(kls):
+                raise ValueError(
+                    f"{type(self).__name__}.sample got {len(kls)} KLs and {len(episodes)} "
+                    "n_episodes; pass one number for all steps or one per step."
+                )
+        replay = copy.deepcopy(self)
+        return np.array([replay.update(kl, n) for kl, n in zip(kls, episodes)], dtype=float)
+
+    def score(self, kls, y=None) -> float:
+        """How steady a sequence of measured KLs stayed: minus their standard deviation.
+
+        Larger is better; 0 for a KL that never moved. Subclasses with a target score
+        the distance to it instead (:meth:`AdaptiveKLController.score`).
+
+        Parameters
+        ----------
+        kls : array-like of shape (n_steps,)
+            Mean summed KL measured at each step.
+        y : None
+            Ignored.
+
+        Returns
+        -------
+        score : float
+        """
+        check_is_fitted(self)
+        return -float(np.std(_check_kls(kls, f"{type(self).__name__}.score")))
+
     def __sklearn_is_fitted__(self) -> bool:
         return hasattr(self, "beta_")
 
@@ -123,7 +234,27 @@ class _KLController(BaseEstimator):
         return tags
 
 
-class FixedKLController(_KLController):
+# The name the policies' parameter constraints used before the base class was public.
+_KLController = KLController
+
+
+def _check_kls(kls, what: str) -> np.ndarray:
+    """A 1-D float array of finite KLs, at least one, with the first bad step named."""
+    values = np.asarray(kls, dtype=float)
+    if values.ndim != 1 or values.size == 0:
+        raise ValueError(
+            f"{what} takes a 1-D sequence of at least one KL (one per step); "
+            f"got shape {values.shape}."
+        )
+    bad = np.flatnonzero(~np.isfinite(values))
+    if bad.size:
+        raise ValueError(
+            f"{what}: the KL at step {bad[0]} is {values[bad[0]]}; every KL must be finite."
+        )
+    return values
+
+
+class FixedKLController(KLController):
     """Keep the KL coefficient beta constant.
 
     Parameters
@@ -135,17 +266,30 @@ class FixedKLController(_KLController):
     ----------
     beta_ : float
         The coefficient in use.
+    n_updates_ : int
+        Updates made since ``start``.
 
     See Also
     --------
-    AdaptiveKLController
+    KLController, AdaptiveKLController
+
+    Notes
+    -----
+    ``score(kls)`` is minus the standard deviation of the KLs. A fixed beta has no
+    target KL to be measured against; what it is asked to do is hold the policy at a
+    steady distance from the reference, so a KL that drifts or swings scores lower than
+    one that settles, at whatever level.
 
     Examples
     --------
     >>> from prefopt import FixedKLController
-    >>> kl = FixedKLController(beta=0.05).start()
+    >>> kl = FixedKLController(beta=0.05).fit()
     >>> kl.update(kl=100.0, n_episodes=64)
     0.05
+    >>> kl.sample([1.0, 5.0, 9.0])
+    array([0.05, 0.05, 0.05])
+    >>> kl.score([4.0, 4.0, 4.0]), round(kl.score([1.0, 5.0, 9.0]), 3)
+    (-0.0, -3.266)
     """
 
     _parameter_constraints = {"beta": [Interval(Real, 0, None, closed="left"), None]}
@@ -174,7 +318,7 @@ class FixedKLController(_KLController):
         return self.beta_
 
 
-class AdaptiveKLController(_KLController):
+class AdaptiveKLController(KLController):
     """Log-space proportional controller steering beta towards a target KL.
 
     After each update of the policy, with ``KL_t`` the mean summed KL of the
@@ -211,7 +355,15 @@ class AdaptiveKLController(_KLController):
 
     See Also
     --------
-    FixedKLController
+    KLController, FixedKLController
+
+    Notes
+    -----
+    ``score(kls)`` is minus the mean absolute relative error ``|KL_t - KL_target| /
+    KL_target``: the controller's own error signal before clipping, averaged over the
+    steps. The log-ratio ``|log(KL_t / KL_target)|`` would weigh halving and doubling
+    alike, but is undefined for the zero or slightly negative KLs that the unbiased k1
+    estimator measures while the policy is still at the reference.
 
     References
     ----------
@@ -227,6 +379,8 @@ class AdaptiveKLController(_KLController):
     >>> kl = AdaptiveKLController(beta=0.1, target=6.0, horizon=10000).start()
     >>> round(kl.update(kl=3.0, n_episodes=512), 6)  # error -0.2, K = 512/10000
     0.098976
+    >>> kl.score([6.0, 6.0]), kl.score([3.0, 12.0])   # on target; off by 1/2 then 1
+    (-0.0, -0.75)
     """
 
     _parameter_constraints = {
@@ -290,3 +444,30 @@ class AdaptiveKLController(_KLController):
         self.beta_ *= factor
         self.n_updates_ += 1
         return self.beta_
+
+    def score(self, kls, y=None) -> float:
+        """How close a sequence of measured KLs kept to ``target``: minus the mean relative error.
+
+        ``-mean(|KL_t - target|) / target``; larger is better, 0 when every KL is on target.
+
+        Parameters
+        ----------
+        kls : array-like of shape (n_steps,)
+            Mean summed KL measured at each step.
+        y : None
+            Ignored.
+
+        Returns
+        -------
+        score : float
+
+        Examples
+        --------
+        >>> from prefopt import AdaptiveKLController
+        >>> kl = AdaptiveKLController(beta=0.1, target=4.0).fit()
+        >>> kl.score([4.0, 5.0, 2.0])   # errors 0, 1/4, 1/2
+        -0.25
+        """
+        check_is_fitted(self)
+        kls = _check_kls(kls, f"{type(self).__name__}.score")
+        return -float(np.mean(np.abs(kls - self.target)) / self.target)
