@@ -10,6 +10,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
 from prefopt import RewardModel, RLOOPolicy, SFTPolicy
 from prefopt.backend import EncodedPrompts, make_generator, sample, truncate_after_eos
+from prefopt.data import check_comparisons, check_prompts
 from prefopt.metrics import make_win_rate_scorer
 from prefopt.policies._rollout import sample_and_score
 from prefopt.worlds import ReviewWorld
@@ -108,6 +109,20 @@ def test_reward_callable_receives_messages_as_given(world, sft):
     judge = lambda prompt, completion, reference: len(completion) - len(reference)  # noqa: E731
     scorer = make_win_rate_scorer(judge, world.references[:3])
     assert 0.0 <= scorer(policy, world.prompts[:3]) <= 1.0
+
+
+def test_conversational_tables_and_rows_are_read():
+    rows = [
+        {"prompt": user("the movie"), "chosen": assistant("good ."), "rejected": assistant("bad")},
+        {"prompt": "the plot", "chosen": " great .", "rejected": " awful ."},
+    ]
+    frame = datasets.Dataset.from_list(rows[:1]).to_pandas()  # numpy arrays of dicts
+    for data in (rows[:1], frame, datasets.Dataset.from_list(rows[:1])):
+        c = check_comparisons(data)
+        assert (c.prompt, c.chosen, c.rejected) == ([user("the movie")], ["good ."], ["bad"])
+    assert check_comparisons(rows).prompt == [user("the movie"), "the plot"]  # mixed rows
+    assert check_prompts(rows) == [user("the movie"), "the plot"]  # rows with a prompt key
+    assert check_prompts(frame) == [user("the movie")]
 
 
 # ----- errors ------------------------------------------------------------------------------
