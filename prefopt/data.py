@@ -2,7 +2,11 @@
 
 Plain Python lists, pandas objects and Hugging Face ``datasets.Dataset`` with
 TRL's column names (``prompt``, ``completion``, ``chosen``, ``rejected``) are
-all accepted. Bad input gets one clear error that names the row.
+all accepted, in TRL's standard (text) or conversational format: a prompt may
+be a list of messages (``[{"role": "user", "content": "..."}]``), which the
+estimators render with the tokenizer's chat template, and a completion one
+assistant message, whose text is its content. Bad input gets one clear error
+that names the row.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ __all__ = [
     "check_comparisons",
     "check_demonstrations",
     "check_texts",
+    "is_conversation",
 ]
 
 
@@ -30,7 +35,8 @@ class Comparisons:
     Parameters
     ----------
     prompt, chosen, rejected : list of str
-        Equal-length columns.
+        Equal-length columns; a prompt may also be a conversation (a list of
+        messages).
     featurizer : callable, default=None
         ``featurizer(prompts, completions) -> ndarray (n, d)``; lets a
         :class:`~prefopt.RewardModel` with no language model fit a linear reward
@@ -132,6 +138,64 @@ def _is_hf_dataset(data) -> bool:
     return type(data).__module__.startswith("datasets") and hasattr(data, "column_names")
 
 
+def is_conversation(row) -> bool:
+    """Whether a row is a conversation: a non-empty list of messages (dicts).
+
+    TRL's conversational format: ``[{"role": "user", "content": "..."}]``. A
+    table column of them may hold numpy arrays of dicts (``Dataset.to_pandas``).
+
+    Parameters
+    ----------
+    row : object
+        One prompt or completion.
+
+    Returns
+    -------
+    bool
+
+    Examples
+    --------
+    >>> is_conversation([{"role": "user", "content": "the movie was"}]), is_conversation("hi")
+    (True, False)
+    """
+    return (
+        isinstance(row, (list, tuple, np.ndarray))
+        and len(row) > 0
+        and all(isinstance(m, dict) for m in row)
+    )
+
+
+def _conversation(row, i: int, column: str, what: str) -> list:
+    """A conversation checked message by message, as a plain list of the given dicts."""
+    for j, message in enumerate(row):
+        if not (isinstance(message.get("role"), str) and isinstance(message.get("content"), str)):
+            raise TypeError(
+                f"{what}: {column} at row {i} is a conversation whose message {j} ({message!r}) "
+                "lacks a string 'role' or 'content'; each message needs both, as in "
+                "[{'role': 'user', 'content': '...'}]."
+            )
+    return list(row)
+
+
+def _assistant_text(row, i: int, column: str, what: str) -> str:
+    """The text of a completion given as one assistant message."""
+    messages = _conversation(row, i, column, what)
+    roles = [m["role"] for m in messages]
+    if roles != ["assistant"]:
+        raise ValueError(
+            f"{what}: {column} at row {i} is a conversation with roles {roles}; a completion "
+            "must be one assistant message, [{'role': 'assistant', 'content': '...'}]."
+        )
+    return messages[0]["content"]
+
+
+def _checked_messages(row, i: int, column: str, what: str, messages: str):
+    """A conversation kept as messages (``"keep"``), or an assistant turn's text (``"content"``)."""
+    if messages == "keep":
+        return _conversation(row, i, column, what)
+    return _assistant_text(row, i, column, what)
+
+
 def _not_one_text(values, what: str) -> None:
     """Refuse one string (or bytes) where a list of them is meant: it would be split."""
     if isinstance(values, str):
@@ -155,7 +219,9 @@ def _not_text_error(v, i: int, column: str, what: str) -> TypeError:
     )
 
 
-def check_texts(values, column: str, what: str, *, token_ids: bool = False) -> list:
+def check_texts(
+    values, column: str, what: str, *, token_ids: bool = False, messages: str | None = None
+) -> list:
     """A list of texts, one per row, as ``predict``, ``log_prob`` and rewards take them.
 
     Unlike :func:`check_prompts`, an empty list and empty strings pass: an empty
@@ -171,6 +237,10 @@ def check_texts(values, column: str, what: str, *, token_ids: bool = False) -> l
         What is being checked, named in errors (``"RewardModel.predict"``).
     token_ids : bool, default=False
         Also accept rows that are lists of token ids.
+    messages : {"keep", "content"} or None, default=None
+        Also accept conversations (lists of messages): ``"keep"`` returns them
+        checked (prompts), ``"content"`` replaces one assistant message by its
+        text (completions).
 
     Returns
     -------
@@ -188,15 +258,24 @@ def check_texts(values, column: str, what: str, *, token_ids: bool = False) -> l
     _not_one_text(values, f"{what}: {column}s")
     rows = list(values)
     for i, v in enumerate(rows):
+        if messages is not None and is_conversation(v):
+            rows[i] = _checked_messages(v, i, column, what, messages)
+            continue
         ids = token_ids and not isinstance(v, bytes) and isinstance(v, (list, tuple, np.ndarray))
         if not isinstance(v, str) and not ids:
             raise _not_text_error(v, i, column, what)
     return rows
 
 
-def _check_text(values, column: str, what: str, allow_empty: bool = False) -> list[str]:
+def _check_text(
+    values, column: str, what: str, allow_empty: bool = False, messages: str | None = None
+) -> list:
+    """Non-empty texts (or, with ``messages``, conversations: see :func:`check_texts`)."""
     out = []
     for i, v in enumerate(values):
+        if messages is not None and is_conversation(v):
+            out.append(_checked_messages(v, i, column, what, messages))
+            continue
         if not isinstance(v, str):
             raise _not_text_error(v, i, column, what)
         if not allow_empty and not v.strip():
@@ -207,22 +286,27 @@ def _check_text(values, column: str, what: str, allow_empty: bool = False) -> li
     return out
 
 
-def check_prompts(X) -> list[str]:
-    """Validate prompts and return them as a list of strings.
+def check_prompts(X) -> list:
+    """Validate prompts and return them as a list of texts or conversations.
 
     Parameters
     ----------
-    X : list of str, pandas Series, DataFrame or datasets.Dataset
-        A DataFrame or Dataset must have a ``prompt`` column.
+    X : list, pandas Series, DataFrame or datasets.Dataset
+        Prompts: strings, or conversations in TRL's format (lists of messages,
+        ``[{"role": "user", "content": "..."}]``), or rows with a ``prompt``
+        key. A DataFrame or Dataset must have a ``prompt`` column.
 
     Returns
     -------
-    prompts : list of str
+    prompts : list of str or of list of dict
+        Conversations are kept as the given messages, in a plain list.
 
     Examples
     --------
     >>> check_prompts(["the movie was", "I think"])
     ['the movie was', 'I think']
+    >>> check_prompts([[{"role": "user", "content": "hi"}]])
+    [[{'role': 'user', 'content': 'hi'}]]
     """
     _not_one_text(X, "Prompts")
     if isinstance(X, pd.DataFrame) or _is_hf_dataset(X) or isinstance(X, dict):
@@ -238,9 +322,17 @@ def check_prompts(X) -> list[str]:
             values = list(X)
         except TypeError:
             raise TypeError(f"Prompts must be a list of strings; got {type(X).__name__}.") from None
+    if values and all(isinstance(v, dict) for v in values):
+        if all("prompt" in v for v in values):  # rows, as list(datasets.Dataset) gives them
+            values = [v["prompt"] for v in values]
+        elif all("role" in v for v in values):
+            raise TypeError(
+                "Prompts look like one conversation (a list of messages); pass a list of "
+                "conversations, one per prompt: [messages]."
+            )
     if len(values) == 0:
         raise ValueError("No prompts were given; pass at least one prompt.")
-    return _check_text(values, "prompt", "Prompts")
+    return _check_text(values, "prompt", "Prompts", messages="keep")
 
 
 def check_comparisons(X) -> Comparisons:
@@ -249,11 +341,14 @@ def check_comparisons(X) -> Comparisons:
     Parameters
     ----------
     X : Comparisons, DataFrame, datasets.Dataset, dict of columns or rows
-        Rows may be ``(prompt, chosen, rejected)`` tuples or dicts.
+        Rows may be ``(prompt, chosen, rejected)`` tuples or dicts, in TRL's
+        standard or conversational format.
 
     Returns
     -------
     comparisons : Comparisons
+        A chosen or rejected response given as one assistant message becomes
+        its text; conversational prompts stay messages.
 
     Examples
     --------
@@ -278,9 +373,9 @@ def check_comparisons(X) -> Comparisons:
         )
     if lengths["prompt"] == 0:
         raise ValueError("No comparisons were given; pass at least one (prompt, chosen, rejected).")
-    prompt = _check_text(cols["prompt"], "prompt", "Comparisons")
-    chosen = _check_text(cols["chosen"], "chosen", "Comparisons", allow_empty=True)
-    rejected = _check_text(cols["rejected"], "rejected", "Comparisons", allow_empty=True)
+    prompt = _check_text(cols["prompt"], "prompt", "Comparisons", messages="keep")
+    chosen = _check_text(cols["chosen"], "chosen", "Comparisons", True, "content")
+    rejected = _check_text(cols["rejected"], "rejected", "Comparisons", True, "content")
     for i, (c, r) in enumerate(zip(chosen, rejected)):
         if c == r:
             raise ValueError(
@@ -290,17 +385,20 @@ def check_comparisons(X) -> Comparisons:
     return Comparisons(prompt, chosen, rejected, featurizer, policy)
 
 
-def check_demonstrations(X) -> tuple[list[str], list[str]]:
+def check_demonstrations(X) -> tuple[list, list[str]]:
     """Validate demonstrations (prompt, completion) and return the two columns.
 
     Parameters
     ----------
     X : DataFrame, datasets.Dataset, dict of columns or rows
-        Rows may be ``(prompt, completion)`` tuples or dicts.
+        Rows may be ``(prompt, completion)`` tuples or dicts, in TRL's standard
+        or conversational format.
 
     Returns
     -------
-    prompts, completions : list of str
+    prompts, completions : list
+        Prompts are texts or conversations (as :func:`check_prompts`); a
+        completion given as one assistant message becomes its text.
 
     Examples
     --------
@@ -317,8 +415,8 @@ def check_demonstrations(X) -> tuple[list[str], list[str]]:
     if len(cols["prompt"]) == 0:
         raise ValueError("No demonstrations were given; pass (prompt, completion) rows.")
     return (
-        _check_text(cols["prompt"], "prompt", "Demonstrations"),
-        _check_text(cols["completion"], "completion", "Demonstrations"),
+        _check_text(cols["prompt"], "prompt", "Demonstrations", messages="keep"),
+        _check_text(cols["completion"], "completion", "Demonstrations", messages="content"),
     )
 
 
@@ -333,7 +431,7 @@ class PreferenceData:
 
     Parameters
     ----------
-    prompts : list of str, default=None
+    prompts : list of str or of conversations, default=None
         Prompts for policy optimisation.
     demonstrations : rows or table, default=None
         (prompt, completion) rows for SFT.

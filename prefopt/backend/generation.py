@@ -6,7 +6,8 @@ Conventions (Ziegler et al. 2019's code, as Huang et al. 2024 describe it):
   attention mask, in sampling and in training alike, so padding never changes
   the logits;
 * exactly ``max_new_tokens`` tokens are sampled at ``temperature``; the
-  response is truncated after its first EOS (later tokens become pad);
+  response is truncated after its first EOS (later tokens become pad); a
+  chat model may have several EOS ids, and any of them ends a response;
 * every log-probability divides the logits by the sampling temperature and is
   taken in float32, so the ratio at the first PPO epoch is exactly 1.
 """
@@ -251,7 +252,7 @@ def sample(
     generator: torch.Generator,
     suppress_ids=(),
     return_logprobs: bool = False,
-    eos_token_id: int | None = None,
+    eos_token_id=None,
 ):
     """Sample exactly ``max_new_tokens`` tokens per prompt with a KV cache.
 
@@ -277,11 +278,12 @@ def sample(
     return_logprobs : bool, default=False
         Also return the sampled tokens' log-probabilities (float32, tempered),
         read from the sampling logits: no extra forward pass.
-    eos_token_id : int, default=None
-        When given, sampling stops as soon as every response holds an EOS, and
-        the remaining columns are filled with EOS (log-prob 0). Everything after a
-        response's first EOS is discarded by :func:`truncate_after_eos` anyway, so
-        the result is the same fixed-length sample, without the wasted steps.
+    eos_token_id : int or sequence of int, default=None
+        When given, sampling stops as soon as every response holds an EOS (any
+        of the ids), and the remaining columns are filled with the first (log-prob
+        0). Everything after a response's first EOS is discarded by
+        :func:`truncate_after_eos` anyway, so the result is the same fixed-length
+        sample, without the wasted steps.
 
     Returns
     -------
@@ -316,11 +318,9 @@ def sample(
         if suppress_ids
         else None
     )
+    stops = _id_tensor(eos_token_id, device)
     tokens = torch.full(
-        (n, max_new_tokens),
-        0 if eos_token_id is None else eos_token_id,
-        dtype=torch.long,
-        device=device,
+        (n, max_new_tokens), 0 if stops is None else int(stops[0]), dtype=torch.long, device=device
     )
     logprobs = torch.zeros((n, max_new_tokens), device=device) if return_logprobs else None
     done = torch.zeros(n, dtype=torch.bool, device=device)
@@ -339,8 +339,8 @@ def sample(
         tokens[:, step : step + 1] = token
         if return_logprobs:
             logprobs[:, step : step + 1] = logp.gather(-1, token)
-        if eos_token_id is not None:
-            done |= token.squeeze(1) == eos_token_id
+        if stops is not None:
+            done |= torch.isin(token.squeeze(1), stops)
             if bool(done.all()):
                 break  # the rest stays EOS (log-prob 0): discarded by truncate_after_eos
         if step == max_new_tokens - 1:
@@ -365,15 +365,16 @@ def sample(
     return tokens
 
 
-def truncate_after_eos(response_ids: torch.Tensor, eos_token_id: int | None, pad_token_id: int):
+def truncate_after_eos(response_ids: torch.Tensor, eos_token_id, pad_token_id: int):
     """Keep each response up to and including its first EOS; pad the rest.
 
     Parameters
     ----------
     response_ids : torch.Tensor of shape (n, length)
-    eos_token_id : int or None
-        ``None`` means responses have a fixed length and need no EOS (every
-        response counts as ended).
+    eos_token_id : int, sequence of int or None
+        The id, or ids, that end a response (a chat model's end of turn and
+        EOS). ``None`` means responses have a fixed length and need no EOS
+        (every response counts as ended).
     pad_token_id : int
 
     Returns
@@ -391,15 +392,18 @@ def truncate_after_eos(response_ids: torch.Tensor, eos_token_id: int | None, pad
     >>> ids, mask, ended = truncate_after_eos(torch.tensor([[5, 2, 7], [5, 6, 7]]), 2, 0)
     >>> ids.tolist(), mask.tolist(), ended.tolist()
     ([[5, 2, 0], [5, 6, 7]], [[1, 1, 0], [1, 1, 1]], [True, False])
+    >>> truncate_after_eos(torch.tensor([[5, 2, 7], [6, 7, 2]]), [2, 7], 0)[0].tolist()
+    [[5, 2, 0], [6, 7, 0]]
     """
-    if eos_token_id is None:
+    stops = _id_tensor(eos_token_id, response_ids.device)
+    if stops is None:
         mask = torch.ones_like(response_ids)
         return (
             response_ids,
             mask,
             torch.ones(response_ids.shape[0], dtype=torch.bool, device=response_ids.device),
         )
-    is_eos = response_ids == eos_token_id
+    is_eos = torch.isin(response_ids, stops)
     ended = is_eos.any(dim=1)
     # Tokens strictly after the first EOS: cumulative count of EOS before them > 0.
     after = (is_eos.long().cumsum(dim=1) - is_eos.long()) > 0
@@ -472,6 +476,14 @@ def response_logprobs(
         p = logp_all.exp()
         entropy = -torch.where(p > 0, p * logp_all, torch.zeros_like(p)).sum(-1)
     return logp, entropy.masked_fill(~valid, 0.0)
+
+
+def _id_tensor(ids, device) -> torch.Tensor | None:
+    """One id or a sequence of ids as a 1-D long tensor; ``None`` (or none) stays ``None``."""
+    if ids is None:
+        return None
+    ids = torch.as_tensor(ids, dtype=torch.long, device=device).reshape(-1)
+    return ids if ids.numel() else None
 
 
 def _accepts(model, name: str) -> bool:

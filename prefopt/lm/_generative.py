@@ -24,8 +24,9 @@ class GenerativeEstimator(LanguageModelEstimator):
 
         Parameters
         ----------
-        X : list of str or table with a ``prompt`` column
-            Prompts.
+        X : list of str or of conversations, or table with a ``prompt`` column
+            Prompts; a conversation (TRL's list of messages) is rendered with
+            the tokenizer's chat template and its generation prompt.
         n : int, default=1
             Completions per prompt.
         random_state : int, RandomState instance or None, default=None
@@ -35,7 +36,8 @@ class GenerativeEstimator(LanguageModelEstimator):
         Returns
         -------
         completions : list of list of str
-            ``n`` completions per prompt, truncated after the first EOS.
+            ``n`` completions per prompt as text, truncated after the first stop
+            token (which the text leaves out).
         """
         check_is_fitted(self)
         prompts = check_prompts(X)
@@ -68,7 +70,7 @@ class GenerativeEstimator(LanguageModelEstimator):
 
         Parameters
         ----------
-        X : list of str or table with a ``prompt`` column
+        X : list of str or of conversations, or table with a ``prompt`` column
             Prompts.
 
         Returns
@@ -85,15 +87,16 @@ class GenerativeEstimator(LanguageModelEstimator):
 
         Parameters
         ----------
-        prompts : list of str
+        prompts : list of str or of conversations
             One prompt per completion.
         completions : list of str or list of list of int
-            Text, or token ids.
+            Text (or one assistant message), or token ids.
         reference : bool, default=False
             Score under the frozen reference model instead.
         add_eos : bool, default=True
-            Append the EOS token to text completions (when the tokenizer has one),
-            so the log-probability is that of the complete response.
+            Append the stop token to text completions (the EOS, or the chat
+            template's end of turn after a conversation), so the log-probability
+            is that of the complete response.
 
         Returns
         -------
@@ -102,15 +105,17 @@ class GenerativeEstimator(LanguageModelEstimator):
         """
         check_is_fitted(self)
         what = f"{type(self).__name__}.log_prob"
-        prompts = check_texts(prompts, "prompt", what)
-        completions = check_texts(completions, "completion", what, token_ids=True)
+        prompts = check_texts(prompts, "prompt", what, messages="keep")
+        completions = check_texts(
+            completions, "completion", what, token_ids=True, messages="content"
+        )
         if len(prompts) != len(completions):
             raise ValueError(
                 f"Got {len(prompts)} prompts and {len(completions)} completions; "
                 "pass one prompt per completion."
             )
         ptoks = self._tokenize_prompts(prompts)
-        rtoks = self._completion_tokens(completions, add_eos)
+        rtoks = self._completion_tokens(completions, add_eos, prompts=prompts)
         out = []
         size = get_config()["eval_batch_size"]
         with self._reference() if reference else nullcontext(self.model_) as model:

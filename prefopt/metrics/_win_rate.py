@@ -5,6 +5,7 @@ The public names are re-exported by :mod:`prefopt.metrics`; see its docstring.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from numbers import Integral
 
@@ -50,8 +51,10 @@ def _judged(estimator, X, judge, references, n_samples, random_state):
     reference completions.
     """
     ref_prompts, ref_completions = references
-    wanted = set(check_prompts(X))
-    rows = [i for i, p in enumerate(ref_prompts) if p in wanted]
+    # A conversation (a list of messages) is not hashable: compare it as JSON.
+    key = lambda p: p if isinstance(p, str) else json.dumps(p, sort_keys=True)  # noqa: E731
+    wanted = set(map(key, check_prompts(X)))
+    rows = [i for i, p in enumerate(ref_prompts) if key(p) in wanted]
     if not rows:
         raise ValueError(
             "None of the prompts to score has a reference; references must be "

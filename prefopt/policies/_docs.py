@@ -43,6 +43,11 @@ COMMON_PARAMETERS = """model : str, transformers config, torch module or fitted 
     missing_eos_reward : float or None, default=-1.0
         A response with no EOS gets this reward, *replacing* its score (the
         EOS trick of Huang et al. 2024; TRL instead subtracts a penalty). ``None`` keeps the score.
+    stop_token_ids : int or list of int, default=None
+        The ids that end a response: sampling stops there, the response is cut
+        after the first, and a response without one gets ``missing_eos_reward``.
+        ``None`` takes the model's ``generation_config.eos_token_id`` (chat models
+        often list several, e.g. an end of turn) and the tokenizer's EOS.
     random_state : int, RandomState instance or None, default=None
         Same seed, same CPU run. No global seed is set.
     verbose : int, default=0
@@ -95,6 +100,8 @@ COMMON_ATTRIBUTES = """model_ : torch.nn.Module
         The current KL coefficient (after the last step's controller update).
     temperature_, max_new_tokens_ : float, int
         Resolved sampling settings.
+    stop_token_ids_ : list of int
+        The ids that end a response.
     n_iter_, n_episodes_ : int
         Steps and episodes done.
     history_ : list of dict

@@ -40,7 +40,7 @@ def check_health(policy, row: dict) -> None:
         warnings.warn(message, RuntimeWarning, stacklevel=3)
     if (
         policy.min_eos_share is not None
-        and policy.tokenizer_.eos_token_id is not None
+        and policy._stop_ids()
         and policy.missing_eos_reward is not None
         and eos < policy.min_eos_share
         and policy._run.warn_once("eos_share")

@@ -26,6 +26,7 @@ COMMON_CONSTRAINTS = {
     "temperature": [Interval(Real, 0, None, closed="neither"), None],
     "max_new_tokens": [Interval(Integral, 1, None, closed="left"), None],
     "missing_eos_reward": [Real, None],
+    "stop_token_ids": ["array-like", Interval(Integral, 0, None, closed="left"), None],
     "random_state": ["random_state"],
     "verbose": ["verbose"],
     "warm_start": ["boolean"],

@@ -109,9 +109,9 @@ def score_responses(policy, prompts, encoded, response_ids, response_mask, ended
             "float32, the dtype training uses; rescale the reward (normalised rewards are "
             "of order 1)."
         )
-    if policy.missing_eos_reward is not None and policy.tokenizer_.eos_token_id is not None:
-        # A response with no EOS gets a fixed reward (-1) *replacing* its score, not
-        # offsetting it (Huang et al. 2024).
+    if policy.missing_eos_reward is not None and policy._stop_ids():
+        # A response with no stop token (EOS) gets a fixed reward (-1) *replacing* its
+        # score, not offsetting it (Huang et al. 2024).
         scores = torch.where(ended, scores, torch.full_like(scores, policy.missing_eos_reward))
     return scores
 

@@ -243,6 +243,7 @@ class PPOPolicy(BasePolicy):
         temperature=None,
         max_new_tokens=None,
         missing_eos_reward=-1.0,
+        stop_token_ids=None,
         clip_coef=0.2,
         vf_coef=0.1,
         vf_clip_coef=0.2,

@@ -117,6 +117,7 @@ class RAFTPolicy(BasePolicy):
         temperature=None,
         max_new_tokens=None,
         missing_eos_reward=-1.0,
+        stop_token_ids=None,
         random_state=None,
         verbose=0,
         warm_start=False,

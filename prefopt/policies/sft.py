@@ -59,6 +59,12 @@ class SFTPolicy(GenerativeEstimator):
         Tokens sampled per response. ``None`` uses the longest demonstrated
         completion plus its EOS; it is written to the fitted model's generation
         config, so policies started from this model sample the same length.
+    stop_token_ids : int or list of int, default=None
+        The ids that end a response (in sampling, and the one appended to each
+        completion). ``None`` takes the model's ``generation_config.eos_token_id``
+        (one id or several) and the tokenizer's EOS. Given ids are written to the
+        fitted model's generation config, so policies started from it (and
+        ``generate`` after ``save_pretrained``) stop there too.
     random_state : int, RandomState instance or None, default=None
     verbose : int, default=0
     warm_start : bool, default=False
@@ -76,6 +82,8 @@ class SFTPolicy(GenerativeEstimator):
     tokenizer_ : tokenizer
     learning_rate_ : float
     temperature_, max_new_tokens_ : float, int
+    stop_token_ids_ : list of int
+        The ids that end a response.
     n_iter_ : int
         Gradient steps done.
     history_ : list of dict
@@ -113,6 +121,7 @@ class SFTPolicy(GenerativeEstimator):
         "lr_schedule": [StrOptions({"cosine", "linear", "constant"})],
         "temperature": [Interval(Real, 0, None, closed="neither"), None],
         "max_new_tokens": [Interval(Integral, 1, None, closed="left"), None],
+        "stop_token_ids": ["array-like", Interval(Integral, 0, None, closed="left"), None],
         "random_state": ["random_state"],
         "verbose": ["verbose"],
         "warm_start": ["boolean"],
@@ -131,6 +140,7 @@ class SFTPolicy(GenerativeEstimator):
         lr_schedule="cosine",
         temperature=None,
         max_new_tokens=None,
+        stop_token_ids=None,
         random_state=None,
         verbose=0,
         warm_start=False,
@@ -145,6 +155,7 @@ class SFTPolicy(GenerativeEstimator):
         self.lr_schedule = lr_schedule
         self.temperature = temperature
         self.max_new_tokens = max_new_tokens
+        self.stop_token_ids = stop_token_ids
         self.random_state = random_state
         self.verbose = verbose
         self.warm_start = warm_start
@@ -157,7 +168,10 @@ class SFTPolicy(GenerativeEstimator):
         Parameters
         ----------
         X : rows of (prompt, completion), DataFrame or datasets.Dataset
-            With TRL's column names ``prompt`` and ``completion``.
+            With TRL's column names ``prompt`` and ``completion``, in its
+            standard (text) or conversational format (a prompt is a list of
+            messages, rendered with the tokenizer's chat template; a completion
+            one assistant message, which ends with the template's end of turn).
         y : None
             Ignored.
 
@@ -181,7 +195,7 @@ class SFTPolicy(GenerativeEstimator):
             else default_learning_rate(self.model_, large=2e-5)
         )
         ptoks = self._tokenize_prompts(prompts, check_length=False)
-        ctoks = self._completion_tokens(completions, add_eos=True)
+        ctoks = self._completion_tokens(completions, add_eos=True, prompts=prompts)
         context = context_length(self.model_)
         for i, (p, c) in enumerate(zip(ptoks, ctoks)):
             if context is not None and len(p) + len(c) > context:
@@ -195,6 +209,8 @@ class SFTPolicy(GenerativeEstimator):
         generation_config = getattr(self.model_, "generation_config", None)
         if generation_config is not None:
             generation_config.max_new_tokens = self.max_new_tokens_
+            if self.stop_token_ids is not None:
+                generation_config.eos_token_id = list(self.stop_token_ids_)
         data_key = ckpt.fingerprint([prompts, completions])
         with ckpt.resumable(self, data_key) as resume:
             model_key = None if resume is None else ckpt.module_fingerprint(self.model_)
@@ -267,7 +283,7 @@ class SFTPolicy(GenerativeEstimator):
             )
         prompts, completions = check_demonstrations(X)
         ptoks = self._tokenize_prompts(prompts, check_length=False)
-        ctoks = self._completion_tokens(completions, add_eos=True)
+        ctoks = self._completion_tokens(completions, add_eos=True, prompts=prompts)
         total, count = 0.0, 0
         size = get_config()["eval_batch_size"]
         for start in range(0, len(ptoks), size):

@@ -50,8 +50,9 @@ def fit_lm_reward(rm, model, data, references) -> None:
         else default_learning_rate(rm.model_, large=1e-5)
     )
     prompts = rm._prompt_tokens(data.prompt)  # BOS once at the start, as the policy's
-    chosen = rm._completion_tokens(data.chosen, add_eos=True, column="chosen response")
-    rejected = rm._completion_tokens(data.rejected, add_eos=True, column="rejected response")
+    # A response ends with its stop token: the EOS, or after a conversation the turn's end.
+    chosen = rm._completion_tokens(data.chosen, True, "chosen response", data.prompt)
+    rejected = rm._completion_tokens(data.rejected, True, "rejected response", data.prompt)
     for i, (c, r) in enumerate(zip(chosen, rejected)):
         if c == r:  # check_comparisons refuses equal strings; these differ only as text
             raise ValueError(
@@ -140,5 +141,5 @@ def score_token_rows(rm, prompt_rows, response_rows, normalized: bool = True) ->
 
 def predict_text(rm, prompts, completions) -> np.ndarray:
     p = rm._prompt_tokens(prompts)
-    c = rm._completion_tokens(completions, add_eos=True)
+    c = rm._completion_tokens(completions, add_eos=True, prompts=prompts)
     return score_token_rows(rm, p, c).cpu().double().numpy()

@@ -64,6 +64,11 @@ class RewardModel(LanguageModelEstimator):
     temperature, max_new_tokens : float, int, default=None
         Sampling settings for the normalisation samples; ``None`` reads the
         model's generation config, else 0.7 and 53.
+    stop_token_ids : int or list of int, default=None
+        The ids that end a response: the normalisation samples stop there, and
+        a text completion ends with one before it is scored (the EOS, or the
+        chat template's end of turn after a conversation). ``None`` takes the
+        model's ``generation_config.eos_token_id`` and the tokenizer's EOS.
     head_std : float, default=None
         Std of the head's initial weights; ``None`` means 1/sqrt(d_model + 1).
     random_state : int, RandomState instance or None, default=None
@@ -87,6 +92,8 @@ class RewardModel(LanguageModelEstimator):
     model_ : ScalarHeadModel
         Language-model reward only: trunk plus head.
     tokenizer_ : tokenizer
+    stop_token_ids_ : list of int
+        Language-model reward only: the ids that end a response.
     gain_, bias_ : float
         Affine normalisation applied to the head's raw output.
     history_ : list of dict
@@ -133,6 +140,7 @@ class RewardModel(LanguageModelEstimator):
         "normalize_samples": [Interval(Integral, 2, None, closed="left")],
         "temperature": [Interval(Real, 0, None, closed="neither"), None],
         "max_new_tokens": [Interval(Integral, 1, None, closed="left"), None],
+        "stop_token_ids": ["array-like", Interval(Integral, 0, None, closed="left"), None],
         "head_std": [Interval(Real, 0, None, closed="left"), None],
         "random_state": ["random_state"],
         "verbose": ["verbose"],
@@ -154,6 +162,7 @@ class RewardModel(LanguageModelEstimator):
         normalize_samples=256,
         temperature=None,
         max_new_tokens=None,
+        stop_token_ids=None,
         head_std=None,
         random_state=None,
         verbose=0,
@@ -171,6 +180,7 @@ class RewardModel(LanguageModelEstimator):
         self.normalize_samples = normalize_samples
         self.temperature = temperature
         self.max_new_tokens = max_new_tokens
+        self.stop_token_ids = stop_token_ids
         self.head_std = head_std
         self.random_state = random_state
         self.verbose = verbose
@@ -183,7 +193,10 @@ class RewardModel(LanguageModelEstimator):
         Parameters
         ----------
         X : Comparisons, DataFrame, datasets.Dataset or rows
-            Comparisons with ``prompt``, ``chosen`` and ``rejected``.
+            Comparisons with ``prompt``, ``chosen`` and ``rejected``, in TRL's
+            standard or conversational format (a prompt is a list of messages,
+            rendered with the tokenizer's chat template; a response one
+            assistant message).
         y : None
             Ignored.
         references : demonstrations, default=None
@@ -256,16 +269,21 @@ class RewardModel(LanguageModelEstimator):
         Parameters
         ----------
         prompts, completions : list of str
-            Equal-length lists. A language-model reward appends EOS to each
-            completion, as the policies' finished responses end with it.
+            Equal-length lists; a prompt may be a conversation (a list of
+            messages) and a completion one assistant message. A language-model
+            reward appends the stop token to each completion (the EOS, or the
+            chat template's end of turn), as the policies' finished responses
+            end with it.
 
         Returns
         -------
         rewards : ndarray of shape (n,)
         """
         check_is_fitted(self)
-        prompts = check_texts(prompts, "prompt", "RewardModel.predict")
-        completions = check_texts(completions, "completion", "RewardModel.predict")
+        prompts = check_texts(prompts, "prompt", "RewardModel.predict", messages="keep")
+        completions = check_texts(
+            completions, "completion", "RewardModel.predict", messages="content"
+        )
         if len(prompts) != len(completions):
             raise ValueError(
                 f"Got {len(prompts)} prompts and {len(completions)} completions; "

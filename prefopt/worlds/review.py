@@ -19,21 +19,25 @@ rising while the gold reward stalls or falls (Gao et al., 2023).
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
-import shutil
-import tempfile
-from collections import Counter
 from numbers import Integral, Real
 
 import numpy as np
 import pandas as pd
 from sklearn.utils import check_random_state
-from tokenizers import pre_tokenizers
 
 from ..data import Comparisons
 from ._review_grammar import generate_review
-from ._tokenizer import EOS, word_level_tokenizer
+from ._tokenizer import (
+    ASSISTANT,
+    CHAT_TEMPLATE,
+    END_OF_TURN,
+    EOS,
+    USER,
+    save_once,
+    word_level_tokenizer,
+    words_by_frequency,
+)
 
 __all__ = ["ReviewWorld"]
 
@@ -61,17 +65,6 @@ def _compound(text: str) -> float:
     return float(_analyzer().polarity_scores(text)["compound"])
 
 
-def _words_by_frequency(texts) -> list[str]:
-    """The whitespace-split words of ``texts``, most frequent first, ties in string order.
-
-    The order ``tokenizers``' WordLevelTrainer gives, so ids are those of a
-    tokenizer trained on the corpus.
-    """
-    split = pre_tokenizers.WhitespaceSplit()
-    counts = Counter(word for text in texts for word, _ in split.pre_tokenize_str(text))
-    return sorted(counts, key=lambda word: (-counts[word], word))
-
-
 def _check_texts(prompts, completions) -> tuple[list, list]:
     for name, values in (("prompts", prompts), ("completions", completions)):
         if isinstance(values, str):
@@ -91,6 +84,16 @@ def _check_texts(prompts, completions) -> tuple[list, list]:
                 "completion must be a string."
             )
     return prompts, completions
+
+
+def _conversational(frame: pd.DataFrame) -> pd.DataFrame:
+    """(prompt, completion) text rows in TRL's conversational format."""
+    return pd.DataFrame(
+        {
+            "prompt": [[{"role": "user", "content": p}] for p in frame["prompt"]],
+            "completion": [[{"role": "assistant", "content": c}] for c in frame["completion"]],
+        }
+    )
 
 
 class ReviewWorld:
@@ -113,6 +116,13 @@ class ReviewWorld:
     cache_dir : str, default=None
         Folder under which :meth:`model_config` saves the tokenizer;
         ``None`` is the system's temporary folder.
+    chat : bool, default=False
+        Conversational data, in TRL's format: each prompt is ``[{"role":
+        "user", "content": ...}]`` and each completion ``[{"role": "assistant",
+        "content": ...}]``. The tokenizer gains the words ``<user>`` and
+        ``<assistant>``, the end-of-turn token ``<eot>`` and a chat template over
+        them (``<user> the movie <assistant> was great . <eot>``), and
+        :meth:`model_config` lists ``</s>`` and ``<eot>`` as EOS ids.
     random_state : int, RandomState instance or None, default=None
         Seed of the corpus, and default seed of :meth:`comparisons`.
 
@@ -124,8 +134,8 @@ class ReviewWorld:
         Columns ``prompt`` and ``completion``, one row per review, with
         ``prompt + completion`` the review. Completions start with a space
         (the tokenizer splits on whitespace, so it changes no token) and carry
-        no EOS: supervised fine-tuning appends it.
-    prompts : list of str
+        no EOS: supervised fine-tuning appends it. Messages with ``chat=True``.
+    prompts : list of str (of conversations with ``chat=True``)
         The distinct prompts, in order of first appearance: the RL prompts.
     references : pandas.DataFrame
         One reference completion per prompt (the first review with it), rows in
@@ -178,6 +188,7 @@ class ReviewWorld:
         rater_noise: float = 0.5,
         length_bias: float = 1.0,
         cache_dir: str | None = None,
+        chat: bool = False,
         random_state=None,
     ):
         if (
@@ -201,6 +212,7 @@ class ReviewWorld:
         self.rater_noise = float(rater_noise)
         self.length_bias = float(length_bias)
         self.cache_dir = cache_dir
+        self.chat = bool(chat)
         self.random_state = random_state
 
         rng = check_random_state(random_state)
@@ -210,9 +222,18 @@ class ReviewWorld:
         first = self.demonstrations.drop_duplicates("prompt", keep="first")
         self.prompts = first["prompt"].tolist()
         self.references = first.reset_index(drop=True)
+        # Chat words go last, so every other id is the same as without them.
         self.tokenizer = word_level_tokenizer(
-            _words_by_frequency(self.corpus), eos_token=EOS, split_on_whitespace=True
+            words_by_frequency(self.corpus) + ([USER, ASSISTANT, END_OF_TURN] if chat else []),
+            eos_token=EOS,
+            split_on_whitespace=True,
+            chat_template=CHAT_TEMPLATE if chat else None,
         )
+        if chat:  # TRL's conversational format
+            self.prompts = [[{"role": "user", "content": p}] for p in self.prompts]
+            self.demonstrations, self.references = map(
+                _conversational, (self.demonstrations, self.references)
+            )
         self.max_new_tokens = 1 + max(len(c.split()) for _, c in pairs)
         self._longest_review = max(len(r.split()) for r in self.corpus)
 
@@ -220,7 +241,7 @@ class ReviewWorld:
         return (
             f"ReviewWorld(n_reviews={self.n_reviews}, rater_temperature="
             f"{self.rater_temperature}, rater_noise={self.rater_noise}, length_bias="
-            f"{self.length_bias}, random_state={self.random_state!r})"
+            f"{self.length_bias}, chat={self.chat}, random_state={self.random_state!r})"
         )
 
     # ----- rewards -----------------------------------------------------------------
@@ -402,7 +423,8 @@ class ReviewWorld:
         **overrides
             ``transformers.GPT2Config`` parameters replacing the defaults
             (``n_layer=2, n_head=4, n_embd=64, n_positions=64``, no dropout,
-            ``vocab_size=len(tokenizer)``, BOS and EOS ``</s>``, pad ``[PAD]``).
+            ``vocab_size=len(tokenizer)``, BOS and EOS ``</s>``, pad ``[PAD]``;
+            with ``chat=True`` EOS lists ``</s>`` and ``<eot>``).
 
         Returns
         -------
@@ -432,7 +454,11 @@ class ReviewWorld:
             "embd_pdrop": 0.0,
             "attn_pdrop": 0.0,
             "bos_token_id": tok.eos_token_id,
-            "eos_token_id": tok.eos_token_id,
+            "eos_token_id": (
+                [tok.eos_token_id, tok.convert_tokens_to_ids(END_OF_TURN)]
+                if self.chat
+                else tok.eos_token_id
+            ),
             "pad_token_id": tok.pad_token_id,
         }
         known = set(GPT2Config().to_dict()) | {"attn_implementation"}
@@ -444,43 +470,15 @@ class ReviewWorld:
                 f"vocab_size={overrides['vocab_size']} is smaller than the "
                 f"tokenizer's {len(tok)} tokens."
             )
-        # A review plus its EOS must fit in the context, or SFT cannot learn to stop.
-        need = self._longest_review + 1
+        # A review plus its EOS (and the chat words) must fit, or SFT cannot learn to stop.
+        need = self._longest_review + (3 if self.chat else 1)
         if overrides.get("n_positions", need) < need:
             raise ValueError(
                 f"n_positions={overrides['n_positions']} cannot hold the longest "
                 f"review and its EOS ({need} tokens)."
             )
         default = GPT2Config(**params)
-        path = self._save(default)
+        path = save_once(self.tokenizer, default, self.cache_dir, "prefopt-review-world")
         config = GPT2Config(**{**params, **overrides})
         config.name_or_path = path
         return config
-
-    def _save(self, config) -> str:
-        """Save the tokenizer and ``config`` once, to a folder named by their hash."""
-        text = self.tokenizer.backend_tokenizer.to_str() + config.to_json_string()
-        digest = hashlib.sha256(text.encode()).hexdigest()[:16]
-        base = os.fspath(self.cache_dir) if self.cache_dir is not None else tempfile.gettempdir()
-        path = os.path.join(base, f"prefopt-review-world-{digest}")
-        files = ("tokenizer.json", "tokenizer_config.json", "config.json")
-        if all(os.path.isfile(os.path.join(path, f)) for f in files):
-            return path
-        os.makedirs(base, exist_ok=True)
-        # Write into a private folder and rename it into place, so processes
-        # building the same world at once (pytest-xdist, joblib) never read half
-        # a tokenizer.
-        tmp = tempfile.mkdtemp(prefix=".prefopt-review-world-", dir=base)
-        try:
-            self.tokenizer.save_pretrained(tmp)
-            config.save_pretrained(tmp)
-            os.chmod(tmp, 0o755)  # mkdtemp makes it private; the cache is shared
-            os.rename(tmp, path)
-        except OSError:
-            shutil.rmtree(tmp, ignore_errors=True)  # another process got there first
-        if not all(os.path.isfile(os.path.join(path, f)) for f in files):
-            raise OSError(
-                f"Could not save the review world's tokenizer to {path}; pass "
-                "cache_dir= a writable folder."
-            )
-        return path
