@@ -1,4 +1,4 @@
-"""Resolving models and tokenizers; dropout off; frozen reference copies; scalar heads."""
+"""Resolving models and tokenizers; dropout off; frozen reference copies; default learning rates."""
 
 from __future__ import annotations
 
