@@ -22,8 +22,9 @@ Everything is built locally, nothing is downloaded:
 It prints a table (gold reward, proxy reward, KL, length, distinct-word share, EOS
 share as mean +- sd over the seeds, episodes/s), gold reward and KL of every run, and
 completions before and after, and saves a figure: gold reward, proxy reward and
-distinct-word share against KL (one point per seed), and the training curves. About
-two minutes on 2 CPU cores; ``--quick`` is a seconds-long smoke run.
+distinct-word share against KL (one point per seed), and the training curves. It runs
+in one thread: about 1.5 minutes on an idle CPU core, nearer 3 on a busy shared machine;
+``--quick`` is a seconds-long smoke run.
 
 Run::
 
