@@ -45,10 +45,17 @@ def test_defaults_learn_on_the_preference_world(pref, cls, beta):
 
 
 @pytest.mark.slow
-def test_raft_defaults_go_most_of_the_way_to_the_reward_maximiser(pref):
-    world, rm = pref
-    policy = RAFTPolicy(model=world.policy_model(), random_state=0).fit(world.prompts, rm)
-    r, ref = world.rewards(rm), world.reference_probs()
+@pytest.mark.parametrize("on", ["preference", "tiny_lm"])
+def test_raft_defaults_go_most_of_the_way_to_the_reward_maximiser(pref, on):
+    # Measured, seeds 0-2: preference world 0.99; TinyLMWorld 0.966-0.973 (4 epochs, the
+    # default; 1 epoch reached 0.73).
+    if on == "preference":
+        world, reward = pref
+    else:
+        world = TinyLMWorld(random_state=0)
+        reward = world.reward
+    policy = RAFTPolicy(model=world.policy_model(), random_state=0).fit(world.prompts, reward)
+    r, ref = world.rewards(reward), world.reference_probs()
     start, best = (ref * r).sum(1).mean(), r.max(1).mean()
     reached = (world.policy_probs(policy) * r).sum(1).mean()
     assert (reached - start) / (best - start) >= 0.9
