@@ -183,6 +183,13 @@ class PPOPolicy(BasePolicy):
     --------
     RLOOPolicy, ReinforcePolicy, RAFTPolicy
 
+    Notes
+    -----
+    ``n_epochs`` defaults to 4 passes over each batch, as Huang et al. 2024:
+    the clipped ratio keeps reused, slightly off-policy samples safe, so PPO
+    takes more from each batch than the single pass of RLOO and REINFORCE,
+    whose estimators are on-policy only.
+
     References
     ----------
     J. Schulman et al., "Proximal Policy Optimization Algorithms", arXiv:1707.06347, 2017.

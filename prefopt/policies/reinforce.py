@@ -84,6 +84,11 @@ class ReinforcePolicy(BasePolicy):
     --------
     RLOOPolicy, PPOPolicy
 
+    Notes
+    -----
+    ``n_epochs`` defaults to 1 (2 minibatches): with no ratio the estimator is
+    on-policy, so each batch is used once (Ahmadian et al. 2024).
+
     References
     ----------
     R. J. Williams, "Simple statistical gradient-following algorithms for

@@ -91,6 +91,10 @@ class RLOOPolicy(BasePolicy):
 
     Notes
     -----
+    ``n_epochs`` defaults to 1 (2 minibatches): with no ratio the estimator is
+    on-policy, so each batch is used once (Ahmadian et al. 2024); PPO's
+    clipped ratio is what lets it reuse a batch for 4 epochs.
+
     For k = 2 the loss is the contrastive objective
     1/2 (R(y+) - R(y-)) (log pi(y+) - log pi(y-)), maximised.
 
