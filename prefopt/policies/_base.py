@@ -277,6 +277,7 @@ class BasePolicy(GenerativeEstimator):
             for name in ("model_", "ref_model_", "value_model_"):  # also after a resume
                 maybe_compile(getattr(self, name, None))  # set_config(compile=...); off by default
             self._train_steps(self._run.start_step + self.n_steps - self.n_iter_, callback)
+            self._checkpoint = None  # the folder's lock ends with this block
         return self
 
     def _setup(self, reward, start_model) -> None:
