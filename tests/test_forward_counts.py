@@ -48,7 +48,7 @@ def _trunk_hook(module, args, kwargs, output):
         (PPOPolicy, {"n_epochs": 2, "n_minibatches": 2}, 2, 2),
         (RLOOPolicy, {"k": 2}, 1, 2),
         (ReinforcePolicy, {}, 1, 2),
-        (RAFTPolicy, {"k": 2}, 1, 1),
+        (RAFTPolicy, {"k": 2}, 4, 1),
     ],
 )
 def test_forward_calls_per_step(cls, kwargs, epochs, minibatches):
