@@ -76,7 +76,7 @@ def test_user_algorithm_runs_on_the_shared_loop(world):
     start = float((world.reference_probs() * world.rewards(world.true_quality)).sum(1).mean())
     end = world.evaluate(policy, world.true_quality, beta=0.1)["objective"]
     optimum = world.optimum(world.true_quality, beta=0.1)["objective"]
-    # Measured: 0.89 of the way from the reference's objective to the optimum (seed 0).
+    # Measured: 0.751, 0.756, 0.762 of the way from the reference to the optimum (seeds 0-2).
     assert end > start + 0.7 * (optimum - start)
 
 
