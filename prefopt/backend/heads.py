@@ -168,3 +168,25 @@ class TokenValueTable(nn.Module):
         values : torch.Tensor of shape (n, width)
         """
         return self.values(input_ids).squeeze(-1)
+
+
+def shared_value_model(model):
+    """A zero-initialised value head on the policy's own trunk (no copy of the weights).
+
+    The original code's shared network (Ziegler et al. 2019): the value loss then
+    also trains the trunk.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        A transformers causal LM (or a peft model around one).
+
+    Returns
+    -------
+    value_model : ScalarHeadModel
+    """
+    base = getattr(model, "get_base_model", lambda: model)()
+    trunk = getattr(base, "base_model", None)
+    if trunk is None or trunk is base or not hasattr(trunk, "config"):
+        raise ValueError("value_model='shared' needs a transformers policy with a base model.")
+    return ScalarHeadModel(trunk, head_std=0.0)

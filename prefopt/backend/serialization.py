@@ -46,6 +46,57 @@ def _tensors(module: nn.Module) -> dict:
     return {k: v.detach().cpu().contiguous().clone() for k, v in named.items()}
 
 
+def transformers_spec(module) -> dict:
+    """A transformers model's class, config and generation config as JSON data (no weights).
+
+    Parameters
+    ----------
+    module : transformers.PreTrainedModel
+        The model.
+
+    Returns
+    -------
+    spec : dict
+        What :func:`build_transformers` rebuilds the (untrained) model from.
+    """
+    generation = getattr(module, "generation_config", None)
+    return {
+        "kind": "transformers",
+        "class": _qualname(module),
+        "config_class": _qualname(module.config),
+        "config": module.config.to_dict(),
+        "generation_config": None if generation is None else generation.to_dict(),
+        "fixed_length": bool(getattr(module, "fixed_length", False)),
+    }
+
+
+def build_transformers(spec: dict, resolve=None):
+    """The model :func:`transformers_spec` described, with fresh weights.
+
+    Parameters
+    ----------
+    spec : dict
+        From :func:`transformers_spec`.
+    resolve : callable, default=None
+        Turns a class's dotted name into the class; ``None`` imports any name
+        (the joblib path, for files the user trusts).
+
+    Returns
+    -------
+    module : transformers.PreTrainedModel
+    """
+    from transformers import GenerationConfig
+
+    resolve = _import if resolve is None else resolve
+    module = resolve(spec["class"])(resolve(spec["config_class"]).from_dict(spec["config"]))
+    if spec.get("generation_config") is not None:
+        module.generation_config = GenerationConfig.from_dict(spec["generation_config"])
+    if spec.get("fixed_length"):
+        module.fixed_length = True
+    fuse_activations(module)  # as load_causal_lm did for the module that was saved
+    return module
+
+
 def dump_module(module: nn.Module) -> dict:
     """A tensor-free description of ``module`` plus its weights as safetensors bytes.
 
@@ -67,14 +118,9 @@ def dump_module(module: nn.Module) -> dict:
     device = next((p.device for p in module.parameters()), torch.device("cpu"))
     weights = st_save(_tensors(module))
     if isinstance(module, PreTrainedModel):
-        generation = getattr(module, "generation_config", None)
-        extra = {k: v for k, v in vars(module).items() if k == "tokenizer" or k == "fixed_length"}
+        extra = {k: v for k, v in vars(module).items() if k == "tokenizer"}
         return {
-            "kind": "transformers",
-            "class": _qualname(module),
-            "config_class": _qualname(module.config),
-            "config": module.config.to_dict(),
-            "generation_config": None if generation is None else generation.to_dict(),
+            **transformers_spec(module),
             "extra": extra,
             "weights": weights,
             "device": str(device),
@@ -100,15 +146,9 @@ def load_module(state: dict, device=None) -> nn.Module:
     """Rebuild a module written by :func:`dump_module`."""
     tensors = st_load(state["weights"])
     if state["kind"] == "transformers":
-        from transformers import GenerationConfig
-
-        config = _import(state["config_class"]).from_dict(state["config"])
-        module = _import(state["class"])(config)
-        if state.get("generation_config") is not None:
-            module.generation_config = GenerationConfig.from_dict(state["generation_config"])
+        module = build_transformers(state)
         for k, v in state.get("extra", {}).items():
             setattr(module, k, v)
-        fuse_activations(module)  # as load_causal_lm did for the module that was saved
     elif state["kind"] == "skeleton":
         module = state["skeleton"].to_empty(device="cpu")
         for alias, name in state.get("aliases", {}).items():

@@ -45,7 +45,7 @@ NOT_DEFINING = frozenset(
     }
 )
 # Fitted attributes rebuilt by ``fit`` from the caller's arguments, never stored.
-NOT_STORED = frozenset({"reward_model_", "tokenizer_", "device_", "ref_model_"})
+NOT_STORED = frozenset({"reward_model_", "starting_policy_", "tokenizer_", "device_", "ref_model_"})
 
 
 # ----- fingerprints and descriptions --------------------------------------------------
@@ -213,22 +213,35 @@ def _is_json(value) -> bool:
 
 
 # ----- writing and reading ---------------------------------------------------------------
-def fitted_state(estimator) -> dict:
-    """The fitted attributes to store: weights, nested estimators' and objects' states, data."""
-    out = {}
+def fitted_state(estimator, skip=NOT_STORED) -> tuple[dict, dict]:
+    """The fitted attributes as data (weights, nested estimators' and objects' states, numbers).
+
+    Returns ``(state, others)``: ``others`` maps the attributes JSON and tensors
+    cannot hold (a function, a tokenizer, a module's structure) to their values,
+    for the caller to handle (checkpoints rebuild them in ``fit``; ``save``
+    records their types).
+    """
+    from ..backend.serialization import _qualname
+
+    state, others = {}, {}
     for key, value in vars(estimator).items():
-        if not key.endswith("_") or key.startswith("_") or key in NOT_STORED:
+        if not key.endswith("_") or key.startswith("_") or key in skip:
             continue
         if isinstance(value, nn.Module):
-            out[key] = {"__module__": {k: v for k, v in value.state_dict().items()}}
-        elif isinstance(value, BaseEstimator):
-            fitted = {k: v for k, v in vars(value).items() if k.endswith("_") and _is_json(v)}
-            out[key] = {"__estimator__": fitted}
+            state[key] = {"__module__": dict(value.state_dict())}
+        elif isinstance(value, BaseEstimator):  # a KL controller: its class, parameters, state
+            state[key] = {
+                "__estimator__": _qualname(value),
+                "params": {k: v for k, v in value.get_params(deep=False).items() if _is_json(v)},
+                "fitted": {k: v for k, v in vars(value).items() if k.endswith("_") and _is_json(v)},
+            }
         elif hasattr(value, "state_dict") and hasattr(value, "load_state_dict"):
-            out[key] = {"__state__": value.state_dict()}
+            state[key] = {"__state__": value.state_dict(), "class": _qualname(value)}
         elif _is_json(value) or isinstance(value, (np.ndarray, torch.Tensor)):
-            out[key] = value
-    return out
+            state[key] = value
+        else:
+            others[key] = value
+    return state, others
 
 
 def save(estimator, folder: str, *, header: dict, run_state: dict) -> str:
@@ -254,7 +267,7 @@ def save(estimator, folder: str, *, header: dict, run_state: dict) -> str:
         "format": FORMAT,
         "class": type(estimator).__name__,
         **header,
-        "fitted": _split(fitted_state(estimator), "fitted", tensors),
+        "fitted": _split(fitted_state(estimator)[0], "fitted", tensors),
         "run": _split(run_state, "run", tensors),
     }
     step = int(getattr(estimator, "n_iter_", 0))
@@ -351,7 +364,7 @@ def restore(estimator, fitted: dict) -> None:
         if isinstance(value, dict) and "__module__" in value:
             current.load_state_dict(value["__module__"])
         elif isinstance(value, dict) and "__estimator__" in value:
-            for k, v in value["__estimator__"].items():
+            for k, v in value["fitted"].items():
                 setattr(current, k, v)
         elif isinstance(value, dict) and "__state__" in value:
             current.load_state_dict(value["__state__"])

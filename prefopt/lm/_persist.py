@@ -21,18 +21,15 @@ from safetensors.torch import load_file, save_file
 from sklearn.base import BaseEstimator
 from torch import nn
 
-from ._checkpoint import _is_json, _join, _split, check_folder
+from ..backend.models import _is_fitted
+from ..backend.serialization import _qualname, build_transformers, transformers_spec
+from ._checkpoint import _is_json, _join, _split, check_folder, fitted_state
 
 FORMAT = 1
 STATE = "estimator.json"
 TENSORS = "tensors.safetensors"
 # Modules whose classes load may build by name: prefopt's and transformers' own.
 _SAFE_PACKAGES = ("prefopt.", "transformers.", "peft.")
-
-
-def _qualname(obj) -> str:
-    cls = obj if isinstance(obj, type) else type(obj)
-    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def _import_safe(path: str):
@@ -64,15 +61,7 @@ def _module_spec(module: nn.Module, owner) -> dict:
             "lora": {k: v for k, v in config.items() if _is_json(v)},
         }
     if isinstance(module, PreTrainedModel):
-        generation = getattr(module, "generation_config", None)
-        return {
-            "kind": "transformers",
-            "class": _qualname(module),
-            "config_class": _qualname(module.config),
-            "config": module.config.to_dict(),
-            "generation_config": None if generation is None else generation.to_dict(),
-            "fixed_length": bool(getattr(module, "fixed_length", False)),
-        }
+        return transformers_spec(module)
     if isinstance(module, ScalarHeadModel):
         model = getattr(owner, "model_", None)
         trunk = (
@@ -89,20 +78,12 @@ def _module_spec(module: nn.Module, owner) -> dict:
 
 
 def _build(spec: dict, name: str, given: dict, built: dict) -> nn.Module:
-    from transformers import GenerationConfig
-
-    from ..backend import ScalarHeadModel, TokenValueTable, fuse_activations
+    from ..backend import ScalarHeadModel, TokenValueTable
+    from ..backend.heads import shared_value_model
 
     kind = spec["kind"]
     if kind == "transformers":
-        config = _import_safe(spec["config_class"]).from_dict(spec["config"])
-        module = _import_safe(spec["class"])(config)
-        if spec.get("generation_config") is not None:
-            module.generation_config = GenerationConfig.from_dict(spec["generation_config"])
-        if spec.get("fixed_length"):
-            module.fixed_length = True
-        fuse_activations(module)
-        return module
+        return build_transformers(spec, resolve=_import_safe)
     if kind == "peft":
         from peft import LoraConfig, get_peft_model
 
@@ -110,8 +91,6 @@ def _build(spec: dict, name: str, given: dict, built: dict) -> nn.Module:
     if kind == "scalar_head":
         return ScalarHeadModel(_build(spec["backbone"], name, given, built))
     if kind == "shared_head":
-        from ..policies._value import shared_value_model
-
         return shared_value_model(built["model_"])
     if kind == "token_values":
         return TokenValueTable(spec["vocab_size"])
@@ -129,15 +108,10 @@ def _build(spec: dict, name: str, given: dict, built: dict) -> nn.Module:
 
 
 def _is_fitted_prefopt(value) -> bool:
-    from sklearn.utils.validation import check_is_fitted
+    """A fitted reward model or policy (saved in a sub-folder), not a KL controller."""
+    from ._base import LanguageModelEstimator
 
-    if not type(value).__module__.startswith("prefopt.") or not hasattr(value, "get_params"):
-        return False
-    try:
-        check_is_fitted(value)
-    except Exception:  # noqa: BLE001 - not fitted, or not an estimator
-        return False
-    return True
+    return isinstance(value, LanguageModelEstimator) and _is_fitted(value)
 
 
 # ----- parameters and fitted attributes -------------------------------------------------------
@@ -178,34 +152,25 @@ def save(estimator, folder) -> str:
     folder : str
     """
     folder = check_folder(folder, "folder")
-    fitted, modules, objects = {}, {}, {}
-    for key, value in vars(estimator).items():
-        if not key.endswith("_") or key.startswith("_") or key in ("device_", "tokenizer_"):
-            continue
-        if isinstance(value, nn.Module):
-            modules[key] = _module_spec(value, estimator)
-            fitted[key] = {"__module__": value.state_dict()}
-        elif _is_fitted_prefopt(value):  # a reward model, a starting SFT policy: nested
+    objects = {}
+    for key, value in vars(estimator).items():  # a reward model, a starting SFT policy: nested
+        if key.endswith("_") and not key.startswith("_") and _is_fitted_prefopt(value):
             save(value, os.path.join(folder, key.rstrip("_")))
             objects[key] = "saved"
-        elif isinstance(value, BaseEstimator):  # a KL controller: parameters and fitted state
-            fitted[key] = {
-                "__estimator__": _qualname(value),
-                "params": _encode_param(value)["params"],
-                "fitted": {k: v for k, v in vars(value).items() if k.endswith("_") and _is_json(v)},
-            }
-        elif hasattr(value, "state_dict") and hasattr(value, "load_state_dict"):
-            fitted[key] = {"__state__": value.state_dict(), "class": _qualname(value)}
-        elif _is_json(value) or hasattr(value, "shape"):
-            fitted[key] = value
-        else:  # a function or object JSON cannot hold: its type, to be passed to load again
-            objects[key] = _qualname(value)
-            warnings.warn(
-                f"{type(estimator).__name__}.{key} ({_qualname(value)}) is not saved; pass it to "
-                f"load again: load(folder, {key}=...).",
-                UserWarning,
-                stacklevel=2,
-            )
+    fitted, others = fitted_state(estimator, skip={"device_", "tokenizer_", *objects})
+    modules = {
+        key: _module_spec(value, estimator)
+        for key, value in vars(estimator).items()
+        if key in fitted and isinstance(value, nn.Module)
+    }
+    for key, value in others.items():  # a function or object JSON cannot hold: its type
+        objects[key] = _qualname(value)
+        warnings.warn(
+            f"{type(estimator).__name__}.{key} ({_qualname(value)}) is not saved; pass it to "
+            f"load again: load(folder, {key}=...).",
+            UserWarning,
+            stacklevel=2,
+        )
     tensors: dict = {}
     state = {
         "format": FORMAT,

@@ -334,7 +334,7 @@ class BasePolicy(GenerativeEstimator):
         head = state.pop("_shared_value_head", None)
         super().__setstate__(state)
         if head is not None:
-            from ._value import shared_value_model
+            from ..backend.heads import shared_value_model
 
             self.value_model_ = shared_value_model(self.model_).to(self.device_)
             self.value_model_.head.load_state_dict(head)

@@ -13,15 +13,7 @@ from __future__ import annotations
 import copy
 
 from ..backend import ScalarHeadModel, TokenValueTable, model_vocab_size
-
-
-def shared_value_model(model):
-    """A zero-initialised value head on the policy's own trunk (no copy of the weights)."""
-    base = getattr(model, "get_base_model", lambda: model)()
-    trunk = getattr(base, "base_model", None)
-    if trunk is None or trunk is base or not hasattr(trunk, "config"):
-        raise ValueError("value_model='shared' needs a transformers policy with a base model.")
-    return ScalarHeadModel(trunk, head_std=0.0)
+from ..backend.heads import shared_value_model
 
 
 def build_value_model(spec, model, reward, tokenizer):
