@@ -147,6 +147,9 @@ class BasePolicy(GenerativeEstimator):
     max_kl = None
     max_kl_action = "warn"
     min_eos_share = 0.5
+    entropy_coef = 0.0
+    ptx_coef = 0.0
+    refit_every = None
     lora = None
 
     # ----- the contract ---------------------------------------------------------------
@@ -200,7 +203,7 @@ class BasePolicy(GenerativeEstimator):
             raise ValueError(f"kl_penalty must be 'reward' or 'loss'; got {self.kl_penalty!r}.")
 
     # ----- fit ------------------------------------------------------------------------
-    def fit(self, X, y=None, *, reward_model=None, callback=None):
+    def fit(self, X, y=None, *, reward_model=None, labeler=None, ptx_data=None, callback=None):
         """Optimise the policy against a reward on the prompts ``X``.
 
         Parameters
@@ -214,6 +217,14 @@ class BasePolicy(GenerativeEstimator):
             ``reward(prompts, completions) -> array (n,)``.
         reward_model : callable, default=None
             The same, as a fit parameter (what ``GridSearchCV`` passes).
+        labeler : callable, default=None
+            With ``refit_every``: ``labeler(prompts, completions_a,
+            completions_b, random_state) -> labels`` (1 where ``a`` is
+            preferred), the signature of a fitted ``RewardModel.sample``; every
+            world provides its raters as one (``world.labeler``).
+        ptx_data : list of str, pandas Series or datasets.Dataset, default=None
+            With ``ptx_coef``: pretraining texts (a ``text`` column for tables)
+            for the next-token loss mixed into the policy loss.
         callback : callable, default=None
             ``callback(policy, row)`` after every step, with that step's
             ``history_`` row; returning ``True`` stops the run early. Use it to

@@ -79,6 +79,18 @@ COMMON_PARAMETERS = """model : str, transformers config, torch module or fitted 
     min_eos_share : float or None, default=0.5
         Warn when fewer responses than this end with EOS: the fixed
         ``missing_eos_reward`` then dominates the reward.
+    entropy_coef : float, default=0.0
+        Weight of an entropy bonus in the policy loss: minus this times the
+        policy's mean per-token entropy on the minibatch's responses is added.
+    ptx_coef : float, default=0.0
+        Weight of a next-token loss on pretraining text (``fit(...,
+        ptx_data=texts)``) added to the policy loss, as InstructGPT's PPO-ptx
+        (Ouyang et al. 2022), against the alignment tax.
+    refit_every : int, default=None
+        Online reward learning: every this many steps, pair the policy's own
+        samples of a prompt, have them labelled (``fit(..., labeler=...)``) and
+        refit a copy of the reward model on them (Ziegler et al. 2019).
+        ``None`` keeps the reward fixed (offline, the default).
     lora : dict or peft.LoraConfig, default=None
         Train a LoRA adapter (peft) instead of all weights, e.g.
         ``{{"r": 8, "lora_alpha": 16, "target_modules": ["c_attn"]}}``. The
