@@ -342,7 +342,7 @@ def check_same_run(state: dict, folder: str, *, defining: dict, data: str) -> No
             )
     if state.get("data") != data:
         raise ValueError(
-            f"The checkpoint in {folder!r} was written for other data (fingerprint "
+            f"The checkpoint in {folder!r} was written for other data (prompts or ptx_data; fingerprint "
             f"{state.get('data')}, this fit's {data}); resume with the same data. {way_out}"
         )
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+import warnings
 
 import numpy as np
 import torch
@@ -29,7 +30,7 @@ from ..backend import (
     make_generator,
     maybe_compile,
 )
-from ..data import PreferenceData, check_prompts
+from ..data import PreferenceData, check_pretraining_texts, check_prompts
 from ..kl import FixedKLController
 from ..lm import GenerativeEstimator, RunState
 from ..lm import _checkpoint as ckpt
@@ -262,7 +263,11 @@ class BasePolicy(GenerativeEstimator):
                 f"batch_size={self.batch_size} must be a multiple of k={k} "
                 "(k samples are drawn for each prompt)."
             )
-        data_key = ckpt.fingerprint(prompts)
+        ptx_texts = self._check_ptx(ptx_data)
+        # The pretraining texts define the run too: a resume with other ones is refused.
+        data_key = ckpt.fingerprint(
+            prompts if ptx_texts is None else {"prompts": prompts, "ptx_data": ptx_texts}
+        )
         with one_fit_at_a_time(self), ckpt.resumable(self, data_key) as resume:
             if (resume is not None and resume.saved is not None) or not (
                 self.warm_start and hasattr(self, "_run")
@@ -282,14 +287,35 @@ class BasePolicy(GenerativeEstimator):
                 and getattr(reward, "tokenizer_", None) is not None
                 and reward.tokenizer_.get_vocab() == self.tokenizer_.get_vocab()
             )
+            # A reward that pays per token says so with a score_per_token method.
+            self._per_token = callable(getattr(reward, "score_per_token", None))
             self._prompts = prompts
             self._prompt_tokens = self._tokenize_prompts(prompts)
+            self._ptx_tokens = None if ptx_texts is None else self._pretraining_tokens(ptx_texts)
             check_temperature(self)
             for name in ("model_", "ref_model_", "value_model_"):  # also after a resume
                 maybe_compile(getattr(self, name, None))  # set_config(compile=...); off by default
             self._train_steps(self._run.start_step + self.n_steps - self.n_iter_, callback)
             self._checkpoint = None  # the folder's lock ends with this block
         return self
+
+    def _check_ptx(self, ptx_data) -> list | None:
+        """The pretraining texts of PPO-ptx, or ``None`` when the run mixes none in."""
+        if self.ptx_coef > 0 and ptx_data is None:
+            raise ValueError(
+                f"{type(self).__name__}(ptx_coef={self.ptx_coef}) mixes a next-token loss on "
+                "pretraining text into the policy loss; pass the texts: fit(prompts, reward, "
+                "ptx_data=texts), or set ptx_coef=0."
+            )
+        if ptx_data is not None and self.ptx_coef == 0:
+            warnings.warn(
+                f"ptx_data was given but {type(self).__name__} has ptx_coef=0, so it is "
+                "ignored; set ptx_coef > 0 to mix in the pretraining loss.",
+                UserWarning,
+                stacklevel=3,
+            )
+            return None
+        return None if ptx_data is None else check_pretraining_texts(ptx_data)
 
     def _setup(self, reward, start_model) -> None:
         rng = check_random_state(self.random_state)
@@ -332,6 +358,7 @@ class BasePolicy(GenerativeEstimator):
         state = super().__getstate__()
         state.pop("_run", None)  # a saved policy is for using; warm_start then starts a new run
         state.pop("_checkpoint", None)
+        state.pop("_ptx_tokens", None)  # a corpus, tokenised again by the next fit
         value = getattr(self, "value_model_", None)
         if getattr(self, "value_model", None) == "shared" and value is not None:
             # The shared trunk is the policy's: store only the value head.
