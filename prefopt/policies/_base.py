@@ -66,7 +66,10 @@ class BasePolicy(GenerativeEstimator):
 
     Optionally ``after_update(batch)`` runs once per step after the update (a
     moving baseline, say), and ``_parameter_constraints`` validates new
-    parameters. The declarations:
+    parameters. To the loss ``compute_loss`` returns, the loop adds the entropy
+    bonus (``-entropy_coef`` times the minibatch's mean entropy) and the
+    pretraining term (``ptx_coef`` times a next-token loss on ``ptx_data``) for
+    every algorithm; an algorithm does not see them. The declarations:
 
     ``samples_per_prompt`` : int or str, default=1
         Samples drawn per prompt, or the name of the parameter that sets it
@@ -87,6 +90,22 @@ class BasePolicy(GenerativeEstimator):
         cross-entropy on kept samples, as SFT).
     ``uses_value_model`` : bool, default=False
         Build and train a value model (see ``PPOPolicy``'s ``value_model``).
+
+    **Rewards paid per token.** A plain reward ``reward(prompts, completions)``
+    returns one number per completion, which the loop puts at the response's
+    last token. A reward that pays along the response has a method
+    ``score_per_token(prompts, completions, response_ids, response_mask)``: it
+    receives the text and the response token ids (the policy's tokenizer) and
+    mask, both of shape ``(n, length)``, and returns one value per response token,
+    shape ``(n, length)``, finite inside the mask (values outside it are ignored;
+    see :func:`~prefopt.rewards.check_token_rewards`). The loop then puts each
+    value at its token in ``batch.rewards``, and ``batch.scores`` is their sum,
+    so PPO's GAE uses them as they come and the bandit algorithms (which read
+    ``scores`` or ``sequence_rewards``) optimise the total. A response with no
+    EOS totals ``missing_eos_reward``: the values paid along it stay and its last
+    token gets the difference. Such a reward should also be callable as a plain
+    one returning the totals, which ``score``, the scorers and the exact worlds
+    read (``TinyLMWorld.token_reward`` is one).
 
     Examples
     --------
@@ -215,7 +234,8 @@ class BasePolicy(GenerativeEstimator):
             the run when ``model=None`` and whose reward model is the reward.
         y : callable, default=None
             The reward: a fitted :class:`~prefopt.RewardModel` or any callable
-            ``reward(prompts, completions) -> array (n,)``.
+            ``reward(prompts, completions) -> array (n,)``; one with a
+            ``score_per_token`` method is paid per token (see above).
         reward_model : callable, default=None
             The same, as a fit parameter (what ``GridSearchCV`` passes).
         labeler : callable, default=None
@@ -225,7 +245,10 @@ class BasePolicy(GenerativeEstimator):
             world provides its raters as one (``world.labeler``).
         ptx_data : list of str, pandas Series or datasets.Dataset, default=None
             With ``ptx_coef``: pretraining texts (a ``text`` column for tables)
-            for the next-token loss mixed into the policy loss.
+            for the next-token loss mixed into the policy loss
+            (:func:`~prefopt.data.check_pretraining_texts`). They define the run:
+            a checkpoint written with other texts is not resumed. Given with
+            ``ptx_coef=0`` they are ignored, with a warning.
         callback : callable, default=None
             ``callback(policy, row)`` after every step, with that step's
             ``history_`` row; returning ``True`` stops the run early. Use it to

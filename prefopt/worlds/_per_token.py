@@ -143,9 +143,7 @@ class PrefixValueTable(nn.Module):
         values : torch.Tensor of shape (n, width)
         """
         ids = input_ids.tolist()
-        mask = (
-            torch.ones_like(input_ids) if attention_mask is None else attention_mask
-        ).tolist()
+        mask = (torch.ones_like(input_ids) if attention_mask is None else attention_mask).tolist()
         index = torch.full(input_ids.shape, len(self.states), dtype=torch.long)
         for i, (row, keep) in enumerate(zip(ids, mask)):
             seen = ()
