@@ -65,7 +65,7 @@ def sample_and_score(policy, prompt_rows: np.ndarray) -> RolloutBatch:
         values = values * response_mask
     texts = [policy._prompts[i] for i in rows]
     if getattr(policy, "_per_token", False):
-        token_scores = score_tokens(policy, texts, response_ids, response_mask, ended)
+        token_scores = per_token_scores(policy, texts, response_ids, response_mask, ended)
     else:
         scores = score_responses(policy, texts, prompts, response_ids, response_mask, ended)
         token_scores = torch.zeros_like(old)
@@ -122,7 +122,7 @@ def score_responses(policy, prompts, encoded, response_ids, response_mask, ended
     return scores
 
 
-def score_tokens(policy, prompts, response_ids, response_mask, ended) -> torch.Tensor:
+def per_token_scores(policy, prompts, response_ids, response_mask, ended) -> torch.Tensor:
     """Per-token rewards of a reward with ``score_per_token``, checked, missing-EOS rule applied.
 
     The reward receives the prompts and completions as text and the response

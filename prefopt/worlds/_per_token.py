@@ -210,7 +210,8 @@ class PerTokenMethods:
         """Exact value of every response prefix under a policy and the KL-shaped reward.
 
         The quantity PPO's value model learns (with ``gamma=1``, at any
-        ``gae_lambda``): V(x, y_<t) = E[sum_{u >= t} (r_u - beta (log pi(y_u|.)
+        ``gae_lambda``, and ``whiten_rewards=False``, the defaults; a fixed
+        beta): V(x, y_<t) = E[sum_{u >= t} (r_u - beta (log pi(y_u|.)
         - log pi_ref(y_u|.)))], the expectation over continuations drawn from
         the policy, r_u the reward paid at token u (a per-token reward's
         payments, or a plain reward's score at the last token) with the loop's
