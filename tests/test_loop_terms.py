@@ -104,7 +104,11 @@ def test_a_large_entropy_coef_keeps_the_policy_spread(pref):
 
 # ----- pretraining mix ----------------------------------------------------------------
 def test_pretraining_texts_are_checked_by_row():
+    import pandas as pd
+
     assert check_pretraining_texts({"text": ["a b", "c"]}) == ["a b", "c"]
+    assert check_pretraining_texts(pd.DataFrame({"text": ["a b"], "id": [0]})) == ["a b"]
+    assert check_pretraining_texts(pd.Series(["a", "b"])) == ["a", "b"]
     with pytest.raises(ValueError, match="text at row 1 is empty"):
         check_pretraining_texts(["a", ""])
     with pytest.raises(TypeError, match="text at row 0 is int"):
