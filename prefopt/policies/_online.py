@@ -2,10 +2,11 @@
 
 Ziegler et al. (2019) collected labels on the current policy's samples during
 training ("online"); it mattered for summarisation. Every ``refit_every`` steps
-the loop pairs two of its own samples of each prompt of the step, asks the
-labeler which is preferred, and trains a copy of the reward further on all
-pairs so labelled (``partial_fit``: a warm start, then the reward's own
-normalisation again); the reward passed to ``fit`` is never changed.
+the loop pairs its own samples of each prompt of the step ((0, 1), (2, 3), ...
+of the k), asks the labeler which is preferred, and trains a copy of the
+reward further on the pairs so labelled (``partial_fit``: a warm start, then
+the reward's own normalisation again); the reward passed to ``fit`` is never
+changed.
 """
 
 from __future__ import annotations
@@ -128,12 +129,15 @@ class OnlineRewards:
 
 
 def _pairs(policy, batch) -> tuple[list, list, list]:
-    """Two of the step's samples of each prompt (at k = 1, one more sample is drawn)."""
+    """Disjoint pairs of the step's samples of each prompt: (0, 1), (2, 3), ... of its k.
+
+    At k = 1 one more sample of each prompt is drawn to pair with it.
+    """
     k = policy._samples_per_prompt()
     rows = batch.prompt_index.cpu().numpy()
     texts = policy._decode(batch.response_ids, batch.response_mask)
-    if k >= 2:  # the first two of each group: independent samples of the same prompt
-        heads = np.arange(0, len(rows), k)
+    if k >= 2:  # independent samples of the same prompt
+        heads = np.array([g + j for g in range(0, len(rows), k) for j in range(0, k - 1, 2)])
         first = [texts[i] for i in heads]
         second = [texts[i + 1] for i in heads]
         rows = rows[heads]
