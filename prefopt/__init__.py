@@ -1,8 +1,8 @@
 """prefopt: RLHF as scikit-learn estimators.
 
 Fit a reward model from comparisons, optimise a policy against it with PPO,
-RLOO, GRPO, REINFORCE or RAFT, and compare algorithms exactly where the answer is
-known.
+RLOO, GRPO, REINFORCE or RAFT, and compare algorithms exactly where the answer
+is known.
 """
 
 from . import metrics
