@@ -162,12 +162,12 @@ class GRPOPolicy(BasePolicy):
     k : int, default=8
         Samples per prompt, a group (``batch_size / k`` prompts per step);
         TRL's ``num_generations``. At least 2.
-    scale_rewards : {{"group", "batch", "none"}}, default="group"
+    scale_rewards : {"group", "batch", "none"}, default="group"
         Divide the centred rewards by the group's std (Shao et al. 2024), by
         the batch's std (the mean stays the group's), or not at all (Liu et
         al. 2025: dividing by the group std up-weights groups whose samples
         nearly tie). The std is Bessel-corrected, plus 1e-4, as TRL.
-    loss_type : {{"dapo", "grpo", "dr_grpo"}}, default="dapo"
+    loss_type : {"dapo", "grpo", "dr_grpo"}, default="dapo"
         How token losses become one loss: ``"grpo"`` the mean over each
         sequence's tokens then over sequences (Shao et al. 2024);
         ``"dr_grpo"`` the sum over tokens divided by the number of sequences
@@ -191,10 +191,10 @@ class GRPOPolicy(BasePolicy):
     How GRPO differs from :class:`RLOOPolicy`:
 
     1. The baseline is the group's mean *with* the sample, not the mean of
-       the other k - 1. Alone that only scales the gradient by (k - 1)/k
-       (which acts, at a fixed point, like beta * k/(k - 1)); with the std
-       division the advantage of a sample depends on itself through the std,
-       so the estimator is biased.
+       the other k - 1. Alone (``scale_rewards="none"``) that only scales the
+       expected gradient of the reward by (k - 1)/k, so the fixed point is the
+       one of beta * k/(k - 1); with the std division the advantage of a
+       sample depends on itself through the std, so the estimator is biased.
     2. The centred rewards are divided by a std (``scale_rewards``), which
        makes them unitless and amplifies near-tied groups; RLOO leaves them
        near 0.
@@ -202,8 +202,9 @@ class GRPOPolicy(BasePolicy):
        -beta times k1 in the reward. In expectation the gradient of k3 at a
        token is that of KL(pi_ref || pi) at that token's prefix, the
        *forward* KL, node by node: GRPO's fixed point is not the closed-form
-       optimum pi_ref exp(r/beta)/Z that RLOO reaches (``tests/test_grpo.py``
-       measures the distance on :class:`~prefopt.worlds.TinyLMWorld`).
+       optimum pi_ref exp(r/beta)/Z that RLOO reaches: on
+       :class:`~prefopt.worlds.TinyLMWorld` at beta = 0.3 and k = 4 they are
+       0.21 apart in total variation (``tests/test_grpo.py``).
     4. The ratio and its clip are per token, as PPO's; RLOO has no ratio.
     5. Token losses are averaged, not summed over the response as RLOO's
        sequence log-prob. The original per-sequence mean (``"grpo"``) gives
