@@ -28,6 +28,7 @@ import prefopt
 from prefopt import (
     AdaptiveKLController,
     FixedKLController,
+    GRPOPolicy,
     KLController,
     PPOPolicy,
     RAFTPolicy,
@@ -38,7 +39,7 @@ from prefopt import (
 from prefopt.worlds import PreferenceWorld
 
 WORLD = PreferenceWorld(rater_bias=1.0, random_state=0)
-POLICIES = ("PPOPolicy", "RLOOPolicy", "ReinforcePolicy", "RAFTPolicy")
+POLICIES = ("PPOPolicy", "RLOOPolicy", "GRPOPolicy", "ReinforcePolicy", "RAFTPolicy")
 NAMES = POLICIES + ("RewardModel", "FixedKLController", "AdaptiveKLController")
 
 
@@ -56,6 +57,7 @@ def make(name, **params):
     est = {
         "PPOPolicy": lambda: PPOPolicy(**small),
         "RLOOPolicy": lambda: RLOOPolicy(k=4, **small),
+        "GRPOPolicy": lambda: GRPOPolicy(k=4, **small),
         "ReinforcePolicy": lambda: ReinforcePolicy(**small),
         "RAFTPolicy": lambda: RAFTPolicy(k=4, **small),
         "RewardModel": lambda: RewardModel(alpha=0.1),
