@@ -67,7 +67,7 @@ def tilt(rewards):
 # problem, and the gap measures how well each optimiser solved it.
 #
 # Measured at this commit, 5,000 comparisons, beta 0.3, largest TV over the 4 prompts, for
-# comparison seeds 0-4 (test_seed_spread below prints them):
+# comparison seeds 0-4 (the test below prints seed 0, test_seed_spread seeds 1-4):
 #   TV(DPO, RewardModel's optimum)   3.8e-05, 6.5e-04, 2.0e-04, 9.1e-04, 1.1e-03
 #   TV(DPO, exact BT MLE's optimum)  at most 1.2e-04 (seeds 3 and 4: 1.2e-04, 4.6e-05)
 #   TV(RewardModel's optimum, exact MLE's optimum) 7.9e-04 and 1.1e-03 on seeds 3 and 4
@@ -107,10 +107,10 @@ def test_dpo_lands_on_the_reward_models_closed_form_optimum(converged):
     assert WORLD.objective_share(dpo, rm, BETA) == pytest.approx(1.0, abs=1e-3)
 
 
-@pytest.mark.slow  # about 40 s: 5 seeds of 5,000 comparisons
+@pytest.mark.slow  # about 30 s on an idle core: seeds 1-4 (seed 0 is the test above)
 def test_seed_spread_of_both_distances():
     to_rm, to_raters = [], []
-    for seed in range(5):
+    for seed in range(1, 5):
         dpo, data = exact_dpo(5000, seed=seed)
         probs = WORLD.policy_probs(dpo)
         to_rm.append(tv(probs, WORLD.optimal_probs(RewardModel().fit(data), BETA)))
