@@ -265,6 +265,7 @@ class DPOPolicy(GenerativeEstimator):
         chosen = self._completion_tokens(data.chosen, True, "chosen response", data.prompt)
         rejected = self._completion_tokens(data.rejected, True, "rejected response", data.prompt)
         self._check_rows(data, prompts, chosen, rejected)
+        self._check_max_new_tokens(self.model_)  # sampling would fail later otherwise
         model_key = ckpt.module_fingerprint(self.model_) if self.checkpoint_dir else None
         with local_seed(int(seeds[1])):  # a LoRA adapter's initial weights
             self._setup_reference()
