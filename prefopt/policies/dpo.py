@@ -28,6 +28,8 @@ from ..backend import (
     default_learning_rate,
     local_seed,
     make_generator,
+    pad_left,
+    pad_right,
     response_logprobs,
 )
 from ..data import PreferenceData, check_comparisons
@@ -269,18 +271,20 @@ class DPOPolicy(GenerativeEstimator):
         model_key = ckpt.module_fingerprint(self.model_) if self.checkpoint_dir else None
         with local_seed(int(seeds[1])):  # a LoRA adapter's initial weights
             self._setup_reference()
-        # Padded once; a minibatch takes its rows. Row i is chosen, row n + i rejected.
+        # Padded once on the CPU; a minibatch takes its rows to the device. Response row i
+        # is the chosen response of comparison i, row n + i the rejected one.
         n = len(data)
-        prompt_rows = self._encode(prompts)
-        response_rows = self._pad_responses(chosen + rejected)
+        prompt_rows = pad_left(prompts, self.tokenizer_.pad_token_id)
+        response_rows = pad_right(chosen + rejected, self.tokenizer_.pad_token_id)
         with torch.no_grad(), self._reference() as ref:  # once, before training
             ref_logps = self._logps(ref, prompt_rows, response_rows, torch.arange(n))
 
         def batch_loss(rows):
             # Chosen and rejected go through one forward pass together.
-            rows = torch.as_tensor(rows, device=ref_logps.device)
+            rows = torch.as_tensor(rows)
             logps = self._logps(self.model_, prompt_rows, response_rows, rows)
             logp_c, logp_r = logps[: len(rows)], logps[len(rows) :]
+            rows = rows.to(ref_logps.device)
             ratio_c = logp_c - ref_logps[rows]  # log pi/pi_ref of the chosen responses
             ratio_r = logp_r - ref_logps[rows + n]
             h = ratio_c - ratio_r
@@ -336,7 +340,6 @@ class DPOPolicy(GenerativeEstimator):
         each batch drops the padding columns none of its rows needs.
         """
         n = len(prompt_rows.input_ids)
-        pairs = pairs.to(prompt_rows.input_ids.device)
         rows = torch.cat([pairs, pairs + n])
         size = len(rows) if torch.is_grad_enabled() else get_config()["eval_batch_size"]
         out = []
@@ -347,11 +350,12 @@ class DPOPolicy(GenerativeEstimator):
             first = int(p_mask.any(0).long().argmax())  # left-padded: keep the right part
             r_ids, r_mask = response_rows[0][batch], response_rows[1][batch]
             width = max(int(r_mask.sum(1).max()), 1)  # right-padded: keep the left part
+            device = self.device_
             logprobs = response_logprobs(
                 model,
-                EncodedPrompts(p_ids[:, first:], p_mask[:, first:]),
-                r_ids[:, :width],
-                r_mask[:, :width],
+                EncodedPrompts(p_ids[:, first:].to(device), p_mask[:, first:].to(device)),
+                r_ids[:, :width].to(device),
+                r_mask[:, :width].to(device),
                 temperature=1.0,
                 suppress_ids=self._suppress_ids,
             )
