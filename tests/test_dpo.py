@@ -107,7 +107,7 @@ def test_dpo_lands_on_the_reward_models_closed_form_optimum(converged):
     assert WORLD.objective_share(dpo, rm, BETA) == pytest.approx(1.0, abs=1e-3)
 
 
-@pytest.mark.slow  # about 30 s on an idle core: seeds 1-4 (seed 0 is the test above)
+@pytest.mark.slow  # 48 s on a 2-core machine at load 9: seeds 1-4 (seed 0 is the test above)
 def test_seed_spread_of_both_distances():
     to_rm, to_raters = [], []
     for seed in range(1, 5):
