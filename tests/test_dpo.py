@@ -264,10 +264,12 @@ def test_compare_dpo_and_ipo_over_seeds():
     assert dpo_quality.nunique() == 2
 
 
-def test_seed_search_over_beta_with_held_out_folds():
-    data = WORLD.comparisons(400, random_state=0).to_pandas()  # a table scikit-learn can split
+@pytest.mark.parametrize("as_table", [False, True])
+def test_seed_search_over_beta_with_held_out_folds(as_table):
+    data = WORLD.comparisons(400, random_state=0)  # each fold keeps the policy they carry
+    data = data.to_pandas() if as_table else data
     search = SeedSearchCV(
-        DPOPolicy(model=WORLD.policy_model(), n_epochs=2, batch_size=100),
+        DPOPolicy(model=WORLD.policy_model() if as_table else None, n_epochs=2, batch_size=100),
         {"beta": [0.1, 1.0]},
         seeds=2,
         cv=KFold(2),  # accuracy on the held-out half of the comparisons
