@@ -36,6 +36,7 @@ from ..lm import GenerativeEstimator, RunState
 from ..lm import _checkpoint as ckpt
 from ..lm._run import one_fit_at_a_time
 from ..rewards import check_rewards
+from . import _online as online
 from ._batch import Minibatch, RolloutBatch
 from ._health import check_health, check_temperature
 from ._params import COMMON_CONSTRAINTS, store_params  # noqa: F401 (store_params re-exported)
@@ -286,6 +287,7 @@ class BasePolicy(GenerativeEstimator):
                 f"batch_size={self.batch_size} must be a multiple of k={k} "
                 "(k samples are drawn for each prompt)."
             )
+        online_state = online.start(self, reward, labeler)  # refused before any work
         ptx_texts = self._check_ptx(ptx_data)
         # The pretraining texts define the run too: a resume with other ones is refused.
         data_key = ckpt.fingerprint(
@@ -296,22 +298,26 @@ class BasePolicy(GenerativeEstimator):
                 self.warm_start and hasattr(self, "_run")
             ):
                 self._setup(reward, start_model)
+                online_log = None
             else:  # warm start: n_steps more steps, a fresh pass over the prompts
+                online_log = getattr(getattr(self, "_online", None), "log", None)
                 self._run.start_step = self.n_iter_
                 self._run.stream = np.zeros(0, dtype=np.int64)
             self._checkpoint = resume
+            self._online = online_state
             if resume is not None:
                 saved_run = resume.restore(self, self._start_key)
                 if saved_run is not None:
+                    online_log = saved_run.pop("online", None)
                     self._run.load_state_dict(saved_run)
             self.reward_model_ = reward
+            if self._online is not None:
+                self._online.replay(self, online_log)  # the refits so far, redone exactly
             self._scores_tokens = (
                 hasattr(reward, "score_tokens")
                 and getattr(reward, "tokenizer_", None) is not None
                 and reward.tokenizer_.get_vocab() == self.tokenizer_.get_vocab()
             )
-            # A reward that pays per token says so with a score_per_token method.
-            self._per_token = callable(getattr(reward, "score_per_token", None))
             self._prompts = prompts
             self._prompt_tokens = self._tokenize_prompts(prompts)
             self._ptx_tokens = None if ptx_texts is None else self._pretraining_tokens(ptx_texts)
@@ -382,6 +388,7 @@ class BasePolicy(GenerativeEstimator):
         state.pop("_run", None)  # a saved policy is for using; warm_start then starts a new run
         state.pop("_checkpoint", None)
         state.pop("_ptx_tokens", None)  # a corpus, tokenised again by the next fit
+        state.pop("_online", None)
         value = getattr(self, "value_model_", None)
         if getattr(self, "value_model", None) == "shared" and value is not None:
             # The shared trunk is the policy's: store only the value head.
@@ -428,6 +435,8 @@ class BasePolicy(GenerativeEstimator):
                 batch.advantages = advantages
             stats = self._update(batch)
             self.after_update(batch)
+            if self._online is not None:
+                stats.update(self._online.after_step(self, batch))
             mean_kl = float(batch.kl.sum(1).mean())
             self.beta_ = self.kl_.update(mean_kl, n_episodes=len(batch))
             self.n_iter_ += 1
@@ -461,7 +470,10 @@ class BasePolicy(GenerativeEstimator):
             if getattr(self, "_checkpoint", None) is not None and (
                 self.n_iter_ % self.checkpoint_every == 0 or self.n_iter_ == total
             ):
-                self._checkpoint.save(self, run.state_dict())
+                state = run.state_dict()
+                if self._online is not None:
+                    state["online"] = self._online.state_dict()
+                self._checkpoint.save(self, state)
             if callback is not None and callback(self, row) is True:
                 break
         bar.close()

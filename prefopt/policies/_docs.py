@@ -91,10 +91,17 @@ COMMON_PARAMETERS = """model : str, transformers config, torch module or fitted 
         adds this times the mean cross-entropy of as many texts, drawn at
         random, tokenised once per fit and cut to the model's context.
     refit_every : int, default=None
-        Online reward learning: every this many steps, pair the policy's own
-        samples of a prompt, have them labelled (``fit(..., labeler=...)``) and
-        refit a copy of the reward model on them (Ziegler et al. 2019).
-        ``None`` keeps the reward fixed (offline, the default).
+        Online reward learning (Ziegler et al. 2019): every this many steps,
+        the step's samples of each prompt are paired ((0, 1), (2, 3), ... of
+        its k; at k = 1 a second sample is drawn), labelled by ``fit(...,
+        labeler=...)`` (pairs of equal text dropped), and a copy of the
+        current reward is trained further on them (its ``partial_fit``: a
+        warm start, then normalised again on the starting policy's samples,
+        so beta keeps its meaning). The reward passed to ``fit`` is never
+        changed; ``reward_model_`` is the last refit, and ``history_`` logs
+        ``reward/refits``, ``reward/new_labels`` and the accuracy of the
+        reward before each refit on its new labels. ``None`` keeps the
+        reward fixed (offline, the default).
     lora : dict or peft.LoraConfig, default=None
         Train a LoRA adapter (peft) instead of all weights, e.g.
         ``{{"r": 8, "lora_alpha": 16, "target_modules": ["c_attn"]}}``. The

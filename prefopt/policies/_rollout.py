@@ -64,7 +64,7 @@ def sample_and_score(policy, prompt_rows: np.ndarray) -> RolloutBatch:
         values = sequence_values(policy.value_model_, prompts, response_ids, response_mask)
         values = values * response_mask
     texts = [policy._prompts[i] for i in rows]
-    if getattr(policy, "_per_token", False):
+    if callable(getattr(policy.reward_model_, "score_per_token", None)):  # pays per token
         token_scores = per_token_scores(policy, texts, response_ids, response_mask, ended)
     else:
         scores = score_responses(policy, texts, prompts, response_ids, response_mask, ended)
