@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import prefopt
-from prefopt import PPOPolicy, RAFTPolicy, ReinforcePolicy, RLOOPolicy
+from prefopt import GRPOPolicy, PPOPolicy, RAFTPolicy, ReinforcePolicy, RLOOPolicy
 from prefopt.data import check_pretraining_texts
 from prefopt.policies import BasePolicy, store_params
 from prefopt.policies._rollout import pretraining_loss
@@ -179,7 +179,7 @@ def test_pretraining_texts_are_not_pickled_with_the_policy(tiny):
     assert "_ptx_tokens" not in pickle.loads(pickle.dumps(policy)).__dict__
 
 
-@pytest.mark.parametrize("cls", [PPOPolicy, RLOOPolicy, ReinforcePolicy, RAFTPolicy])
+@pytest.mark.parametrize("cls", [PPOPolicy, RLOOPolicy, ReinforcePolicy, RAFTPolicy, GRPOPolicy])
 def test_every_algorithm_gets_both_terms(tiny, cls):
     policy = cls(
         model=tiny.policy_model(),
@@ -240,6 +240,23 @@ def test_per_token_rewards_are_paid_at_their_tokens(tiny):
     # The same totals as the plain reward: what the exact world scores.
     totals = np.where(ended.numpy(), tiny.reward(prompts, completions), -1.0)
     np.testing.assert_allclose(batch.scores.numpy(), totals, atol=1e-6)
+
+
+@pytest.mark.parametrize("cls", [RLOOPolicy, ReinforcePolicy, GRPOPolicy, RAFTPolicy])
+def test_bandit_algorithms_get_the_sum_of_the_per_token_rewards(tiny, cls):
+    def keep(self, batch):
+        self.seen_batch_ = batch
+        return cls.compute_advantages(self, batch)
+
+    spy = type(f"Keep{cls.__name__}", (cls,), {"compute_advantages": keep})
+    policy = spy(model=tiny.policy_model(), beta=BETA, n_steps=1, batch_size=16, random_state=0)
+    batch = policy.fit(tiny.prompts, tiny.token_reward()).seen_batch_
+    prompts = [tiny.prompts[i] for i in batch.prompt_index.tolist()]
+    completions = policy._decode(batch.response_ids, batch.response_mask)
+    totals = np.where(batch.ended.numpy(), tiny.reward(prompts, completions), -1.0)
+    np.testing.assert_allclose(batch.scores.numpy(), totals, atol=1e-6)
+    shaped = batch.scores - (BETA * batch.kl.sum(1) if batch.kl_in_reward else 0.0)
+    torch.testing.assert_close(batch.sequence_rewards, shaped)
 
 
 def test_a_bad_per_token_reward_is_named(tiny):
