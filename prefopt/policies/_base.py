@@ -97,8 +97,9 @@ class BasePolicy(GenerativeEstimator):
     last token. A reward that pays along the response has a method
     ``score_per_token(prompts, completions, response_ids, response_mask)``: it
     receives the text and the response token ids (the policy's tokenizer) and
-    mask, both of shape ``(n, length)``, and returns one value per response token,
-    shape ``(n, length)``, finite inside the mask (values outside it are ignored;
+    mask, torch tensors of shape ``(n, length)`` on the policy's device, and
+    returns one value per response token, shape ``(n, length)``, finite inside
+    the mask (values outside it are ignored;
     see :func:`~prefopt.rewards.check_token_rewards`). The loop then puts each
     value at its token in ``batch.rewards``, and ``batch.scores`` is their sum,
     so PPO's GAE uses them as they come and the bandit algorithms (which read
