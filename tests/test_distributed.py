@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 from datetime import timedelta
 from pathlib import Path
 
@@ -408,3 +409,37 @@ def test_outside_a_process_group_everything_is_local():
         x = torch.tensor([1.0, 2.0, 4.0])
         assert distributed.masked_mean(x, torch.tensor([1, 1, 0])).item() == 1.5
         assert distributed.gather(x) is x
+
+
+@pytest.mark.slow  # starts a local Ray and 2 Ray Train workers: about 1-2 min on 2 busy cores
+def test_ray_train_recipe_runs_on_two_local_workers(tmp_path):
+    pytest.importorskip("ray.train.torch")
+    import subprocess
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "distributed_fit.py"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    root = str(Path(prefopt.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(example),
+            "--ray",
+            "2",
+            "--steps",
+            "2",
+            "--batch-size",
+            "8",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["ranks"] == 2 and summary["steps"] == 2 and summary["episodes"] == 16
+    assert (tmp_path / "model" / "config.json").exists()

@@ -154,6 +154,7 @@ def rank_seed(seed: int) -> int:
 # ----- splitting work --------------------------------------------------------------------
 def check_batch(batch_size: int, k: int, who: str) -> None:
     """Refuse a global ``batch_size`` that does not split into world size x k samples."""
+    init_from_env()  # under torchrun the group may not be up before the first model loads
     n = world_size()
     if n > 1 and batch_size % (n * k):
         raise ValueError(
@@ -166,6 +167,7 @@ def check_batch(batch_size: int, k: int, who: str) -> None:
 
 def check_rows(n_rows: int, batch_size: int, who: str) -> None:
     """Refuse data whose last minibatch would leave a rank without a row."""
+    init_from_env()
     n = world_size()
     if n > 1 and (batch_size < n or 0 < n_rows % batch_size < n):
         last = n_rows % batch_size or batch_size
@@ -277,6 +279,15 @@ def mean(x: torch.Tensor) -> torch.Tensor:
     The row-mean loss of the reward model and of DPO: with this, ranks holding
     unequal shares of a minibatch still weight every row alike.
 
+    Parameters
+    ----------
+    x : torch.Tensor
+        Values (a loss may flow through them, as in :func:`masked_mean`).
+
+    Returns
+    -------
+    mean : torch.Tensor
+
     Examples
     --------
     >>> import torch
@@ -292,6 +303,15 @@ def gather(x: torch.Tensor) -> torch.Tensor:
     """Every rank's ``x`` concatenated in rank order (the global batch's order); ``x`` alone.
 
     Only inside :func:`global_statistics`; ranks may hold different lengths.
+
+    Parameters
+    ----------
+    x : torch.Tensor
+        This rank's rows (no gradient flows through the result).
+
+    Returns
+    -------
+    gathered : torch.Tensor
     """
     if not _reducing():
         return x
@@ -330,6 +350,15 @@ def any_rank(flag: bool) -> bool:
     """Whether ``flag`` holds on any rank: decisions that end a loop are taken together.
 
     A stop that one rank takes alone would leave the others waiting in a collective.
+
+    Parameters
+    ----------
+    flag : bool
+        This rank's decision.
+
+    Returns
+    -------
+    any : bool
     """
     if world_size() == 1:
         return bool(flag)
@@ -342,6 +371,19 @@ def reduce_row(row: dict, elapsed: float | None = None, n_local: int | None = No
     Every rank holds an equal share of a step's samples, so the average of the
     ranks' means is the global mean. ``time/episodes_per_s`` becomes the global
     batch over the slowest rank's time.
+
+    Parameters
+    ----------
+    row : dict
+        This rank's row; ``step`` is left alone, keys in ``SUMMED`` are added up.
+    elapsed : float, default=None
+        This rank's time for the step.
+    n_local : int, default=None
+        This rank's episodes in the step.
+
+    Returns
+    -------
+    row : dict
     """
     if world_size() == 1:
         return row
@@ -371,7 +413,9 @@ def all_finite(loss: torch.Tensor) -> bool:
 
 
 # ----- engines ---------------------------------------------------------------------------
-def prepare(module: torch.nn.Module | None, device: torch.device) -> torch.nn.Module | None:
+def prepare(
+    module: torch.nn.Module | None, device: torch.device, *, shard: bool = True
+) -> torch.nn.Module | None:
     """Put ``module`` under the data-parallel engine the configuration selects.
 
     ``distributed="ddp"`` (default): a ``DistributedDataParallel`` wrapper is kept
@@ -385,6 +429,9 @@ def prepare(module: torch.nn.Module | None, device: torch.device) -> torch.nn.Mo
     ----------
     module : torch.nn.Module or None
     device : torch.device
+    shard : bool, default=True
+        ``False`` keeps DDP under ``distributed="fsdp"`` (the supervised
+        estimators, whose fitted models other estimators copy).
 
     Returns
     -------
@@ -393,7 +440,7 @@ def prepare(module: torch.nn.Module | None, device: torch.device) -> torch.nn.Mo
     """
     if module is None or world_size() == 1:
         return module
-    if sharded():
+    if sharded() and shard:
         if module not in _SHARDED:
             _fully_shard(module)
             _SHARDED.add(module)

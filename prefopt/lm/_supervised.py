@@ -111,7 +111,10 @@ def train_minibatches(
     # Distributed fits: each minibatch's rows are split across ranks (every rank draws the
     # same order), losses are global means, gradients averaged by DDP, rank 0 writes.
     distributed.check_rows(n_rows, estimator.batch_size, name)
-    distributed.prepare(getattr(estimator, "model_", None), getattr(estimator, "device_", None))
+    # DDP (also under distributed="fsdp": FSDP shards the RL policy only).
+    distributed.prepare(
+        getattr(estimator, "model_", None), getattr(estimator, "device_", None), shard=False
+    )
     optimizer = adamw(parameters, estimator.learning_rate_)
     per_epoch = math.ceil(n_rows / estimator.batch_size)
     total = per_epoch * estimator.n_epochs
