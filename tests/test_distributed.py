@@ -443,3 +443,25 @@ def test_ray_train_recipe_runs_on_two_local_workers(tmp_path):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["ranks"] == 2 and summary["steps"] == 2 and summary["episodes"] == 16
     assert (tmp_path / "model" / "config.json").exists()
+
+
+def test_each_rank_takes_its_own_gpu(monkeypatch):
+    from prefopt.backend import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(distributed, "init_from_env", lambda: True)
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    assert resolve_device() == torch.device("cuda:3")
+    with prefopt.config_context(device="cuda:0"):  # an explicit device is the user's choice
+        assert resolve_device() == torch.device("cuda:0")
+
+
+def test_a_shared_value_model_is_refused_in_a_distributed_fit(monkeypatch):
+    from prefopt.worlds import TinyLMWorld
+
+    world = TinyLMWorld(**WORLD_KW)
+    monkeypatch.setattr(distributed, "world_size", lambda: 2)  # as if under torchrun
+    monkeypatch.setattr(distributed, "rank", lambda: 0)
+    policy = PPOPolicy(model=world.policy_model(), value_model="shared", batch_size=8, n_steps=1)
+    with pytest.raises(ValueError, match="value_model='shared' is not supported in a distrib"):
+        policy.fit(world.prompts, world.reward)

@@ -320,22 +320,16 @@ class BasePolicy(GenerativeEstimator):
         """Under a process group: DDP beside the trained modules, or FSDP's fully_shard."""
         if distributed.world_size() == 1:
             return
-        if distributed.sharded():
-            if self.checkpoint_dir is not None:
-                raise ValueError(
-                    f"{type(self).__name__}: checkpoint_dir is not supported with "
-                    "set_config(distributed='fsdp') yet; use distributed='ddp' to resume runs."
-                )
-            if getattr(self, "value_model", None) == "shared":
-                raise ValueError(
-                    f"{type(self).__name__}: value_model='shared' is not supported with "
-                    "set_config(distributed='fsdp'); give the value model its own weights."
-                )
-        elif getattr(self, "value_model", None) == "shared" and self.value_model_ is not None:
+        if distributed.sharded() and self.checkpoint_dir is not None:
+            raise ValueError(
+                f"{type(self).__name__}: checkpoint_dir is not supported with "
+                "set_config(distributed='fsdp') yet; use distributed='ddp' to resume runs."
+            )
+        if isinstance(getattr(self, "value_model", None), str):  # "shared"
             raise ValueError(
                 f"{type(self).__name__}: value_model='shared' is not supported in a distributed "
-                "fit (the policy and the value head would share one DDP-averaged trunk); leave "
-                "value_model=None (a copy of the reward model) or give one."
+                "fit (the policy's trunk would be trained through two engines); leave "
+                "value_model=None (a copy of the reward model) or give a module."
             )
         before = [id(p) for p in self._trainable_parameters()]
         for name in ("model_", "value_model_"):
