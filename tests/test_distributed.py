@@ -19,8 +19,9 @@ import pytest
 import torch
 
 import prefopt
-from prefopt import PPOPolicy, RewardModel, RLOOPolicy, SFTPolicy
+from prefopt import PPOPolicy, ReinforcePolicy, RewardModel, RLOOPolicy, SFTPolicy
 from prefopt.backend import EncodedPrompts, distributed
+from prefopt.kl import AdaptiveKLController
 from prefopt.policies._batch import RolloutBatch
 
 N_PROMPTS = 6
@@ -158,8 +159,13 @@ def _gradients(rank, out):
 
 def _fits(rank, out):
     world = _world()
-    # RLOO: rows seen, local mean scores, history, weights.
-    rloo = _RecordingRLOO(model=world.policy_model(), **RL_KW).fit(world.prompts, world.reward)
+    # RLOO: rows seen, local mean scores, history, weights; an adaptive KL controller, whose
+    # beta must follow the global KL on every rank.
+    rloo = _RecordingRLOO(
+        model=world.policy_model(), kl=AdaptiveKLController(target=0.01, horizon=100), **RL_KW
+    ).fit(world.prompts, world.reward)
+    reinforce = ReinforcePolicy(model=world.policy_model(), batch_size=8, n_steps=2, random_state=0)
+    reinforce.fit(world.prompts, world.reward)
     ppo = PPOPolicy(model=world.policy_model(), batch_size=8, n_steps=2, random_state=0)
     ppo.fit(world.prompts, world.reward)
     _save(
@@ -174,6 +180,8 @@ def _fits(rank, out):
             "ppo_history": ppo.history_,
             "ppo_weights": _weights(ppo.model_),
             "ppo_value_weights": _weights(ppo.value_model_),
+            "baseline": reinforce.baseline_.state_dict(),
+            "reinforce_weights": _weights(reinforce.model_),
         },
     )
 
@@ -306,7 +314,7 @@ def test_one_step_averaged_gradient_equals_the_single_process_gradient(runs):
 @pytest.mark.slow  # one launch of 2 processes for all of these: about 60-90 s here
 def test_ranks_end_with_identical_weights_and_one_global_history_row_a_step(runs):
     r0, r1 = _load(runs, "fits")
-    for key in ("rloo_weights", "ppo_weights", "ppo_value_weights"):
+    for key in ("rloo_weights", "ppo_weights", "ppo_value_weights", "reinforce_weights"):
         for name in r0[key]:
             torch.testing.assert_close(r0[key][name], r1[key][name], rtol=0, atol=0)
     assert len(r0["rloo_history"]) == 3 and len(r0["ppo_history"]) == 2
@@ -319,6 +327,10 @@ def test_ranks_end_with_identical_weights_and_one_global_history_row_a_step(runs
         assert row["objective/reward"] == pytest.approx(np.mean(local), abs=1e-6)
         assert row["episodes"] == 8 * (step + 1)
     assert r0["rloo_episodes"] == 24
+    betas = [row["objective/beta"] for row in r0["rloo_history"]]
+    assert len(set(betas)) == 3  # the controller moved beta, alike on both ranks
+    # REINFORCE's moving baseline holds both ranks' rewards: 2 steps of the global batch 8.
+    assert r0["baseline"] == r1["baseline"] and r0["baseline"]["count"] == 16
 
 
 @pytest.mark.slow  # one launch of 2 processes for all of these: about 60-90 s here

@@ -237,7 +237,8 @@ def _global(total: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
     times this rank's ``d total / global count``, so that DistributedDataParallel's
     average over ranks is the gradient of the global mean.
     """
-    stats = _all_reduce(torch.stack([total.detach().float(), count.detach().float()]))
+    # Reduced in float64: a bf16 or float32 sum over many tokens keeps its precision.
+    stats = _all_reduce(torch.stack([total.detach().double(), count.detach().double()]))
     g_total, g_count = stats[0].to(total.dtype), stats[1].to(total.dtype).clamp(min=1.0)
     if not total.requires_grad:
         return g_total / g_count
