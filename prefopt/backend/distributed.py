@@ -239,11 +239,12 @@ def _global(total: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
     """
     # Reduced in float64: a bf16 or float32 sum over many tokens keeps its precision.
     stats = _all_reduce(torch.stack([total.detach().double(), count.detach().double()]))
-    g_total, g_count = stats[0].to(total.dtype), stats[1].to(total.dtype).clamp(min=1.0)
+    g_count = stats[1].clamp(min=1.0)
+    value = (stats[0] / g_count).to(total.dtype)
     if not total.requires_grad:
-        return g_total / g_count
-    scaled = total * world_size()
-    return (scaled + (g_total - scaled.detach())) / g_count
+        return value
+    local = total * world_size() / g_count.to(total.dtype)
+    return local + (value - local.detach())  # the global value, this rank's gradient
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
