@@ -63,6 +63,12 @@ class Comparisons:
     def __len__(self) -> int:
         return len(self.prompt)
 
+    @property
+    def shape(self) -> tuple[int]:
+        """``(n_comparisons,)``: scikit-learn then splits comparisons by rows (cross-validation
+        in ``SeedSearchCV``), keeping the featurizer and the policy on every part."""
+        return (len(self),)
+
     def __getitem__(self, index) -> Comparisons:
         idx = np.arange(len(self))[index]
         idx = np.atleast_1d(idx)

@@ -36,6 +36,7 @@ from ..lm import GenerativeEstimator, RunState
 from ..lm import _checkpoint as ckpt
 from ..lm._run import one_fit_at_a_time
 from ..rewards import check_rewards
+from . import _online as online
 from ._batch import Minibatch, RolloutBatch
 from ._health import check_health, check_temperature
 from ._params import COMMON_CONSTRAINTS, store_params  # noqa: F401 (store_params re-exported)
@@ -148,6 +149,9 @@ class BasePolicy(GenerativeEstimator):
     max_kl = None
     max_kl_action = "warn"
     min_eos_share = 0.5
+    entropy_coef = 0.0
+    ptx_coef = 0.0
+    refit_every = None
     lora = None
 
     # ----- the contract ---------------------------------------------------------------
@@ -201,7 +205,7 @@ class BasePolicy(GenerativeEstimator):
             raise ValueError(f"kl_penalty must be 'reward' or 'loss'; got {self.kl_penalty!r}.")
 
     # ----- fit ------------------------------------------------------------------------
-    def fit(self, X, y=None, *, reward_model=None, callback=None):
+    def fit(self, X, y=None, *, reward_model=None, labeler=None, ptx_data=None, callback=None):
         """Optimise the policy against a reward on the prompts ``X``.
 
         Parameters
@@ -215,6 +219,14 @@ class BasePolicy(GenerativeEstimator):
             ``reward(prompts, completions) -> array (n,)``.
         reward_model : callable, default=None
             The same, as a fit parameter (what ``GridSearchCV`` passes).
+        labeler : callable, default=None
+            With ``refit_every``: ``labeler(prompts, completions_a,
+            completions_b, random_state) -> labels`` (1 where ``a`` is
+            preferred), the signature of a fitted ``RewardModel.sample``; every
+            world provides its raters as one (``world.labeler``).
+        ptx_data : list of str, pandas Series or datasets.Dataset, default=None
+            With ``ptx_coef``: pretraining texts (a ``text`` column for tables)
+            for the next-token loss mixed into the policy loss.
         callback : callable, default=None
             ``callback(policy, row)`` after every step, with that step's
             ``history_`` row; returning ``True`` stops the run early. Use it to
@@ -253,21 +265,28 @@ class BasePolicy(GenerativeEstimator):
                 "(k samples are drawn for each prompt)."
             )
         distributed.check_batch(self.batch_size, k, type(self).__name__)  # distributed fits
+        online_state = online.start(self, reward, labeler)  # refused before any work
         data_key = ckpt.fingerprint(prompts)
         with one_fit_at_a_time(self), ckpt.resumable(self, data_key) as resume:
             if (resume is not None and resume.saved is not None) or not (
                 self.warm_start and hasattr(self, "_run")
             ):
                 self._setup(reward, start_model)
+                online_log = None
             else:  # warm start: n_steps more steps, a fresh pass over the prompts
+                online_log = getattr(getattr(self, "_online", None), "log", None)
                 self._run.start_step = self.n_iter_
                 self._run.stream = np.zeros(0, dtype=np.int64)
             self._checkpoint = resume
+            self._online = online_state
             if resume is not None:
                 saved_run = resume.restore(self, self._start_key)
                 if saved_run is not None:
+                    online_log = saved_run.pop("online", None)
                     self._run.load_state_dict(saved_run)
             self.reward_model_ = reward
+            if self._online is not None:
+                self._online.replay(self, online_log)  # the refits so far, redone exactly
             self._scores_tokens = (
                 hasattr(reward, "score_tokens")
                 and getattr(reward, "tokenizer_", None) is not None
@@ -347,6 +366,7 @@ class BasePolicy(GenerativeEstimator):
         state = super().__getstate__()
         state.pop("_run", None)  # a saved policy is for using; warm_start then starts a new run
         state.pop("_checkpoint", None)
+        state.pop("_online", None)
         value = getattr(self, "value_model_", None)
         if getattr(self, "value_model", None) == "shared" and value is not None:
             # The shared trunk is the policy's: store only the value head.
@@ -395,6 +415,8 @@ class BasePolicy(GenerativeEstimator):
                 batch.advantages = advantages
             stats = self._update(batch)
             self.after_update(batch)
+            if self._online is not None:
+                stats.update(self._online.after_step(self, batch))
             mean_kl = float(distributed.mean(batch.kl.sum(1)))  # over all ranks
             n_episodes = len(batch) * distributed.world_size()  # the global batch
             self.beta_ = self.kl_.update(mean_kl, n_episodes=n_episodes)
@@ -434,7 +456,10 @@ class BasePolicy(GenerativeEstimator):
             if getattr(self, "_checkpoint", None) is not None and (
                 self.n_iter_ % self.checkpoint_every == 0 or self.n_iter_ == total
             ):
-                self._checkpoint.save(self, run.state_dict())
+                state = run.state_dict()
+                if self._online is not None:
+                    state["online"] = self._online.state_dict()
+                self._checkpoint.save(self, state)
             stop = callback is not None and callback(self, row) is True
             if distributed.any_rank(stop):  # every rank stops at the same step
                 break

@@ -79,6 +79,25 @@ COMMON_PARAMETERS = """model : str, transformers config, torch module or fitted 
     min_eos_share : float or None, default=0.5
         Warn when fewer responses than this end with EOS: the fixed
         ``missing_eos_reward`` then dominates the reward.
+    entropy_coef : float, default=0.0
+        Weight of an entropy bonus in the policy loss: minus this times the
+        policy's mean per-token entropy on the minibatch's responses is added.
+    ptx_coef : float, default=0.0
+        Weight of a next-token loss on pretraining text (``fit(...,
+        ptx_data=texts)``) added to the policy loss, as InstructGPT's PPO-ptx
+        (Ouyang et al. 2022), against the alignment tax.
+    refit_every : int, default=None
+        Online reward learning (Ziegler et al. 2019): every this many steps,
+        the step's samples of each prompt are paired ((0, 1), (2, 3), ... of
+        its k; at k = 1 a second sample is drawn), labelled by ``fit(...,
+        labeler=...)`` (pairs of equal text dropped), and a copy of the
+        current reward is trained further on them (its ``partial_fit``: a
+        warm start, then normalised again on the starting policy's samples,
+        so beta keeps its meaning). The reward passed to ``fit`` is never
+        changed; ``reward_model_`` is the last refit, and ``history_`` logs
+        ``reward/refits``, ``reward/new_labels`` and the accuracy of the
+        reward before each refit on its new labels. ``None`` keeps the
+        reward fixed (offline, the default).
     lora : dict or peft.LoraConfig, default=None
         Train a LoRA adapter (peft) instead of all weights, e.g.
         ``{{"r": 8, "lora_alpha": 16, "target_modules": ["c_attn"]}}``. The

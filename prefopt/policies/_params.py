@@ -36,6 +36,9 @@ COMMON_CONSTRAINTS = {
     "max_kl": [Interval(Real, 0, None, closed="neither"), None],
     "max_kl_action": [StrOptions({"warn", "raise"})],
     "min_eos_share": [Interval(Real, 0, 1, closed="both"), None],
+    "entropy_coef": [Interval(Real, 0, None, closed="left")],
+    "ptx_coef": [Interval(Real, 0, None, closed="left")],
+    "refit_every": [Interval(Integral, 1, None, closed="left"), None],
     "lora": "no_validation",
 }
 

@@ -139,6 +139,9 @@ class ReinforcePolicy(BasePolicy):
         max_kl=None,
         max_kl_action="warn",
         min_eos_share=0.5,
+        entropy_coef=0.0,
+        ptx_coef=0.0,
+        refit_every=None,
         lora=None,
     ):
         store_params(self, locals())

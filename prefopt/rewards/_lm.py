@@ -45,12 +45,44 @@ def fit_lm_reward(rm, model, data, references) -> None:
     )
     rm.model_ = disable_dropout(head).to(rm.device_).eval()
     rm.gain_, rm.bias_ = 1.0, 0.0
+    rm.normalization_rows_ = rm.reference_texts_ = None
     rm.learning_rate_ = (
         float(rm.learning_rate)
         if rm.learning_rate is not None
         else default_learning_rate(rm.model_, large=1e-5)
     )
     prompts = rm._prompt_tokens(data.prompt)  # BOS once at the start, as the policy's
+    rm.history_, rm.n_iter_ = [], 0
+    data_key = ckpt.fingerprint([data.prompt, data.chosen, data.rejected])
+    with ckpt.resumable(rm, data_key) as resume:
+        model_key = None if resume is None else ckpt.module_fingerprint(rm.model_)
+        train_bradley_terry(rm, data, make_generator(int(seeds[2])), resume, model_key)
+    if rm.normalize:
+        _normalize(rm, lm, prompts, check_random_state(int(seeds[3])))
+    if references is not None:
+        ref_prompts, ref_completions = check_demonstrations(references)
+        rm.reference_texts_ = [list(ref_prompts), list(ref_completions)]
+        shift_to_references(rm)
+
+
+def shift_to_references(rm) -> None:
+    """Shift the bias so that the reference responses score 0 on average (Huang et al.)."""
+    ref_prompts, ref_completions = rm.reference_texts_
+    rm.bias_ -= float(predict_text(rm, ref_prompts, ref_completions).mean())
+
+
+def refit_lm_reward(rm, data, seed: int) -> None:
+    """More Bradley-Terry training from the current weights, then the same normalisation."""
+    train_bradley_terry(rm, data, make_generator(seed))
+    if getattr(rm, "normalization_rows_", None) is not None:
+        renormalize(rm)  # mean 0, std 1 again on the same samples of the starting policy
+    if getattr(rm, "reference_texts_", None) is not None:
+        shift_to_references(rm)
+
+
+def train_bradley_terry(rm, data, generator, resume=None, model_key=None) -> None:
+    """``n_epochs`` of the Bradley-Terry loss on ``data`` from ``rm.model_``'s current weights."""
+    prompts = rm._prompt_tokens(data.prompt)
     # A response ends with its stop token: the EOS, or after a conversation the turn's end.
     chosen = rm._completion_tokens(data.chosen, True, "chosen response", data.prompt)
     rejected = rm._completion_tokens(data.rejected, True, "rejected response", data.prompt)
@@ -78,28 +110,18 @@ def fit_lm_reward(rm, model, data, references) -> None:
             "reward/accuracy": float(distributed.mean((margin > 0).float())),
         }
 
-    rm.history_, rm.n_iter_ = [], 0
-    data_key = ckpt.fingerprint([data.prompt, data.chosen, data.rejected])
-    with ckpt.resumable(rm, data_key) as resume:
-        model_key = None if resume is None else ckpt.module_fingerprint(rm.model_)
-        # Linear decay to 0, as the original reward-model code (Ziegler et al. 2019).
-        train_minibatches(
-            rm,
-            len(prompts),
-            batch_loss,
-            parameters=rm.model_.parameters(),
-            generator=make_generator(int(seeds[2])),
-            schedule="linear",
-            name="RewardModel",
-            resume=resume,
-            model_key=model_key,
-        )
-    if rm.normalize:
-        _normalize(rm, lm, prompts, check_random_state(int(seeds[3])))
-    if references is not None:
-        ref_prompts, ref_completions = check_demonstrations(references)
-        shift = predict_text(rm, ref_prompts, ref_completions).mean()
-        rm.bias_ -= float(shift)  # reference responses now score 0 on average (Huang et al.)
+    # Linear decay to 0, as the original reward-model code (Ziegler et al. 2019).
+    train_minibatches(
+        rm,
+        len(prompts),
+        batch_loss,
+        parameters=rm.model_.parameters(),
+        generator=generator,
+        schedule="linear",
+        name="RewardModel",
+        resume=resume,
+        model_key=model_key,
+    )
 
 
 def _raw(rm, prompt_rows, response_rows) -> torch.Tensor:
@@ -124,6 +146,14 @@ def _normalize(rm, policy, prompts, rng) -> None:
     rows = rng.randint(len(prompts), size=rm.normalize_samples)
     chosen = [prompts[i] for i in rows]
     responses = rm._sample_token_rows(chosen, make_generator(rng), model=policy)
+    rm.normalization_rows_ = [chosen, responses]
+    renormalize(rm)
+
+
+@torch.no_grad()
+def renormalize(rm) -> None:
+    """gain and bias from the stored normalisation samples, after more training."""
+    chosen, responses = rm.normalization_rows_
     scores = score_token_rows(rm, chosen, responses, normalized=False).cpu().double()
     mean, std = float(scores.mean()), float(scores.std(unbiased=False))
     rm.gain_ = 1.0 / max(std, 1e-8)

@@ -16,7 +16,7 @@ from sklearn.utils.validation import check_is_fitted
 from ..backend import unpad
 from ..data import PreferenceData, check_comparisons, check_texts
 from ..lm import LanguageModelEstimator
-from ._lm import fit_lm_reward, predict_text, score_token_rows
+from ._lm import fit_lm_reward, predict_text, refit_lm_reward, score_token_rows
 
 __all__ = ["RewardModel"]
 
@@ -96,6 +96,15 @@ class RewardModel(LanguageModelEstimator):
         Language-model reward only: the ids that end a response.
     gain_, bias_ : float
         Affine normalisation applied to the head's raw output.
+    comparison_features_ : ndarray of shape (n_comparisons, n_features)
+        Linear reward only: chosen minus rejected features of every comparison
+        seen (``partial_fit`` refits on all of them).
+    normalization_rows_ : list or None
+        Language-model reward only: the prompt and response token rows sampled
+        from the starting policy for the normalisation (``partial_fit``
+        normalises again on them).
+    reference_texts_ : list or None
+        Language-model reward only: ``fit``'s references, as texts.
     history_ : list of dict
         ``loss/reward`` and ``reward/accuracy`` per step.
     n_comparisons_ : int
@@ -242,16 +251,72 @@ class RewardModel(LanguageModelEstimator):
                 "completions) -> (n, d) array, model= a language model, or comparisons "
                 "from a prefopt world."
             )
-        f_chosen = self._features(featurizer, data.prompt, data.chosen)
-        f_rejected = self._features(featurizer, data.prompt, data.rejected)
-        diff = f_chosen - f_rejected
+        self.featurizer_ = featurizer
+        self.comparison_features_ = self._feature_differences(data)
+        self._fit_coef()
+        self.gain_, self.bias_ = 1.0, 0.0
+
+    def _feature_differences(self, data) -> np.ndarray:
+        f_chosen = self._features(self.featurizer_, data.prompt, data.chosen)
+        f_rejected = self._features(self.featurizer_, data.prompt, data.rejected)
+        return f_chosen - f_rejected
+
+    def _fit_coef(self) -> None:
+        diff = self.comparison_features_
         X_bt = np.vstack([diff, -diff])
         y_bt = np.r_[np.ones(len(diff)), np.zeros(len(diff))]
         C = np.inf if self.alpha == 0 else 1.0 / self.alpha
         logreg = LogisticRegression(C=C, fit_intercept=False, max_iter=1000).fit(X_bt, y_bt)
         self.coef_ = logreg.coef_.ravel().copy()
-        self.featurizer_ = featurizer
-        self.gain_, self.bias_ = 1.0, 0.0
+
+    def partial_fit(self, X, y=None, *, random_state=None):
+        """Train the fitted reward further on new comparisons (a warm start).
+
+        What online reward learning calls after labelling the policy's own
+        samples (``refit_every`` of the policies; Ziegler et al. 2019). A
+        language-model reward takes ``n_epochs`` more passes of the
+        Bradley-Terry loss over ``X`` from its current weights (a fresh AdamW,
+        the learning rate decayed linearly to 0 over these passes), then is
+        normalised again to mean 0, std 1 on the same samples of the starting
+        policy as ``fit`` drew (and shifted to its references, if ``fit`` had
+        them), so that beta keeps its meaning. A linear reward is refitted by
+        maximum likelihood on every comparison it has seen, ``fit``'s and each
+        ``partial_fit``'s.
+
+        Parameters
+        ----------
+        X : comparisons
+            New comparisons, in any format ``fit`` accepts.
+        y : None
+            Ignored.
+        random_state : int, RandomState instance or None, default=None
+            Orders the new comparisons; ``None`` draws from ``random_state``.
+
+        Returns
+        -------
+        self : RewardModel
+
+        Examples
+        --------
+        >>> from prefopt import RewardModel
+        >>> from prefopt.worlds import PreferenceWorld
+        >>> world = PreferenceWorld(random_state=0)
+        >>> rm = RewardModel().fit(world.comparisons(100, random_state=0))
+        >>> rm.partial_fit(world.comparisons(100, random_state=1)).n_comparisons_
+        200
+        """
+        check_is_fitted(self)
+        _warn_y_ignored(y, "RewardModel.partial_fit")
+        data = check_comparisons(X)
+        if hasattr(self, "coef_"):
+            new = self._feature_differences(data)
+            self.comparison_features_ = np.vstack([self.comparison_features_, new])
+            self._fit_coef()
+        else:
+            rng = check_random_state(self.random_state if random_state is None else random_state)
+            refit_lm_reward(self, data, int(rng.randint(np.iinfo(np.int32).max)))
+        self.n_comparisons_ += len(data)
+        return self
 
     @staticmethod
     def _features(featurizer, prompts, completions) -> np.ndarray:

@@ -24,6 +24,7 @@ from transformers import GenerationConfig
 
 from ..data import Comparisons
 from ._exact import ExactWorld, _index_of
+from ._raters import bradley_terry_labels, check_pairs
 from ._tokenizer import word_level_tokenizer
 
 __all__ = ["PreferenceWorld"]
@@ -344,6 +345,41 @@ class PreferenceWorld(ExactWorld):
             [ids[0] for ids in self.response_ids],
             self.tokenizer,
         )
+
+    def labeler(self, prompts, completions_a, completions_b, random_state=None) -> np.ndarray:
+        """The biased raters as a labeller: which of two responses each prefers.
+
+        Bradley-Terry on :meth:`rater_utility`; the signature of a fitted
+        ``RewardModel.sample``, so it labels a policy's own samples in online
+        reward learning (``refit_every``).
+
+        Parameters
+        ----------
+        prompts, completions_a, completions_b : list of str
+            One question and two of this world's responses per row.
+        random_state : int, RandomState instance or None, default=None
+            ``None`` uses the world's ``random_state``.
+
+        Returns
+        -------
+        labels : ndarray of shape (n,), dtype int
+            0 where ``a`` is preferred, 1 where ``b`` is.
+
+        Examples
+        --------
+        >>> world = PreferenceWorld(random_state=0)
+        >>> best = world.responses[int(world.rater_utility().argmax())]
+        >>> worst = world.responses[int(world.rater_utility().argmin())]
+        >>> float(world.labeler([world.prompts[0]] * 200, [best] * 200, [worst] * 200).mean()) < 0.2
+        True
+        """
+        prompts, a, b = check_pairs(prompts, completions_a, completions_b, "labeler")
+        _index_of(prompts, self._prompt_index, "prompts")
+        utility = self.rater_utility()
+        ia = _index_of(a, self._response_index, "responses")
+        ib = _index_of(b, self._response_index, "responses")
+        seed = self.random_state if random_state is None else random_state
+        return bradley_terry_labels(utility[ia] - utility[ib], seed)
 
     def comparisons(self, n: int, random_state=None) -> Comparisons:
         """Draw ``n`` labelled comparisons from the biased raters.

@@ -27,6 +27,7 @@ import pandas as pd
 from sklearn.utils import check_random_state
 
 from ..data import Comparisons
+from ._raters import bradley_terry_labels, check_pairs
 from ._review_grammar import generate_review
 from ._tokenizer import (
     ASSISTANT,
@@ -377,20 +378,50 @@ class ReviewWorld:
                 "comparisons could be drawn; sample at a higher temperature or from a less "
                 "deterministic policy."
             )
-        gold_a = self.gold_reward(prompt, first)
-        gold_b = self.gold_reward(prompt, second)
-        extra_words = np.array(
-            [len(a.split()) - len(b.split()) for a, b in zip(first, second)], dtype=np.float64
-        )
-        logit = (
-            (gold_a - gold_b) / self.rater_temperature
-            + self.length_bias * extra_words / 10.0
-            + rng.normal(0.0, self.rater_noise, size=n)
-        )
-        a_wins = rng.uniform(size=n) < 1.0 / (1.0 + np.exp(-logit))
+        a_wins = self.labeler(prompt, first, second, random_state=rng) == 0
         chosen = [a if w else b for a, b, w in zip(first, second, a_wins)]
         rejected = [b if w else a for a, b, w in zip(first, second, a_wins)]
         return Comparisons(prompt, chosen, rejected, featurizer=self.features, policy=policy)
+
+    def labeler(self, prompts, completions_a, completions_b, random_state=None) -> np.ndarray:
+        """The simulated raters as a labeller: which of two completions each prefers.
+
+        Row ``i`` prefers ``a`` with probability ``sigmoid((gold_a - gold_b) /
+        rater_temperature + length_bias * (words_a - words_b) / 10 + eps)``,
+        ``eps ~ N(0, rater_noise^2)``, as in :meth:`comparisons`. The signature
+        of a fitted ``RewardModel.sample``, so it labels a policy's own samples
+        in online reward learning (``refit_every``).
+
+        Parameters
+        ----------
+        prompts, completions_a, completions_b : list of str
+            One prompt and two completions per row.
+        random_state : int, RandomState instance or None, default=None
+            ``None`` uses the world's ``random_state``.
+
+        Returns
+        -------
+        labels : ndarray of shape (n,), dtype int
+            0 where ``a`` is preferred, 1 where ``b`` is.
+
+        Examples
+        --------
+        >>> world = ReviewWorld(n_reviews=50, random_state=0)
+        >>> world.labeler(["the film"] * 3, [" was great ."] * 3, [" was awful ."] * 3,
+        ...               random_state=0).tolist()
+        [0, 0, 0]
+        """
+        prompts, a, b = check_pairs(prompts, completions_a, completions_b, "labeler")
+        rng = check_random_state(self.random_state if random_state is None else random_state)
+        extra_words = np.array(
+            [len(x.split()) - len(y.split()) for x, y in zip(a, b)], dtype=np.float64
+        )
+        logit = (
+            (self.gold_reward(prompts, a) - self.gold_reward(prompts, b)) / self.rater_temperature
+            + self.length_bias * extra_words / 10.0
+            + rng.normal(0.0, self.rater_noise, size=len(prompts))
+        )
+        return bradley_terry_labels(logit, rng)
 
     @staticmethod
     def _check_pairs(pairs, n_prompts: int, policy) -> None:

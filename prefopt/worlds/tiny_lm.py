@@ -36,6 +36,7 @@ from transformers import (
 
 from ..backend import local_seed, response_logprobs
 from ._exact import ExactWorld, _tilt
+from ._raters import bradley_terry_labels, check_pairs
 from ._tokenizer import EOS, PAD, word_level_tokenizer
 
 __all__ = ["TinyLMWorld"]
@@ -327,6 +328,38 @@ class TinyLMWorld(ExactWorld):
         return out
 
     true_quality = reward  # the gold reward's name in every exact world
+
+    def labeler(self, prompts, completions_a, completions_b, random_state=None) -> np.ndarray:
+        """Raters who prefer by Bradley-Terry on the gold reward: P(a) = sigmoid(r_a - r_b).
+
+        The signature of a fitted ``RewardModel.sample``, so it labels a
+        policy's own samples in online reward learning (``refit_every``).
+
+        Parameters
+        ----------
+        prompts, completions_a, completions_b : list of str
+            One prompt and two completions (text, EOS dropped) per row.
+        random_state : int, RandomState instance or None, default=None
+            ``None`` uses the world's ``random_state``.
+
+        Returns
+        -------
+        labels : ndarray of shape (n,), dtype int
+            0 where ``a`` is preferred, 1 where ``b`` is.
+
+        Examples
+        --------
+        >>> from prefopt.worlds.tiny_lm import TinyLMWorld
+        >>> world = TinyLMWorld()
+        >>> topic = world.prompts[0].split()[0]
+        >>> labels = world.labeler([world.prompts[0]] * 100, [topic] * 100, [""] * 100,
+        ...                        random_state=0)
+        >>> bool(0.1 < labels.mean() < 0.5)  # P(a preferred) = sigmoid(0.5) = 0.62
+        True
+        """
+        prompts, a, b = check_pairs(prompts, completions_a, completions_b, "labeler")
+        seed = self.random_state if random_state is None else random_state
+        return bradley_terry_labels(self.reward(prompts, a) - self.reward(prompts, b), seed)
 
     def rewards(self, reward: Callable, *, missing_eos_reward: float | None = -1.0) -> np.ndarray:
         """Effective r(x, y) for every prompt and response, as prefopt's loop scores them.
