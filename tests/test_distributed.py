@@ -19,7 +19,15 @@ import pytest
 import torch
 
 import prefopt
-from prefopt import PPOPolicy, ReinforcePolicy, RewardModel, RLOOPolicy, SFTPolicy
+from prefopt import (
+    DPOPolicy,
+    GRPOPolicy,
+    PPOPolicy,
+    ReinforcePolicy,
+    RewardModel,
+    RLOOPolicy,
+    SFTPolicy,
+)
 from prefopt.backend import EncodedPrompts, distributed
 from prefopt.kl import AdaptiveKLController
 from prefopt.policies._batch import RolloutBatch
@@ -96,6 +104,15 @@ class _RecordingRLOO(RLOOPolicy):
         return batch
 
 
+class _RecordingDPO(DPOPolicy):
+    """DPO that records the comparisons (row indices) of each minibatch it trains on."""
+
+    def _logps(self, model, prompt_rows, response_rows, pairs):
+        if torch.is_grad_enabled():  # a training pass, not the reference's
+            self.__dict__.setdefault("_seen", []).append([int(i) for i in pairs])
+        return super()._logps(model, prompt_rows, response_rows, pairs)
+
+
 class _RecordingSFT(SFTPolicy):
     """SFT that records the demonstrations (as token tuples) of each minibatch it trains on."""
 
@@ -140,13 +157,15 @@ def _gradients(rank, out):
     """One step's averaged gradient over 2 ranks and the single-process one, same batch."""
     world = _world()
     result = {}
-    for cls, extra in ((RLOOPolicy, {}), (PPOPolicy, {"n_epochs": 1})):
+    # GRPO with batch-scaled advantages and DAPO's token-sum / global-token-count loss.
+    grpo = {"k": 2, "n_epochs": 1, "scale_rewards": "batch", "loss_type": "dapo"}
+    for cls, extra in ((RLOOPolicy, {}), (PPOPolicy, {"n_epochs": 1}), (GRPOPolicy, grpo)):
         kw = dict(model=world.policy_model(), optimizer="sgd", learning_rate=1.0)
         kw.update(batch_size=8, n_steps=1, n_minibatches=1, random_state=0, **extra)
         with prefopt.config_context(distributed="none"):
             policy = cls(**kw).fit(world.prompts, world.reward)
             # The same whole batch on both ranks: the same generator state, no collective.
-            batch = policy._rollout(np.arange(4) if cls is RLOOPolicy else np.arange(6))
+            batch = policy._rollout(np.arange(6) if cls is PPOPolicy else np.arange(4))
             single = _update_deltas(policy, batch)
         policy._prepare_distributed()  # DistributedDataParallel beside the modules
         half = len(batch) // 2
@@ -224,8 +243,20 @@ def _supervised(rank, out):
             "rm_history": rm.history_,
         },
     )
-    # DPO: once DPOPolicy lands, fit it here the same way and record its rows
-    # (train_minibatches splits them; its loss should use distributed.mean).
+    dkw = dict(model=sft_single, batch_size=4, n_epochs=1, random_state=0)
+    dpo = _RecordingDPO(**dkw).fit(pairs)
+    with prefopt.config_context(distributed="none"):
+        dpo_single = DPOPolicy(**dkw).fit(pairs)
+    _save(
+        out,
+        "dpo",
+        rank,
+        {
+            "dpo_seen": [[(i,) for i in rows] for rows in dpo._seen],
+            "dpo_weights": _weights(dpo.model_),
+            "dpo_single": _weights(dpo_single.model_),
+        },
+    )
 
 
 class _Killed(Exception):
@@ -303,7 +334,7 @@ def runs(tmp_path_factory):
 def test_one_step_averaged_gradient_equals_the_single_process_gradient(runs):
     # float32 throughout (log-softmax runs in float32 by design): the two computations sum
     # the same terms in another order, so they agree to float32 rounding, not bit for bit.
-    for name, result in zip(("RLOO", "PPO"), _load(runs, "gradients")[0].values()):
+    for name, result in zip(("RLOO", "PPO", "GRPO"), _load(runs, "gradients")[0].values()):
         for module, single in result["single"].items():
             for key, expected in single.items():
                 got = result["distributed"][module][key]
@@ -369,9 +400,16 @@ def test_sft_and_reward_model_split_rows_and_match_the_single_process_fit(runs):
     assert r0["sft_history"][0]["data/tokens"] > 0
 
 
-@pytest.mark.skip(reason="DPOPolicy has not landed; see _supervised's DPO note")
-def test_dpo_splits_rows_across_ranks():  # pragma: no cover - placeholder
-    pass
+@pytest.mark.slow  # one launch of 2 processes for all of these: about 60-90 s here
+def test_dpo_splits_rows_and_matches_the_single_process_fit(runs):
+    r0, r1 = _load(runs, "dpo")
+    assert [len(a) + len(b) for a, b in zip(r0["dpo_seen"], r1["dpo_seen"])] == [4, 4, 4]
+    for a, b in zip(r0["dpo_seen"], r1["dpo_seen"]):
+        assert len(a) == len(b) and not set(a) & set(b)
+    assert sorted(i for rows in r0["dpo_seen"] + r1["dpo_seen"] for (i,) in rows) == list(range(12))
+    for name, value in r0["dpo_weights"].items():
+        torch.testing.assert_close(value, r1["dpo_weights"][name], rtol=0, atol=0)
+        torch.testing.assert_close(value, r0["dpo_single"][name], rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.slow  # one launch of 2 processes for all of these: about 60-90 s here

@@ -51,6 +51,7 @@ __all__ = [
     "reduce_row",
     "shard",
     "sharded",
+    "std",
     "world_size",
 ]
 
@@ -299,6 +300,35 @@ def mean(x: torch.Tensor) -> torch.Tensor:
     if _reducing():
         return _global(x.sum(), torch.tensor(float(x.numel()), device=x.device))
     return x.mean()
+
+
+def std(x: torch.Tensor) -> torch.Tensor:
+    """The sample standard deviation of ``x`` (as ``x.std()``); over every rank's elements.
+
+    GRPO's batch-scaled advantages divide by it (no gradient flows through it).
+
+    Parameters
+    ----------
+    x : torch.Tensor
+        Values.
+
+    Returns
+    -------
+    std : torch.Tensor
+
+    Examples
+    --------
+    >>> import torch
+    >>> std(torch.tensor([1.0, 3.0]))
+    tensor(1.4142)
+    """
+    if not _reducing():
+        return x.std()
+    x = x.detach()
+    n = float(_all_reduce(torch.tensor(float(x.numel()), dtype=torch.float64)))
+    centre = mean(x)
+    squares = _all_reduce(((x - centre) ** 2).sum().double())
+    return (squares / max(n - 1.0, 1.0)).sqrt().to(x.dtype)
 
 
 def gather(x: torch.Tensor) -> torch.Tensor:
