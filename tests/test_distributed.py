@@ -515,3 +515,15 @@ def test_a_shared_value_model_is_refused_in_a_distributed_fit(monkeypatch):
     policy = PPOPolicy(model=world.policy_model(), value_model="shared", batch_size=8, n_steps=1)
     with pytest.raises(ValueError, match="value_model='shared' is not supported in a distrib"):
         policy.fit(world.prompts, world.reward)
+
+
+def test_online_reward_refits_are_refused_in_a_distributed_fit(monkeypatch):
+    from prefopt.worlds import PreferenceWorld
+
+    world = PreferenceWorld(random_state=0)
+    rm = RewardModel().fit(world.comparisons(200, random_state=0))
+    monkeypatch.setattr(distributed, "world_size", lambda: 2)  # as if under torchrun
+    monkeypatch.setattr(distributed, "rank", lambda: 0)
+    policy = RLOOPolicy(model=world.policy_model(), refit_every=1, batch_size=8, n_steps=1)
+    with pytest.raises(ValueError, match="online reward refits .* not supported in a distrib"):
+        policy.fit(world.prompts, rm, labeler=world.labeler)

@@ -344,6 +344,12 @@ class BasePolicy(GenerativeEstimator):
                 f"{type(self).__name__}: checkpoint_dir is not supported with "
                 "set_config(distributed='fsdp') yet; use distributed='ddp' to resume runs."
             )
+        if getattr(self, "refit_every", None) is not None:
+            raise ValueError(
+                f"{type(self).__name__}: online reward refits (refit_every) are not supported "
+                "in a distributed fit yet (each rank would refit the reward on its own samples); "
+                "set refit_every=None, or run the fit in one process."
+            )
         if isinstance(getattr(self, "value_model", None), str):  # "shared"
             raise ValueError(
                 f"{type(self).__name__}: value_model='shared' is not supported in a distributed "
