@@ -341,7 +341,9 @@ def sample(
             logprobs[:, step : step + 1] = logp.gather(-1, token)
         if stops is not None:
             done |= torch.isin(token.squeeze(1), stops)
-            if bool(done.all()):
+            # A sharded model's every forward is a collective: stop only when every rank
+            # is done, or the ranks still sampling wait forever for the one that left.
+            if _all_done(model, done):
                 break  # the rest stays EOS (log-prob 0): discarded by truncate_after_eos
         if step == max_new_tokens - 1:
             break
@@ -484,6 +486,15 @@ def response_logprobs(
     return logp, entropy.masked_fill(~valid, 0.0)
 
 
+def _all_done(model, done: torch.Tensor) -> bool:
+    from . import distributed
+
+    finished = bool(done.all())
+    if distributed.is_sharded(model):
+        return not distributed.any_rank(not finished)
+    return finished
+
+
 def _id_tensor(ids, device) -> torch.Tensor | None:
     """One id or a sequence of ids as a 1-D long tensor; ``None`` (or none) stays ``None``."""
     if ids is None:
@@ -493,7 +504,9 @@ def _id_tensor(ids, device) -> torch.Tensor | None:
 
 
 def _accepts(model, name: str) -> bool:
-    return name in _forward_parameters(type(model))
+    # A DistributedDataParallel wrapper passes every keyword on to the module it holds.
+    inner = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+    return name in _forward_parameters(type(inner))
 
 
 @functools.cache
