@@ -7,7 +7,7 @@ from transformers import AutoTokenizer, GPT2LMHeadModel
 
 from prefopt.data import check_comparisons
 from prefopt.rewards import RewardModel
-from prefopt.worlds import review as review_module
+from prefopt.worlds import _review_text as review_module
 from prefopt.worlds.review import ReviewWorld
 
 

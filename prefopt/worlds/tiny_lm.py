@@ -29,15 +29,14 @@ import numpy as np
 import torch
 from sklearn.utils import check_random_state
 from transformers import (
-    GenerationConfig,
-    GPT2Config,
     GPT2LMHeadModel,
 )
 
-from ..backend import local_seed, response_logprobs
+from ..backend import response_logprobs
 from ._exact import ExactWorld, _tilt
 from ._per_token import PerTokenMethods
 from ._raters import bradley_terry_labels, check_pairs
+from ._tiny_model import tiny_gpt2
 from ._tokenizer import EOS, PAD, word_level_tokenizer
 
 __all__ = ["TinyLMWorld"]
@@ -197,37 +196,7 @@ class TinyLMWorld(ExactWorld, PerTokenMethods):
     # ----- the reference policy ----------------------------------------------------
     def _new_model(self, seed: int) -> GPT2LMHeadModel:
         longest_prompt = max(len(p) for p in self._prompt_ids)
-        config = GPT2Config(
-            vocab_size=len(self.tokenizer),
-            n_positions=longest_prompt + self.max_len + 1,
-            n_embd=32,
-            n_layer=2,
-            n_head=2,
-            n_inner=64,
-            resid_pdrop=0.0,
-            embd_pdrop=0.0,
-            attn_pdrop=0.0,
-            bos_token_id=self.tokenizer.eos_token_id,
-            eos_token_id=self.tokenizer.eos_token_id,
-            pad_token_id=self.tokenizer.pad_token_id,
-        )
-        with local_seed(seed):
-            model = GPT2LMHeadModel(config)
-        model.eval()
-        # What prefopt's loop reads: load_causal_lm takes the module's tokenizer, and
-        # _setup takes temperature 1 and max_new_tokens = max_len from here, so the
-        # sampled distribution is the one enumerated.
-        model.tokenizer = self.tokenizer
-        model.generation_config = GenerationConfig(
-            do_sample=True,
-            temperature=1.0,
-            top_k=0,
-            top_p=1.0,
-            max_new_tokens=self.max_len,
-            eos_token_id=self.tokenizer.eos_token_id,
-            pad_token_id=self.tokenizer.pad_token_id,
-        )
-        return model
+        return tiny_gpt2(self.tokenizer, longest_prompt + self.max_len + 1, self.max_len, seed)
 
     def _reference(self, random_state) -> GPT2LMHeadModel:
         # An integer seed defines the world, so its pre-trained weights are built once
