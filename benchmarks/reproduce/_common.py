@@ -256,17 +256,9 @@ def review_setup(
         tuple(sorted(model.items())),
     )
     if key not in _REVIEW_CACHE:
-        from prefopt import RewardModel, SFTPolicy
-        from prefopt.worlds import ReviewWorld
+        from prefopt import RewardModel
 
-        world = ReviewWorld(n_reviews=n_reviews, random_state=0)
-        sft = SFTPolicy(
-            model=world.model_config(**model),
-            n_epochs=sft_epochs,
-            learning_rate=3e-3,
-            batch_size=32,
-            random_state=0,
-        ).fit(world.demonstrations)
+        world, sft = review_sft(n_reviews, sft_epochs, **model)
         rm = RewardModel(
             model=sft,
             learning_rate=1e-3,
@@ -280,6 +272,33 @@ def review_setup(
 
 
 _REVIEW_CACHE: dict = {}
+
+
+def review_sft(n_reviews: int = 2000, sft_epochs: int = 5, **model):
+    """The review world and its SFT policy (seed 0), built once per process and setting.
+
+    ``model`` overrides the GPT-2 config (``n_embd=128`` for a wider model, say).
+
+    Returns
+    -------
+    world : ReviewWorld
+    sft : SFTPolicy
+    """
+    key = ("sft", n_reviews, sft_epochs, tuple(sorted(model.items())))
+    if key not in _REVIEW_CACHE:
+        from prefopt import SFTPolicy
+        from prefopt.worlds import ReviewWorld
+
+        world = ReviewWorld(n_reviews=n_reviews, random_state=0)
+        sft = SFTPolicy(
+            model=world.model_config(**model),
+            n_epochs=sft_epochs,
+            learning_rate=3e-3,
+            batch_size=32,
+            random_state=0,
+        ).fit(world.demonstrations)
+        _REVIEW_CACHE[key] = (world, sft)
+    return _REVIEW_CACHE[key]
 
 
 def distinct_share(texts) -> np.ndarray:
