@@ -24,7 +24,7 @@ prefopt whose loop applies it (check ``policy/entropy`` in ``history_``).
 
 Run::
 
-    python benchmarks/reproduce/claim02_no_kl_degenerate.py          # ~15 min on 2 cores (est.)
+    python benchmarks/reproduce/claim02_no_kl_degenerate.py          # ~13 min, 2 cores (est.)
     python benchmarks/reproduce/claim02_no_kl_degenerate.py --quick  # seconds
 """
 

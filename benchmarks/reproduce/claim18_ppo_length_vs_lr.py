@@ -19,7 +19,7 @@ reproduced" if at none.
 
 Run::
 
-    python benchmarks/reproduce/claim18_ppo_length_vs_lr.py          # ~20 min, 2 cores (est.)
+    python benchmarks/reproduce/claim18_ppo_length_vs_lr.py          # ~9 min, 2 cores (est.)
     python benchmarks/reproduce/claim18_ppo_length_vs_lr.py --quick  # seconds
 """
 
