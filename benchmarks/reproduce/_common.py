@@ -323,7 +323,7 @@ def review_metrics(world, policy, rm, prompts, *, n: int = 2, seed: int = 0) -> 
     to the policy's reference, nats), ``words`` (mean completion length), ``distinct``
     (:func:`distinct_share`), ``win_rate`` against the world's reference completion of
     each prompt judged by the gold reward (ties half; the judge the papers' GPT-4 stands
-    for) and ``eos_share`` (completions that ended, i.e. within the sampled length).
+    for) and ``eos_share`` (completions that ended before ``max_new_tokens_`` words).
     A fitted ``SFTPolicy`` has no reference: its ``kl`` is 0.
     """
     groups = policy.sample(prompts, n=n, random_state=seed)
@@ -333,11 +333,18 @@ def review_metrics(world, policy, rm, prompts, *, n: int = 2, seed: int = 0) -> 
     ref_text = dict(zip(world.references["prompt"], world.references["completion"]))
     ref_gold = world.gold_reward(rep, [ref_text[p] for p in rep])
     win = (gold > ref_gold) + 0.5 * (gold == ref_gold)
-    if getattr(policy, "ref_model_", None) is not None or getattr(policy, "lora", None):
-        kl = policy.log_prob(rep, texts) - policy.log_prob(rep, texts, reference=True)
-    else:
-        kl = np.zeros(len(texts))
     words = np.array([len(t.split()) for t in texts])
+    # The word-level tokenizer makes one token a word: a completion of max_new_tokens_
+    # words never ended, and its log-probability has no EOS term.
+    ended = words < getattr(policy, "max_new_tokens_", world.max_new_tokens)
+    kl = np.zeros(len(texts))
+    if getattr(policy, "ref_model_", None) is not None or getattr(policy, "lora", None):
+        for rows, add_eos in ((np.flatnonzero(ended), True), (np.flatnonzero(~ended), False)):
+            if len(rows):
+                p, c = [rep[i] for i in rows], [texts[i] for i in rows]
+                kl[rows] = policy.log_prob(p, c, add_eos=add_eos) - policy.log_prob(
+                    p, c, reference=True, add_eos=add_eos
+                )
     return {
         "gold": float(gold.mean()),
         "proxy": float(np.mean(rm.predict(rep, texts))),
@@ -345,5 +352,5 @@ def review_metrics(world, policy, rm, prompts, *, n: int = 2, seed: int = 0) -> 
         "words": float(words.mean()),
         "distinct": float(distinct_share(texts).mean()),
         "win_rate": float(win.mean()),
-        "eos_share": float(np.mean(words < world.max_new_tokens)),
+        "eos_share": float(ended.mean()),
     }
