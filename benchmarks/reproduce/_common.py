@@ -354,3 +354,20 @@ def review_metrics(world, policy, rm, prompts, *, n: int = 2, seed: int = 0) -> 
         "win_rate": float(win.mean()),
         "eos_share": float(ended.mean()),
     }
+
+
+REVIEW_METRICS = ("gold", "proxy", "kl", "words", "distinct", "win_rate", "eos_share")
+
+
+def fit_or_none(estimator, *args, **kwargs):
+    """``estimator.fit(*args, **kwargs)``, or None when the run diverges.
+
+    prefopt stops a run whose update leaves non-finite weights with a
+    ``FloatingPointError``; a learning-rate sweep records such a run as diverged
+    (its metrics NaN, left out of the intervals) instead of losing the others.
+    """
+    try:
+        return estimator.fit(*args, **kwargs)
+    except FloatingPointError as error:
+        print(f"diverged: {type(estimator).__name__}: {error}", flush=True)
+        return None

@@ -11,7 +11,9 @@ algorithm's learning rate is chosen on 3 selection seeds (100-102), separate fro
 10 evaluation seeds, by the mean KL-shaped training reward of its last 5 steps (what
 the run optimises; the gold reward is not looked at). Then both run on seeds 0-9 and
 are measured on 2 samples of every prompt: win rate against the reference completions
-judged by the gold (VADER) reward, gold and proxy reward, length.
+judged by the gold (VADER) reward, gold and proxy reward, length. A run that diverges
+(prefopt stops it with an error) rules its learning rate out in the selection and is
+left out of the intervals in the evaluation.
 
 Settings and verdict rule, fixed before the first full run: learning rates 1e-4, 3e-4,
 1e-3, 3e-3, 1e-2; 30 steps of 64 episodes; 10 evaluation seeds. With the 95%
@@ -33,8 +35,10 @@ import numpy as np
 import pandas as pd
 from _common import (
     REVIEW_FULL,
+    REVIEW_METRICS,
     REVIEW_QUICK,
     finish,
+    fit_or_none,
     fmt,
     mean_ci,
     new_figure,
@@ -70,6 +74,7 @@ COLUMNS = [
     "algorithm",
     "learning_rate",
     "seed",
+    "diverged",
     "train_objective",
     "win_rate",
     "gold",
@@ -118,14 +123,16 @@ def main(argv=None):
     for algorithm in ("RLOO", "PPO"):
         for lr in s["learning_rates"]:
             for seed in s["selection_seeds"]:
-                policy = make(algorithm, sft, s, lr, seed).fit(world.prompts, rm)
+                policy = fit_or_none(make(algorithm, sft, s, lr, seed), world.prompts, rm)
                 rows.append(
                     {
                         "phase": "selection",
                         "algorithm": algorithm,
                         "learning_rate": lr,
                         "seed": seed,
-                        "train_objective": train_objective(policy),
+                        "diverged": policy is None,
+                        # a diverged run rules its learning rate out
+                        "train_objective": -np.inf if policy is None else train_objective(policy),
                     }
                 )
                 print(rows[-1], flush=True)
@@ -133,15 +140,22 @@ def main(argv=None):
         chosen[algorithm] = float(sel.groupby("learning_rate")["train_objective"].mean().idxmax())
     for seed in range(s["seeds"]):
         for algorithm in ("RLOO", "PPO"):
-            policy = make(algorithm, sft, s, chosen[algorithm], seed).fit(world.prompts, rm)
+            policy = fit_or_none(
+                make(algorithm, sft, s, chosen[algorithm], seed), world.prompts, rm
+            )
             rows.append(
                 {
                     "phase": "evaluation",
                     "algorithm": algorithm,
                     "learning_rate": chosen[algorithm],
                     "seed": seed,
-                    "train_objective": train_objective(policy),
-                    **review_metrics(world, policy, rm, prompts, seed=seed),
+                    "diverged": policy is None,
+                    **(
+                        {"train_objective": train_objective(policy)}
+                        | review_metrics(world, policy, rm, prompts, seed=seed)
+                        if policy is not None
+                        else dict.fromkeys(("train_objective", *REVIEW_METRICS), float("nan"))
+                    ),
                 }
             )
             print(rows[-1], flush=True)
@@ -164,7 +178,11 @@ def main(argv=None):
     fig, axes = new_figure(2)
     sel = frame[frame.phase == "selection"]
     for algorithm, color in (("RLOO", "C0"), ("PPO", "C1")):
-        g = sel[sel.algorithm == algorithm].groupby("learning_rate")["train_objective"]
+        g = (
+            sel[sel.algorithm == algorithm]
+            .replace(-np.inf, np.nan)  # diverged: no point
+            .groupby("learning_rate")["train_objective"]
+        )
         axes[0].plot(g.mean().index, g.mean().values, "o-", color=color, label=algorithm)
         axes[0].axvline(chosen[algorithm], color=color, ls=":", lw=1)
     axes[0].set_xscale("log")
@@ -190,7 +208,8 @@ def main(argv=None):
             if win[2] < 0
             else "the win-rate margin is within noise. "
         )
-        + f"Mean length: RLOO {words['RLOO']:.1f} words, careful PPO {words['PPO']:.1f}."
+        + f"Mean length: RLOO {words['RLOO']:.1f} words, careful PPO {words['PPO']:.1f}. "
+        + f"Diverged runs: {int(frame['diverged'].sum())} of {len(frame)}."
     )
     return finish(
         args,

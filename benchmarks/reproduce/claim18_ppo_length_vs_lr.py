@@ -7,7 +7,8 @@ is swept over six values, a factor of 300, for PPO and for RLOO (k = 4) alike, w
 the paper's two gradient steps per batch for both (as claim 10), beta 0.05, on the
 review world (SFT policy and proxy reward model as claim 14). Measured: the mean words
 of 2 samples of every prompt at the end (and the SFT policy's, for scale), the proxy
-reward and the EOS share.
+reward and the EOS share. A run that diverges (prefopt stops it with an error) is
+recorded as diverged and left out of the intervals.
 
 Settings and verdict rule, fixed before the first full run: learning rates 1e-4,
 3e-4, 1e-3, 3e-3, 1e-2, 3e-2; 30 steps of 64 episodes; 5 seeds. At each learning rate,
@@ -29,8 +30,10 @@ import numpy as np
 import pandas as pd
 from _common import (
     REVIEW_FULL,
+    REVIEW_METRICS,
     REVIEW_QUICK,
     finish,
+    fit_or_none,
     fmt,
     mean_ci,
     new_figure,
@@ -54,7 +57,17 @@ FULL = dict(
 QUICK = dict(
     **REVIEW_QUICK, steps=1, batch_size=4, seeds=2, eval_prompts=4, learning_rates=(1e-3, 1e-2)
 )
-COLUMNS = ["algorithm", "learning_rate", "seed", "words", "proxy", "gold", "kl", "eos_share"]
+COLUMNS = [
+    "algorithm",
+    "learning_rate",
+    "seed",
+    "diverged",
+    "words",
+    "proxy",
+    "gold",
+    "kl",
+    "eos_share",
+]
 # Verdict rule (see the docstring): PPO - RLOO words, paired 95% t-interval, at each
 # learning rate: below 0 at all "reproduced", at some "partly reproduced", at none "not".
 
@@ -68,6 +81,7 @@ def main(argv=None):
     for seed in range(s["seeds"]):
         rows.append(
             {
+                "diverged": False,
                 "algorithm": "SFT",
                 "learning_rate": 0.0,
                 "seed": seed,
@@ -89,13 +103,19 @@ def main(argv=None):
                 ("PPO", PPOPolicy(**common)),
                 ("RLOO", RLOOPolicy(k=4, **common)),
             ):
-                policy.fit(world.prompts, rm)
+                fitted = fit_or_none(policy, world.prompts, rm)
+                m = (
+                    review_metrics(world, fitted, rm, prompts, seed=seed)
+                    if fitted is not None
+                    else dict.fromkeys(REVIEW_METRICS, float("nan"))
+                )
                 rows.append(
                     {
                         "algorithm": algorithm,
                         "learning_rate": lr,
                         "seed": seed,
-                        **review_metrics(world, policy, rm, prompts, seed=seed),
+                        "diverged": fitted is None,
+                        **m,
                     }
                 )
                 print(rows[-1], flush=True)
@@ -109,9 +129,11 @@ def main(argv=None):
     for lr in s["learning_rates"]:
         ci = paired_ci(col("PPO", lr, "words"), col("RLOO", lr, "words"))
         shorter.append(ci[2] < 0)
+        diverged = frame[(frame.learning_rate == lr) & frame.diverged]
         parts.append(
             f"lr {lr:g}: PPO {mean_ci(col('PPO', lr, 'words'))[0]:.1f}, RLOO "
             f"{mean_ci(col('RLOO', lr, 'words'))[0]:.1f} words, PPO - RLOO {fmt(*ci, digits=1)}"
+            + (f" ({len(diverged)} runs diverged)" if len(diverged) else "")
         )
     verdict = (
         "reproduced" if all(shorter) else "partly reproduced" if any(shorter) else "not reproduced"
