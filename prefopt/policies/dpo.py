@@ -75,8 +75,12 @@ class DPOPolicy(GenerativeEstimator):
         ``None`` means 0.1 for the exact worlds' log-linear policies, 1e-3 for
         models under 10M parameters and 1e-6 otherwise (the DPO paper's and
         TRL's value).
-    n_epochs : int, default=1
-        Passes over the comparisons.
+    n_epochs : int, default=3
+        Passes over the comparisons (TRL's and the transformers Trainer's
+        default). Measured on the preference world (1,000 comparisons, seeds
+        0-2, defaults otherwise): one pass reaches 0.77 of the achievable
+        objective of a reward model fitted on the same comparisons, three
+        passes 0.92-0.97 at beta 0.1 and 0.3.
     batch_size : int, default=64
         Comparisons per gradient step (the DPO paper's 64).
     lr_schedule : {"linear", "cosine", "constant"}, default="linear"
@@ -200,7 +204,7 @@ class DPOPolicy(GenerativeEstimator):
         beta=0.1,
         loss="sigmoid",
         learning_rate=None,
-        n_epochs=1,
+        n_epochs=3,
         batch_size=64,
         lr_schedule="linear",
         temperature=None,
