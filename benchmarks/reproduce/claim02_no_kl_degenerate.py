@@ -98,7 +98,7 @@ def main(argv=None):
                     "entropy_coef": entropy_coef,
                     **m,
                     "entropy": policy.history_[-1].get("policy/entropy", float("nan")),
-                    "example": prompts[0] + example,
+                    "example": example.strip(),
                 }
             )
             print(rows[-1], flush=True)
@@ -143,7 +143,7 @@ def main(argv=None):
             f"{cond} - kl {metric} {fmt(*ci)} ({'below' if below[(cond, metric)] else 'not below'})"
             for (cond, metric), ci in found.items()
         )
-        + ". Seed 0's first sample: "
+        + f". Seed 0's first sample after {prompts[0]!r}: "
         + "; ".join(f"{name}: {examples[name]!r}" for name in CONDITIONS)
     )
     return finish(
