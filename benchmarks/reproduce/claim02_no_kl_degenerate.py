@@ -19,9 +19,6 @@ of no-KL minus KL-on both < 0; (C) the same two for no-KL + entropy bonus minus 
 "reproduced" if A, B and C all hold; "partly reproduced" if A holds and at least one
 of the four comparisons of B and C; "not reproduced" otherwise.
 
-Note: ``entropy_coef`` is a parameter of every on-policy policy; a full run must use a
-prefopt whose loop applies it (check ``policy/entropy`` in ``history_``).
-
 Run::
 
     python benchmarks/reproduce/claim02_no_kl_degenerate.py          # ~13 min, 2 cores (est.)
