@@ -55,7 +55,19 @@ FULL = dict(
 QUICK = dict(
     **REVIEW_QUICK, steps=2, batch_size=8, seeds=2, eval_every=1, eval_prompts=8, bon_samples=4
 )
-COLUMNS = ["seed", "method", "step", "n", "kl", "d", "proxy", "gold", "gold_gain", "words"]
+COLUMNS = [
+    "seed",
+    "method",
+    "step",
+    "n",
+    "kl",
+    "d",
+    "proxy",
+    "gold",
+    "gold_gain",
+    "proxy_gain",
+    "words",
+]
 # Verdict rule (see the docstring): RL: beta > 0 (95% CI), peak inside the range, proxy
 # still rising past the gold peak (paired CI > 0); best-of-n: beta > 0, peak inside.
 
@@ -109,7 +121,6 @@ def main(argv=None):
     rows = []
     for seed in range(s["seeds"]):
         start = review_metrics(world, sft, rm, prompts, seed=seed)
-        base = start["gold"]
         rows.append({"seed": seed, "method": "RL", "step": 0, "n": 1, **start})
 
         def track(policy, row, seed=seed):
@@ -127,9 +138,13 @@ def main(argv=None):
         ).fit(world.prompts, rm, callback=track)
         for rec in best_of_n(world, sft, rm, prompts, s["bon_samples"], seed):
             rows.append({"seed": seed, "method": "BoN", "step": 0, **rec})
-        for r in rows:
-            if r["seed"] == seed:
-                r["gold_gain"] = r["gold"] - base
+        # Gains over the initial policy, as Gao et al. normalise: RL's first point is the
+        # SFT policy, best-of-n's is n = 1 (its own samples).
+        for method in ("RL", "BoN"):
+            mine = [r for r in rows if r["seed"] == seed and r["method"] == method]
+            for r in mine:
+                r["gold_gain"] = r["gold"] - mine[0]["gold"]
+                r["proxy_gain"] = r["proxy"] - mine[0]["proxy"]
         print(rows[-1], flush=True)
     frame = pd.DataFrame(rows)
     frame["kl"] = frame["kl"].clip(lower=0.0)  # a sampled estimate can dip below 0 near the start
@@ -165,12 +180,7 @@ def main(argv=None):
         sub = frame[frame.method == method]
         ax.scatter(sub["d"], sub["gold_gain"], s=10, color="C0", label="gold - initial")
         ax.scatter(
-            sub["d"],
-            sub["proxy"] - sub["proxy"].iloc[0],
-            s=10,
-            color="C1",
-            marker="x",
-            label="proxy - initial (seed 0)",
+            sub["d"], sub["proxy_gain"], s=10, color="C1", marker="x", label="proxy - initial"
         )
         grid = np.linspace(1e-3, max(sub["d"].max(), 1e-2), 100)
         f = found[method]
