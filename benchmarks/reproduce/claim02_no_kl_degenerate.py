@@ -21,7 +21,7 @@ of the four comparisons of B and C; "not reproduced" otherwise.
 
 Run::
 
-    python benchmarks/reproduce/claim02_no_kl_degenerate.py          # ~13 min, 2 cores (est.)
+    python benchmarks/reproduce/claim02_no_kl_degenerate.py          # ~14 min (est.)
     python benchmarks/reproduce/claim02_no_kl_degenerate.py --quick  # seconds
 """
 

@@ -23,7 +23,7 @@ the six holds; "not reproduced" otherwise.
 
 Run::
 
-    python benchmarks/reproduce/claim10_rloo_reinforce_vpg_ppo.py          # ~7 min, 2 cores (est.)
+    python benchmarks/reproduce/claim10_rloo_reinforce_vpg_ppo.py          # ~9 min (est.)
     python benchmarks/reproduce/claim10_rloo_reinforce_vpg_ppo.py --quick  # seconds
 """
 

@@ -25,7 +25,7 @@ reproduced" if at least one of the five holds; "not reproduced" otherwise.
 
 Run::
 
-    python benchmarks/reproduce/claim11_raft_vs_rloo.py          # ~9 min, 2 cores (est.)
+    python benchmarks/reproduce/claim11_raft_vs_rloo.py          # ~12 min (est.)
     python benchmarks/reproduce/claim11_raft_vs_rloo.py --quick  # seconds
 """
 

@@ -25,7 +25,7 @@ reproduced" if one, "not reproduced" if neither.
 
 Run::
 
-    python benchmarks/reproduce/claim12_overoptimisation.py          # ~7 min, 2 cores (est.)
+    python benchmarks/reproduce/claim12_overoptimisation.py          # ~8 min (est.)
     python benchmarks/reproduce/claim12_overoptimisation.py --quick  # seconds
 """
 

@@ -20,7 +20,7 @@ gain is, at least in part, length); "not reproduced" if A fails.
 
 Run::
 
-    python benchmarks/reproduce/claim13_length_binned_win_rate.py          # ~4 min, 2 cores (est.)
+    python benchmarks/reproduce/claim13_length_binned_win_rate.py          # ~4 min (est.)
     python benchmarks/reproduce/claim13_length_binned_win_rate.py --quick  # seconds
 """
 

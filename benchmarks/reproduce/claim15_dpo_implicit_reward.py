@@ -21,7 +21,7 @@ above 0 at some width; "not reproduced" otherwise.
 
 Run::
 
-    python benchmarks/reproduce/claim15_dpo_implicit_reward.py          # ~9 min, 2 cores (est.)
+    python benchmarks/reproduce/claim15_dpo_implicit_reward.py          # ~8 min (est.)
     python benchmarks/reproduce/claim15_dpo_implicit_reward.py --quick  # seconds
 """
 

@@ -25,7 +25,7 @@ neither (no margin left, or PPO ahead).
 
 Run::
 
-    python benchmarks/reproduce/claim16_careful_ppo.py          # ~13 min, 2 cores (est.)
+    python benchmarks/reproduce/claim16_careful_ppo.py          # ~15 min (est.)
     python benchmarks/reproduce/claim16_careful_ppo.py --quick  # seconds
 """
 

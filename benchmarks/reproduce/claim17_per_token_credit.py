@@ -29,7 +29,7 @@ otherwise.
 
 Run::
 
-    python benchmarks/reproduce/claim17_per_token_credit.py          # ~5 min, 2 cores (est.)
+    python benchmarks/reproduce/claim17_per_token_credit.py          # ~5 min (est.)
     python benchmarks/reproduce/claim17_per_token_credit.py --quick  # seconds
 """
 

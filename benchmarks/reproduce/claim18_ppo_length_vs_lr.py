@@ -20,7 +20,7 @@ reproduced" if at none.
 
 Run::
 
-    python benchmarks/reproduce/claim18_ppo_length_vs_lr.py          # ~9 min, 2 cores (est.)
+    python benchmarks/reproduce/claim18_ppo_length_vs_lr.py          # ~10 min (est.)
     python benchmarks/reproduce/claim18_ppo_length_vs_lr.py --quick  # seconds
 """
 
