@@ -125,7 +125,7 @@ def main(argv=None):
         axes[0].fill_between(m.index, lo, hi, color=f"C{i}", alpha=0.2)
         mm, ml, mh = mean_ci(area[method])
         axes[1].errorbar([i], [mm], yerr=[[mm - ml], [mh - mm]], fmt="o", capsize=4, color=f"C{i}")
-    axes[0].set_xlabel("step (64 episodes each)")
+    axes[0].set_xlabel(f"step ({s['batch_size']} episodes each)")
     axes[0].set_ylabel("share of the achievable objective (exact)")
     axes[0].legend(fontsize=8)
     axes[1].set_xticks(range(len(METHODS)), [m.replace(" ", "\n") for m in METHODS])
