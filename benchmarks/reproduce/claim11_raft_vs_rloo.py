@@ -83,7 +83,6 @@ def main(argv=None):
     rows = []
     for seed in range(s["seeds"]):
         for name, (k, noise, beta) in CONDITIONS.items():
-            reward = NoisyReward(rm, std=noise, random_state=seed) if noise else rm
             common = dict(
                 model=sft,
                 k=k,
@@ -97,6 +96,8 @@ def main(argv=None):
                 ("RLOO", RLOOPolicy(**common)),
                 ("RAFT", RAFTPolicy(rank_by="shaped", **common)),
             ):
+                # A fresh noise stream per run: both algorithms see the same noise draws.
+                reward = NoisyReward(rm, std=noise, random_state=seed) if noise else rm
                 policy.fit(world.prompts, reward)
                 m = review_metrics(world, policy, rm, prompts, seed=seed)
                 rows.append(
