@@ -27,4 +27,6 @@ def test_compare_algorithms_notebook_runs(monkeypatch):
     text = "".join(
         str(o.get("text", "")) + str(o.get("data", {}).get("text/plain", "")) for o in outputs
     )
-    assert "closed-form optimum" in text and "RAFT" in text
+    assert "closed-form optimum" in text
+    for name in ("PPO", "RLOO", "GRPO", "REINFORCE", "RAFT", "DPO"):
+        assert name in text, name
