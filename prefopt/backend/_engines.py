@@ -1,0 +1,108 @@
+"""The data-parallel engines: DistributedDataParallel beside a module, or FSDP's fully_shard.
+
+Part of :mod:`prefopt.backend.distributed` (re-exported there); the process group,
+shares and reductions are that module's.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+
+from . import distributed as group
+
+
+def prepare(
+    module: torch.nn.Module | None, device: torch.device, *, shard: bool = True
+) -> torch.nn.Module | None:
+    """Put ``module`` under the data-parallel engine the configuration selects.
+
+    ``distributed="ddp"`` (default): a ``DistributedDataParallel`` wrapper is kept
+    beside the module (the module itself, its ``state_dict`` and its
+    ``save_pretrained`` stay as they are) and :func:`training_view` puts it in
+    place for the training passes; its constructor broadcasts rank 0's weights. ``"fsdp"``:
+    ``fully_shard`` shards the module in place (every transformer block, then the
+    whole model). Outside a process group nothing changes.
+
+    Parameters
+    ----------
+    module : torch.nn.Module or None
+    device : torch.device
+    shard : bool, default=True
+        ``False`` keeps DDP under ``distributed="fsdp"`` (the supervised
+        estimators, whose fitted models other estimators copy).
+
+    Returns
+    -------
+    module : torch.nn.Module or None
+        The same module.
+    """
+    if module is None or group.world_size() == 1:
+        return module
+    if group.sharded() and shard:
+        if module not in group._SHARDED:
+            _fully_shard(module)
+            group._SHARDED.add(module)
+        return module
+    if module not in group._WRAPPED:
+        from torch.nn.parallel import DistributedDataParallel
+
+        cuda = device is not None and device.type == "cuda"
+        ids = [device.index if device.index is not None else 0] if cuda else None
+        group._WRAPPED[module] = DistributedDataParallel(module, device_ids=ids)
+    return module
+
+
+def _fully_shard(module: torch.nn.Module) -> None:
+    from torch.distributed.fsdp import fully_shard
+
+    # Each transformer block its own unit, then the rest (embeddings, head): a block's
+    # full weights exist only while it runs (Zhao et al. 2023, PyTorch FSDP).
+    blocks = getattr(getattr(module, "transformer", None), "h", None)
+    if blocks is None:
+        blocks = getattr(getattr(module, "model", None), "layers", None)
+    for block in blocks or ():
+        fully_shard(block)
+    fully_shard(module)
+
+
+@contextmanager
+def training_view(estimator, names=("model_", "value_model_")):
+    """Inside the block, ``estimator.model_`` (and ``value_model_``) are their DDP wrappers.
+
+    A training pass must go through DistributedDataParallel's ``forward`` for its
+    backward to average the gradients; the loops open this around a step's passes,
+    so a loss written against ``estimator.model_`` (SFT's, the reward model's,
+    DPO's, an algorithm's) needs no change. Outside it the attributes are the
+    plain modules, which checkpoints and ``save_pretrained`` read. Nothing changes
+    outside a process group or under FSDP (``fully_shard`` works in place).
+    """
+    swapped = {}
+    if group.world_size() > 1:
+        for name in names:
+            module = estimator.__dict__.get(name)
+            if module is not None and module in group._WRAPPED:
+                swapped[name] = module
+                estimator.__dict__[name] = group._WRAPPED[module]
+    try:
+        yield
+    finally:
+        estimator.__dict__.update(swapped)
+
+
+def is_sharded(module) -> bool:
+    """Whether ``module`` was sharded in place by :func:`prepare`."""
+    return module is not None and module in group._SHARDED
+
+
+def full_state_dict(module: torch.nn.Module) -> dict | None:
+    """The full (gathered) weights of a sharded module on rank 0, ``None`` on the others.
+
+    A collective: every rank calls it.
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    state = get_model_state_dict(module, options=options)
+    return state if group.is_main() else None
