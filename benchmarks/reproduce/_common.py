@@ -11,6 +11,7 @@ JSON files. Only prefopt's public API is used, here and in the scripts.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -268,3 +269,50 @@ def sd_ratio_ci(a, b, level: float = 0.95) -> tuple[float, float, float]:
     lower = stats.f.ppf(0.5 + level / 2, da, db)
     upper = stats.f.ppf(0.5 - level / 2, da, db)
     return ratio, ratio / float(np.sqrt(lower)), ratio / float(np.sqrt(upper))
+
+
+@functools.cache
+def review_models(
+    n_reviews: int = 2000,
+    sft_epochs: int = 5,
+    comparisons: int = 2000,
+    rm_epochs: int = 3,
+    normalize_samples: int = 256,
+    sft_pad_token: str = "distinct",
+):
+    """The review world, its SFT policy and a reward model on rater comparisons (seed 0).
+
+    The settings of ``claim14_online_refits.py`` (and of the demo): SFT at learning
+    rate 3e-3, batch 32; the reward model on ``comparisons`` rater comparisons of SFT
+    samples, learning rate 1e-3, batch 16, normalised on ``normalize_samples``
+    samples, shifted so the references score 0. Built once per process for each
+    setting (the fitted models are only read: ``fit`` copies its starting model), so
+    the test suite's quick runs share them.
+
+    Returns
+    -------
+    world : prefopt.worlds.ReviewWorld
+    sft : prefopt.SFTPolicy
+    rm : prefopt.RewardModel
+    """
+    from prefopt import RewardModel, SFTPolicy
+    from prefopt.worlds import ReviewWorld
+
+    world = ReviewWorld(n_reviews=n_reviews, random_state=0)
+    sft = SFTPolicy(
+        model=world.model_config(),
+        n_epochs=sft_epochs,
+        learning_rate=3e-3,
+        batch_size=32,
+        pad_token=sft_pad_token,
+        random_state=0,
+    ).fit(world.demonstrations)
+    rm = RewardModel(
+        model=sft,
+        learning_rate=1e-3,
+        n_epochs=rm_epochs,
+        batch_size=16,
+        normalize_samples=normalize_samples,
+        random_state=0,
+    ).fit(world.comparisons(sft, comparisons, random_state=0), references=world.references)
+    return world, sft, rm

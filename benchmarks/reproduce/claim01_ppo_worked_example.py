@@ -35,8 +35,16 @@ One seed of the full setting (465 PPO steps) took 28 s on a busy 2-core machine,
 from __future__ import annotations
 
 import numpy as np
-from _common import compound_verdict, finish, fmt, mean_ci, new_figure, paired_ci, parse_args
-from _common import parts_reason
+from _common import (
+    compound_verdict,
+    finish,
+    fmt,
+    mean_ci,
+    new_figure,
+    paired_ci,
+    parse_args,
+    parts_reason,
+)
 from _common import settings as choose
 
 from prefopt import PPOPolicy, RewardModel
@@ -121,7 +129,6 @@ def main(argv=None):
             print({k: rows[-1][k] for k in ("seed", "steps", "reward", "opt_reward")}, flush=True)
 
     main_rows = [r for r in rows if r["steps"] == s["main_steps"]]
-    last_rows = [r for r in rows if r["steps"] == max(s["steps"])]
     col = lambda rs, k: np.array([r[k] for r in rs])  # noqa: E731
     abs_gap = mean_ci(np.abs(col(main_rows, "reward") - col(main_rows, "opt_reward")))
     signed_gap = mean_ci(col(main_rows, "reward") - col(main_rows, "opt_reward"))
@@ -179,9 +186,7 @@ def main(argv=None):
         ("true quality", "true_quality", "C2"),
         ("KL", "kl", "C3"),
     ):
-        mid.scatter(
-            [name] * len(main_rows), col(main_rows, key), color=color, s=12, label="PPO"
-        )
+        mid.scatter([name] * len(main_rows), col(main_rows, key), color=color, s=12, label="PPO")
         mid.scatter(
             [name] * len(main_rows), col(main_rows, f"opt_{key}"), color="k", marker="_", s=80
         )

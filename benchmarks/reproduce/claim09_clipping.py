@@ -35,8 +35,16 @@ minutes.
 from __future__ import annotations
 
 import numpy as np
-from _common import compound_verdict, finish, fmt, mean_ci, new_figure, paired_ci, parse_args
-from _common import parts_reason
+from _common import (
+    compound_verdict,
+    finish,
+    fmt,
+    mean_ci,
+    new_figure,
+    paired_ci,
+    parse_args,
+    parts_reason,
+)
 from _common import settings as choose
 
 from prefopt import PPOPolicy
