@@ -164,21 +164,14 @@ def main(argv=None):
             )
             for n in s["steps"]
         ]
-        cis = [mean_ci(v) for v in per_n]
-        left.errorbar(
-            episodes,
-            [c[0] for c in cis],
-            yerr=[[c[0] - c[1] for c in cis], [c[2] - c[0] for c in cis]],
-            color=color,
-            marker="o",
-            capsize=3,
-            label=label,
-        )
+        for n_episodes, values in zip(episodes, per_n):
+            left.scatter([n_episodes] * len(values), values, color=color, s=6, alpha=0.4)
+        left.plot(episodes, [v.mean() for v in per_n], color=color, marker="o", label=label)
     left.axhline(TOLERANCE, color="grey", ls=":", label=f"{TOLERANCE}")
     left.set_xscale("log")
     left.set_yscale("log")
     left.set_xlabel("episodes (64 a step)")
-    left.set_ylabel("gap to the closed form (mean, 95% CI)")
+    left.set_ylabel("gap to the closed form (dots: seeds)")
     left.legend(fontsize=7)
     left.set_title(f"β = {BETA}: gap against episodes")
     for name, key, color in (

@@ -30,12 +30,12 @@ parts, on 95% t-intervals of paired differences over seeds:
 
 Run::
 
-    python benchmarks/reproduce/claim04_eos_handling.py          # ~8 min on 2 cores
+    python benchmarks/reproduce/claim04_eos_handling.py          # ~6 min on 2 cores
     python benchmarks/reproduce/claim04_eos_handling.py --quick  # seconds
 
-Measured on a busy 2-core machine: a TinyLMWorld PPO run 23-37 s; a 5-epoch SFT fit
-on the review world about 40 s; 10 of each take about 12 minutes there, 6-8 on a
-quiet machine.
+One seed of the full setting (2 PPO runs, 2 SFT fits, their samples) took 60 s of CPU
+time (2 minutes of wall time on a busy 2-core machine): 5 seeds take about 5-6 minutes
+on a quiet machine, 10 on a busy one.
 """
 
 from __future__ import annotations
