@@ -29,9 +29,11 @@ Run::
     python benchmarks/reproduce/claim03_adaptive_kl.py          # ~8 min on 2 cores
     python benchmarks/reproduce/claim03_adaptive_kl.py --quick  # seconds
 
-Measured on a busy 2-core machine: SFT and reward model 99 s (once), a 30-step PPO run
-45-50 s of wall time (about a third of it CPU time): 20 runs take about 6-8 minutes
-on a quiet machine, 16 on a busy one.
+One seed of claim 6's full setting (the SFT policy and reward model, then two PPO runs
+of 20 steps) took 77 s of CPU time (3 minutes of wall time on a busy 2-core machine):
+about 45 s for the models, once, and about 0.75 s a PPO step of 64 episodes.
+Here 20 runs of 30 steps:
+about 8 minutes on a quiet machine, 16 on a busy one.
 """
 
 from __future__ import annotations

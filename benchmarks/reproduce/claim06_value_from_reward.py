@@ -18,12 +18,14 @@ steps is reported beside it.
 
 Run::
 
-    python benchmarks/reproduce/claim06_value_from_reward.py          # ~10 min on 2 cores
+    python benchmarks/reproduce/claim06_value_from_reward.py          # ~6 min on 2 cores
     python benchmarks/reproduce/claim06_value_from_reward.py --quick  # seconds
 
-Measured on a busy 2-core machine: SFT and reward model 99 s (once), a 30-step PPO
-run 45-50 s of wall time (about a third CPU time), so 20 runs of 20 steps take about
-6-8 minutes on a quiet machine, 12-15 on a busy one.
+One seed of claim 6's full setting (the SFT policy and reward model, then two PPO runs
+of 20 steps) took 77 s of CPU time (3 minutes of wall time on a busy 2-core machine):
+about 45 s for the models, once, and about 0.75 s a PPO step of 64 episodes.
+Here 20 runs of 20 steps:
+about 6 minutes on a quiet machine, 12-15 on a busy one.
 """
 
 from __future__ import annotations
