@@ -25,11 +25,12 @@ each on a 95% t-interval over seeds:
 
 Run::
 
-    python benchmarks/reproduce/claim09_clipping.py          # ~13 min on 2 cores
+    python benchmarks/reproduce/claim09_clipping.py          # ~9 min on 2 cores
     python benchmarks/reproduce/claim09_clipping.py --quick  # seconds
 
-One full run (100 steps) took 23-37 s on a busy 2-core machine: 30 runs, about 13
-minutes.
+One seed of the full setting (the three runs of 100 steps) took 53 s of CPU time
+(1 minute 47 s of wall time on a busy 2-core machine): 10 seeds take about 9 minutes on
+a quiet machine, 18 on a busy one.
 """
 
 from __future__ import annotations
