@@ -33,11 +33,12 @@ exact objective share each arm's policy reached (dropout off at evaluation) is r
 
 Run::
 
-    python benchmarks/reproduce/claim05_dropout.py          # ~6 min on 2 cores
+    python benchmarks/reproduce/claim05_dropout.py          # ~4 min on 2 cores
     python benchmarks/reproduce/claim05_dropout.py --quick  # seconds
 
-Measured on a busy 2-core machine: a TinyLMWorld PPO run 23-37 s (somewhat more with
-dropout on); 10 runs and the mask passes take about 6 minutes, 3-4 on a quiet machine.
+One seed of the full setting (two runs of 100 steps and the mask passes) took 40 s of
+CPU time (64 s of wall time on a busy 2-core machine): 5 seeds take about 3-4 minutes
+on a quiet machine, 6 on a busy one.
 """
 
 from __future__ import annotations
