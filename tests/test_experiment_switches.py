@@ -6,6 +6,7 @@ Each does what its docstring says, and the default is unchanged.
 import functools
 
 import numpy as np
+import pytest
 import torch
 
 import prefopt
@@ -83,3 +84,10 @@ def test_ppo_dropout_on_moves_the_first_ratio_and_the_kl_estimate():
     assert abs(row["objective/kl"]) > 1e-3  # same weights as the reference, yet KL != 0
     # The reference and the value model keep dropout off.
     assert not ppo.ref_model_.training
+
+
+def test_ppo_dropout_is_refused_with_a_shared_value_head():
+    world = TinyLMWorld(random_state=0)
+    policy = PPOPolicy(model=world.policy_model(), dropout=0.1, value_model="shared")
+    with pytest.raises(ValueError, match="value_model='shared'"):
+        policy.fit(world.prompts, world.reward)

@@ -25,11 +25,12 @@ four parts, each judged on a 95% t-interval over seeds:
 
 Run::
 
-    python benchmarks/reproduce/claim01_ppo_worked_example.py          # ~5 min on 2 cores
+    python benchmarks/reproduce/claim01_ppo_worked_example.py          # ~3 min on 2 cores
     python benchmarks/reproduce/claim01_ppo_worked_example.py --quick  # seconds
 
-One seed of the full setting (465 PPO steps) took 28 s on a busy 2-core machine, so
-10 seeds take about 5 minutes.
+One seed of the full setting (465 PPO steps) took 23 s of CPU time, imports included
+(44 s of wall time on a busy 2-core machine): 10 seeds take about 3 minutes on a quiet
+machine, 7 on a busy one.
 """
 
 from __future__ import annotations

@@ -182,6 +182,7 @@ class PPOPolicy(BasePolicy):
         and the KL estimate is unreliable. The reference, reward and value
         models keep dropout off. Dropout masks come from torch's global
         generator, so such a run repeats only after ``torch.manual_seed``.
+        Not with ``value_model="shared"``, whose head sits on the policy's trunk.
 
     Attributes
     ----------
@@ -288,6 +289,15 @@ class PPOPolicy(BasePolicy):
         lora=None,
     ):
         store_params(self, locals())
+
+    def _check_algorithm_params(self) -> None:
+        super()._check_algorithm_params()
+        if self.dropout is not None and isinstance(self.value_model, str):
+            raise ValueError(
+                "dropout= (experiments only) keeps the policy's dropout on, but "
+                "value_model='shared' puts the value head on the policy's trunk, whose "
+                "dropout the value model turns off; use value_model=None with dropout."
+            )
 
     def _init_model(self, model, tokenizer, *, seed: int) -> None:
         super()._init_model(model, tokenizer, seed=seed)
