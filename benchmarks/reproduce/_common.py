@@ -217,6 +217,59 @@ def environ_threads() -> None:
         os.environ.setdefault(var, "1")
 
 
+def compound_verdict(parts: dict) -> str:
+    """The verdict of a compound claim from its parts (``name -> held``).
+
+    "reproduced" when every part holds, "partly reproduced" when some do, "not
+    reproduced" when none does.
+
+    Examples
+    --------
+    >>> compound_verdict({"a": True, "b": False}), compound_verdict({"a": True})
+    ('partly reproduced', 'reproduced')
+    """
+    held = [bool(v) for v in parts.values()]
+    if all(held):
+        return "reproduced"
+    return "partly reproduced" if any(held) else "not reproduced"
+
+
+def parts_reason(parts: dict) -> str:
+    """``"held: a, b; did not hold: c"`` for the parts of a compound claim.
+
+    Examples
+    --------
+    >>> parts_reason({"a": True, "b": False})
+    'held: a; did not hold: b'
+    """
+    held = [k for k, v in parts.items() if v]
+    failed = [k for k, v in parts.items() if not v]
+    return "; ".join(
+        f"{label}: {', '.join(names)}"
+        for label, names in (("held", held), ("did not hold", failed))
+        if names
+    )
+
+
+def sd_ratio_ci(a, b, level: float = 0.95) -> tuple[float, float, float]:
+    """Ratio of standard deviations ``sd(a) / sd(b)`` and its F-test interval.
+
+    Assumes independent, roughly normal samples (e.g. two sets of seeds).
+
+    Examples
+    --------
+    >>> ratio, low, high = sd_ratio_ci([1.0, 2.0, 3.0, 4.0], [2.0, 4.0, 6.0, 8.0])
+    >>> ratio, bool(low < 0.5 < high)
+    (0.5, True)
+    """
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    ratio = float(a.std(ddof=1) / b.std(ddof=1))
+    da, db = len(a) - 1, len(b) - 1
+    lower = stats.f.ppf(0.5 + level / 2, da, db)
+    upper = stats.f.ppf(0.5 - level / 2, da, db)
+    return ratio, ratio / float(np.sqrt(lower)), ratio / float(np.sqrt(upper))
+
+
 # ----- the review world, shared by the scripts that run on it ----------------------------
 REVIEW_FULL = dict(
     n_reviews=2000, sft_epochs=5, comparisons=2000, rm_epochs=3, normalize_samples=256

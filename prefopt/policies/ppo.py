@@ -174,6 +174,17 @@ class PPOPolicy(BasePolicy):
         or ``"shared"``: a zero-initialised head on the policy's own trunk, as in
         the original code (no third copy of the weights; the value loss then
         also trains the trunk).
+    dropout : float, default=None
+        For experiments only; keep the default. ``None`` turns dropout off in
+        every model, as it should be. A rate keeps the policy's dropout on at
+        that rate (every dropout layer, the model in training mode) in
+        sampling and training alike, to reproduce what Huang et al. 2024 warn
+        of: the same tokens then get different log-probabilities in the
+        sampling and training passes, so the ratio is not 1 at the first epoch
+        and the KL estimate is unreliable. The reference, reward and value
+        models keep dropout off. Dropout masks come from torch's global
+        generator, so such a run repeats only after ``torch.manual_seed``.
+        Not with ``value_model="shared"``, whose head sits on the policy's trunk.
 
     Attributes
     ----------
@@ -224,6 +235,7 @@ class PPOPolicy(BasePolicy):
         "clip": ["boolean"],
         "use_ratio": ["boolean"],
         "value_model": "no_validation",
+        "dropout": [Interval(Real, 0, 1, closed="left"), None],
     }
 
     uses_value_model = True
@@ -263,6 +275,7 @@ class PPOPolicy(BasePolicy):
         clip=True,
         use_ratio=True,
         value_model=None,
+        dropout=None,
         random_state=None,
         verbose=0,
         warm_start=False,
@@ -278,6 +291,23 @@ class PPOPolicy(BasePolicy):
         lora=None,
     ):
         store_params(self, locals())
+
+    def _check_algorithm_params(self) -> None:
+        super()._check_algorithm_params()
+        if self.dropout is not None and isinstance(self.value_model, str):
+            raise ValueError(
+                "dropout= (experiments only) keeps the policy's dropout on, but "
+                "value_model='shared' puts the value head on the policy's trunk, whose "
+                "dropout the value model turns off; use value_model=None with dropout."
+            )
+
+    def _init_model(self, model, tokenizer, *, seed: int) -> None:
+        super()._init_model(model, tokenizer, seed=seed)
+        if self.dropout is not None:  # experiments only: dropout left on in the policy
+            for module in self.model_.modules():
+                if isinstance(module, torch.nn.Dropout):
+                    module.p = float(self.dropout)
+            self.model_.train()
 
     def compute_advantages(self, batch: RolloutBatch):
         """GAE advantages (whitened) and returns on the KL-shaped per-token reward.

@@ -75,6 +75,12 @@ class SFTPolicy(GenerativeEstimator):
         demonstrations resumes from it, as the policies do.
     checkpoint_every : int, default=100
         Gradient steps between checkpoints.
+    pad_token : {"distinct", "eos"}, default="distinct"
+        For experiments only; keep the default. ``"eos"`` reproduces the shortcut
+        of padding with the EOS token itself: a collator that marks padding by
+        its id then masks every EOS as padding, so the EOS is never a training
+        target and the model does not learn to stop (Huang et al. 2024). Here
+        the EOS positions are dropped from the loss; sampling is unchanged.
 
     Attributes
     ----------
@@ -127,6 +133,7 @@ class SFTPolicy(GenerativeEstimator):
         "warm_start": ["boolean"],
         "checkpoint_dir": [str, os.PathLike, None],
         "checkpoint_every": [Interval(Integral, 1, None, closed="left")],
+        "pad_token": [StrOptions({"distinct", "eos"})],
     }
 
     def __init__(
@@ -146,6 +153,7 @@ class SFTPolicy(GenerativeEstimator):
         warm_start=False,
         checkpoint_dir=None,
         checkpoint_every=100,
+        pad_token="distinct",
     ):
         self.model = model
         self.tokenizer = tokenizer
@@ -161,6 +169,7 @@ class SFTPolicy(GenerativeEstimator):
         self.warm_start = warm_start
         self.checkpoint_dir = checkpoint_dir
         self.checkpoint_every = checkpoint_every
+        self.pad_token = pad_token
 
     def fit(self, X, y=None):
         """Fit on demonstrations.
@@ -238,6 +247,9 @@ class SFTPolicy(GenerativeEstimator):
 
     def _batch_loss(self, model, ptoks, ctoks):
         ids, mask = self._pad_responses(ctoks)
+        if self.pad_token == "eos":  # experiments only: EOS masked as if it were padding
+            stops = torch.as_tensor(self._stop_ids(), dtype=ids.dtype, device=ids.device)
+            mask = mask * ~torch.isin(ids, stops)
         # Temperature 1: the training targets are the data's tokens themselves.
         logprobs = response_logprobs(
             model, self._encode(ptoks), ids, mask, temperature=1.0, suppress_ids=self._suppress_ids
