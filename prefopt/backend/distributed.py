@@ -445,6 +445,9 @@ def all_finite(loss: torch.Tensor) -> bool:
 
 
 # The engines (DistributedDataParallel, fully_shard) live in _engines.py.
-from ._engines import (  # noqa: E402
+from ._engines import (  # noqa: E402, F401 (re-exported: distributed.training_view, ...)
+    full_state_dict,
+    is_sharded,
     prepare,
+    training_view,
 )
