@@ -126,8 +126,10 @@ COMMON_ATTRIBUTES = """model_ : torch.nn.Module
     history_ : list of dict
         One row per step with namespaced keys (``objective/reward``,
         ``objective/kl``, ``objective/beta``, ``loss/policy``, ``policy/entropy``,
-        ``response/length``, ``response/eos_share``, ``time/episodes_per_s``...);
-        ``pandas.DataFrame(history_)`` makes a table."""
+        ``response/length``, ``response/eos_share``, ``time/episodes_per_s``,
+        and the seconds of the step's phases: ``time/generation``,
+        ``time/logprobs`` (old, reference and value passes), ``time/reward``,
+        ``time/update``...); ``pandas.DataFrame(history_)`` makes a table."""
 
 
 def fill(cls, **defaults) -> str:
