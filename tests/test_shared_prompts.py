@@ -220,3 +220,36 @@ def test_models_outside_transformers_keep_the_plain_path():
     policy = world.policy_model()
     assert not _shared_prompts.is_transformers_model(policy)
     assert not _shared_prompts.takes_shared_prompts(policy)
+
+
+def test_minibatch_order_keeps_each_prompts_samples_together():
+    from prefopt.policies._batch import minibatch_order
+
+    index = torch.tensor([5, 5, 5, 2, 2, 2, 7, 7, 7, 5, 5, 5])  # a prompt drawn twice
+    order = minibatch_order(index, make_generator(0))
+    assert sorted(order.tolist()) == list(range(12))
+    groups = {tuple(sorted(order[i : i + 3].tolist())) for i in range(0, 12, 3)}
+    assert groups == {(0, 1, 2), (3, 4, 5), (6, 7, 8), (9, 10, 11)}
+    # One sample a prompt: the same draws as shuffling the rows.
+    distinct = torch.arange(10)
+    assert torch.equal(
+        minibatch_order(distinct, make_generator(1)),
+        torch.randperm(10, generator=make_generator(1)),
+    )
+    assert torch.equal(
+        minibatch_order(index, make_generator(1), grouped=False),
+        torch.randperm(12, generator=make_generator(1)),
+    )
+
+
+def test_history_records_the_time_of_each_phase():
+    import numpy as np
+
+    from prefopt import RLOOPolicy
+
+    policy = RLOOPolicy(
+        model=tiny_lm(), k=2, batch_size=4, n_steps=1, max_new_tokens=3, random_state=0
+    ).fit(["the movie was", "the plot was"], lambda p, c: np.zeros(len(c)))
+    row = policy.history_[0]
+    for key in ("time/generation", "time/logprobs", "time/reward", "time/update"):
+        assert np.isfinite(row[key]) and row[key] >= 0, key
