@@ -253,3 +253,21 @@ def test_history_records_the_time_of_each_phase():
     row = policy.history_[0]
     for key in ("time/generation", "time/logprobs", "time/reward", "time/update"):
         assert np.isfinite(row[key]) and row[key] >= 0, key
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name", list(MODELS))
+def test_shared_prompts_on_cuda(name):
+    # CPU index tensors (RolloutBatch.prompt_index) with CUDA models and batches.
+    model = MODELS[name]().cuda()
+    enc, ids, mask, index = batch(model)
+    enc = EncodedPrompts(enc.input_ids.cuda(), enc.attention_mask.cuda())
+    ids, mask = ids.cuda(), mask.cuda()
+    expected, _ = plain_logprobs(model, enc, ids, mask, 1.0)
+    shared = response_logprobs(model, enc, ids, mask, temperature=1.0, prompt_index=index)
+    torch.testing.assert_close(shared, expected, rtol=1e-4, atol=1e-4)
+    kwargs = dict(max_new_tokens=6, temperature=1.0, suppress_ids=(PAD,))
+    a = sample(model, enc, generator=make_generator(7), **kwargs)
+    b = sample(model, enc, generator=make_generator(7), prompt_index=index, **kwargs)
+    assert torch.equal(a, b)
