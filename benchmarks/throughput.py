@@ -760,9 +760,11 @@ def all_ratios(args) -> None:
         if args.repeats:
             at = argv.index("--repeats")
             argv[at + 1] = str(args.repeats)
-        for flag in ("--steps", "--warmup", "--batch-size", "--eval-episodes", "--n-reviews"):
+        for flag in ("--steps", "--warmup", "--batch-size", "--eval-episodes"):
             if getattr(args, flag[2:].replace("-", "_")) is not None:
                 argv += [flag, str(getattr(args, flag[2:].replace("-", "_")))]
+        if args.n_reviews != 1000:
+            argv += ["--n-reviews", str(args.n_reviews)]
         if args.in_process:
             argv.append("--in-process")
         commands.append((what, argv))
