@@ -54,6 +54,12 @@ def llama():
 MODELS = {"gpt2": gpt2, "llama": llama}
 
 
+@pytest.fixture(autouse=True)
+def always_share(monkeypatch):
+    # The prompts here are short: share them however little it saves.
+    monkeypatch.setattr(_shared_prompts, "SHARE_MIN_SAVING", 0.0)
+
+
 def batch(model, seed=0, length=7):
     """k rows per prompt, extra left padding no row needs, responses ending at varied lengths."""
     rows = [p for p in PROMPTS for _ in range(K)]
@@ -160,6 +166,21 @@ def test_no_compute_on_padding(name):
         (len(ids), longest_response - 1),  # the responses on the cached prompts
         (len(ids), longest_prompt + longest_response - 1),  # unshared: one trimmed pass
     ]
+
+
+def test_prompts_that_save_too_little_run_in_one_pass(monkeypatch):
+    # Sharing 4 prompts of at most 5 tokens among 12 rows saves 40 prompt tokens, under
+    # half of what one pass processes: below a threshold of 90%, one call, as without groups.
+    monkeypatch.setattr(_shared_prompts, "SHARE_MIN_SAVING", 0.9)
+    model = gpt2()
+    enc, ids, mask, index = batch(model, seed=4)
+    shapes = []
+    handle = model.register_forward_hook(
+        lambda m, a, kw, out: shapes.append(tuple(kw["input_ids"].shape)), with_kwargs=True
+    )
+    response_logprobs(model, enc, ids, mask, temperature=1.0, prompt_index=index)
+    handle.remove()
+    assert len(shapes) == 1
 
 
 @pytest.mark.parametrize("name", list(MODELS))

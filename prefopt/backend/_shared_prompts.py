@@ -21,8 +21,9 @@ each prompt. Three things make that cheaper without changing a number:
   makes. A training pass keeps one float32 copy of its logits for the backward pass.
 
 Where sharing cannot apply (no two rows share a prompt, a model that takes no KV
-cache, gradient checkpointing, a compiled model) the sequence runs in one pass, still
-trimmed; a model that is not a transformers model takes the plain path of
+cache, gradient checkpointing, a compiled model) or would save too little
+(``SHARE_MIN_SAVING``: short prompts) the sequence runs in one pass, still trimmed;
+a model that is not a transformers model takes the plain path of
 :func:`prefopt.backend.response_logprobs`.
 """
 
@@ -38,6 +39,13 @@ from .heads import ScalarHeadModel
 # Logits computed at once by a chunk of the LM head: 2**24 float32 numbers, 64 MB (334
 # positions at GPT-2's 50257 words; every position at once for a small vocabulary).
 HEAD_CHUNK_ELEMENTS = 2**24
+
+# A pass shares its prompts when that saves at least this share of the tokens one pass over
+# every row would process. Sharing costs a second model call (the responses on the cached
+# prompts), which on a small model is worth more than a few prompt tokens: on the review
+# world's model (prompts of 3 tokens, responses of 27) it would save 7% of the tokens and add
+# a call of about 3 ms to each pass. Summarisation-shaped prompts save about 60%.
+SHARE_MIN_SAVING = 0.25
 
 # Causal LMs whose logits are exactly ``lm_head(last hidden state)`` (no soft-capping or
 # scaling after the head), so the head can run outside the model, in chunks.
@@ -235,6 +243,10 @@ def response_outputs(runner: _Runner, prompts, response_ids, response_mask, prom
     r_ids = response_ids[:, : length - 1]
     r_mask = response_mask[:, : length - 1].to(p_mask.dtype)
     groups = prompt_groups(prompt_index) if runner.shares else None
+    if groups is not None:
+        n, saved = p_ids.shape[0], (p_ids.shape[0] - groups[0].shape[0]) * p_ids.shape[1]
+        if saved < SHARE_MIN_SAVING * n * (p_ids.shape[1] + length - 1):
+            groups = None  # too few prompt tokens to pay for the second call
     if groups is not None:
         first, inverse = (g.to(p_ids.device) for g in groups)
         g_mask = p_mask[first]
