@@ -1,8 +1,8 @@
 """prefopt: RLHF as scikit-learn estimators.
 
 Fit a reward model from comparisons, optimise a policy against it with PPO,
-RLOO, REINFORCE or RAFT, and compare algorithms exactly where the answer is
-known.
+RLOO, GRPO, REINFORCE or RAFT, or fit the policy on the comparisons directly with
+DPO, and compare algorithms exactly where the answer is known.
 """
 
 from . import metrics
@@ -11,14 +11,24 @@ from .data import PreferenceData
 from .kl import AdaptiveKLController, FixedKLController, KLController, kl_estimate
 from .lm import load, save
 from .model_selection import SeedSearchCV, compare
-from .policies import PPOPolicy, RAFTPolicy, ReinforcePolicy, RLOOPolicy, SFTPolicy
+from .policies import (
+    DPOPolicy,
+    GRPOPolicy,
+    PPOPolicy,
+    RAFTPolicy,
+    ReinforcePolicy,
+    RLOOPolicy,
+    SFTPolicy,
+)
 from .rewards import NoisyReward, RewardModel
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AdaptiveKLController",
+    "DPOPolicy",
     "FixedKLController",
+    "GRPOPolicy",
     "KLController",
     "NoisyReward",
     "PPOPolicy",

@@ -23,6 +23,7 @@ __all__ = [
     "check_prompts",
     "check_comparisons",
     "check_demonstrations",
+    "check_pretraining_texts",
     "check_texts",
     "is_conversation",
 ]
@@ -62,6 +63,12 @@ class Comparisons:
 
     def __len__(self) -> int:
         return len(self.prompt)
+
+    @property
+    def shape(self) -> tuple[int]:
+        """``(n_comparisons,)``: scikit-learn then splits comparisons by rows (cross-validation
+        in ``SeedSearchCV``), keeping the featurizer and the policy on every part."""
+        return (len(self),)
 
     def __getitem__(self, index) -> Comparisons:
         idx = np.arange(len(self))[index]
@@ -418,6 +425,53 @@ def check_demonstrations(X) -> tuple[list, list[str]]:
         _check_text(cols["prompt"], "prompt", "Demonstrations", messages="keep"),
         _check_text(cols["completion"], "completion", "Demonstrations", messages="content"),
     )
+
+
+def check_pretraining_texts(X) -> list[str]:
+    """Validate pretraining texts (the ``ptx_data`` of PPO-ptx) and return them as a list.
+
+    Parameters
+    ----------
+    X : list of str, pandas Series, DataFrame, datasets.Dataset or rows
+        Plain texts, one document per row; a DataFrame or Dataset must have a
+        ``text`` column (the Hugging Face name for raw text), rows may be dicts
+        with a ``text`` key.
+
+    Returns
+    -------
+    texts : list of str
+
+    Examples
+    --------
+    >>> check_pretraining_texts(["the movie was great .", "i liked it ."])
+    ['the movie was great .', 'i liked it .']
+    >>> check_pretraining_texts([{"text": "a review ."}])
+    ['a review .']
+    >>> check_pretraining_texts(["fine", "  "])
+    Traceback (most recent call last):
+    ...
+    ValueError: ptx_data: text at row 1 is empty; remove the row or give it text.
+    """
+    _not_one_text(X, "ptx_data")
+    if isinstance(X, pd.DataFrame) or _is_hf_dataset(X) or isinstance(X, dict):
+        values = _columns(X, ["text"], "ptx_data")["text"]
+    elif isinstance(X, (pd.Series, np.ndarray)):
+        if X.ndim != 1:
+            raise ValueError(f"ptx_data must be one-dimensional; got shape {X.shape}.")
+        values = X.tolist()
+    else:
+        try:
+            values = list(X)
+        except TypeError:
+            raise TypeError(
+                f"ptx_data must be a list of texts (or a table with a 'text' column); got "
+                f"{type(X).__name__}."
+            ) from None
+        if values and all(isinstance(v, dict) for v in values):
+            values = _columns(values, ["text"], "ptx_data")["text"]
+    if len(values) == 0:
+        raise ValueError("ptx_data is empty; pass at least one pretraining text.")
+    return _check_text(values, "text", "ptx_data")
 
 
 @dataclass

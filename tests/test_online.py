@@ -3,12 +3,11 @@
 import numpy as np
 import pytest
 import torch
+from _tiny import tiny_lm
 
 import prefopt
 from prefopt import ReinforcePolicy, RewardModel, RLOOPolicy
 from prefopt.worlds import PreferenceWorld, TinyLMWorld
-
-from _tiny import tiny_lm
 
 
 @pytest.fixture(autouse=True)

@@ -87,8 +87,9 @@ def plain_logprobs(model, enc, ids, mask, temperature, suppress=()):
         logits[..., list(suppress)] = float("-inf")
     logp_all = F.log_softmax(logits, -1)
     logp = logp_all.gather(-1, ids.masked_fill(mask == 0, 0).unsqueeze(-1)).squeeze(-1)
-    p = logp_all.exp()
-    entropy = -torch.where(p > 0, p * logp_all, torch.zeros_like(p)).sum(-1)
+    # Suppressed ids (log-prob -inf) add 0 to the entropy and to its gradient.
+    finite = torch.where(torch.isfinite(logp_all), logp_all, torch.zeros_like(logp_all))
+    entropy = -(logp_all.exp() * finite).sum(-1)
     return logp * mask, entropy * mask
 
 
@@ -292,3 +293,29 @@ def test_shared_prompts_on_cuda(name):
     a = sample(model, enc, generator=make_generator(7), **kwargs)
     b = sample(model, enc, generator=make_generator(7), prompt_index=index, **kwargs)
     assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_entropy_gradients_equal_one_full_pass(name):
+    # An entropy bonus in the loss (entropy_grad=True) differentiates the chunked entropy.
+    model = MODELS[name]()
+    enc, ids, mask, index = batch(model, seed=10)
+    weights = torch.randn(ids.shape, generator=make_generator(11))
+    params = [p for p in model.parameters() if p.requires_grad]
+    _, plain = plain_logprobs(model, enc, ids, mask, 0.8, suppress=(PAD,))
+    _, shared = response_logprobs(
+        model,
+        enc,
+        ids,
+        mask,
+        temperature=0.8,
+        suppress_ids=(PAD,),
+        with_entropy=True,
+        entropy_grad=True,
+        prompt_index=index,
+    )
+    expected = torch.autograd.grad((plain * weights).sum(), params, allow_unused=True)
+    got = torch.autograd.grad((shared * weights).sum(), params, allow_unused=True)
+    for a, b in zip(got, expected):
+        if b is not None:
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)

@@ -27,7 +27,9 @@ from sklearn.utils.validation import check_is_fitted
 import prefopt
 from prefopt import (
     AdaptiveKLController,
+    DPOPolicy,
     FixedKLController,
+    GRPOPolicy,
     KLController,
     PPOPolicy,
     RAFTPolicy,
@@ -38,8 +40,8 @@ from prefopt import (
 from prefopt.worlds import PreferenceWorld
 
 WORLD = PreferenceWorld(rater_bias=1.0, random_state=0)
-POLICIES = ("PPOPolicy", "RLOOPolicy", "ReinforcePolicy", "RAFTPolicy")
-NAMES = POLICIES + ("RewardModel", "FixedKLController", "AdaptiveKLController")
+POLICIES = ("PPOPolicy", "RLOOPolicy", "GRPOPolicy", "ReinforcePolicy", "RAFTPolicy")
+NAMES = POLICIES + ("DPOPolicy", "RewardModel", "FixedKLController", "AdaptiveKLController")
 
 
 def make(name, **params):
@@ -56,8 +58,12 @@ def make(name, **params):
     est = {
         "PPOPolicy": lambda: PPOPolicy(**small),
         "RLOOPolicy": lambda: RLOOPolicy(k=4, **small),
+        "GRPOPolicy": lambda: GRPOPolicy(k=4, **small),
         "ReinforcePolicy": lambda: ReinforcePolicy(**small),
         "RAFTPolicy": lambda: RAFTPolicy(k=4, **small),
+        "DPOPolicy": lambda: DPOPolicy(
+            model=small["model"], beta=0.3, batch_size=16, n_epochs=2, random_state=0
+        ),
         "RewardModel": lambda: RewardModel(alpha=0.1),
         "FixedKLController": lambda: FixedKLController(beta=0.1),
         "AdaptiveKLController": lambda: AdaptiveKLController(beta=0.1, target=1.0),
@@ -66,7 +72,7 @@ def make(name, **params):
 
 
 def fit(est, rm):
-    if isinstance(est, RewardModel):
+    if isinstance(est, (RewardModel, DPOPolicy)):
         return est.fit(WORLD.comparisons(300, random_state=1))
     if isinstance(est, (FixedKLController, AdaptiveKLController)):
         out = est.fit()
@@ -166,7 +172,9 @@ def test_repr(name):
     est = make(name)
     text = repr(est)
     assert text.startswith(f"{name}(")
-    shown = {"RewardModel": "alpha=0.1"}.get(name, "beta=0.3" if name in POLICIES else "beta=0.1")
+    shown = {"RewardModel": "alpha=0.1", "DPOPolicy": "beta=0.3"}.get(
+        name, "beta=0.3" if name in POLICIES else "beta=0.1"
+    )
     assert shown in text
     assert repr(clone(est)) == text
 
@@ -300,12 +308,12 @@ DATA_FREE_CHECKS = [
 
 
 @pytest.mark.parametrize("check", DATA_FREE_CHECKS, ids=lambda c: c.__name__)
-@pytest.mark.parametrize("name", POLICIES + ("RewardModel",))
+@pytest.mark.parametrize("name", POLICIES + ("DPOPolicy", "RewardModel"))
 def test_data_free_sklearn_checks_on_text_estimators(name, check):
     check(name, make(name))
 
 
-@pytest.mark.parametrize("name", POLICIES + ("RewardModel",))
+@pytest.mark.parametrize("name", POLICIES + ("DPOPolicy", "RewardModel"))
 def test_tags_say_text_and_no_y(name):
     tags = make(name).__sklearn_tags__()
     assert tags.input_tags.string and not tags.input_tags.two_d_array

@@ -270,14 +270,15 @@ def response_outputs(runner: _Runner, prompts, response_ids, response_mask, prom
 
 
 def logprobs_from_outputs(
-    outputs, head, targets, *, temperature, suppress_ids=(), with_entropy=False
+    outputs, head, targets, *, temperature, suppress_ids=(), with_entropy=False, entropy_grad=False
 ):
     """Per-token log-probs (and entropy) of ``targets`` from hidden states or logits.
 
     ``outputs`` of shape ``(n, L, d)`` are multiplied by ``head`` a chunk of positions
     at a time (``head=None``: they are logits already). Each chunk's logits are
     divided by the temperature in float32; the log-prob is the target's logit minus
-    the log-sum-exp, and the entropy (no gradient) ``lse - sum_v p_v z_v``.
+    the log-sum-exp, and the entropy ``lse - sum_v p_v z_v`` (with gradients only
+    when ``entropy_grad``: an entropy bonus in the loss; it then keeps ``p`` too).
     """
     n, length = targets.shape
     flat = outputs.reshape(n * length, outputs.shape[-1])
@@ -297,10 +298,11 @@ def logprobs_from_outputs(
         lse = torch.logsumexp(logits, dim=-1)
         logps.append(logits.gather(-1, flat_targets[i : i + step]).squeeze(-1) - lse)
         if with_entropy:
-            with torch.no_grad():  # logged, never differentiated
+            with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
                 p = torch.exp(logits - lse.unsqueeze(-1))
-                expected = torch.where(p > 0, p * logits, torch.zeros_like(p)).sum(-1)
-                entropies.append(lse - expected)
+                # Suppressed ids: p = 0 and z = -inf; a 0 in their place, not 0 * -inf = nan.
+                finite = torch.where(torch.isfinite(logits), logits, torch.zeros_like(logits))
+                entropies.append(lse - (p * finite).sum(-1))
     logp = torch.cat(logps).view(n, length)
     return logp, (torch.cat(entropies).view(n, length) if with_entropy else None)
 
@@ -314,6 +316,7 @@ def fast_response_logprobs(
     temperature,
     suppress_ids=(),
     with_entropy=False,
+    entropy_grad=False,
     prompt_index=None,
 ):
     """:func:`prefopt.backend.response_logprobs` for a transformers model: shared, trimmed,
@@ -330,6 +333,7 @@ def fast_response_logprobs(
         temperature=temperature,
         suppress_ids=suppress_ids,
         with_entropy=with_entropy,
+        entropy_grad=entropy_grad,
     )
     width = response_ids.shape[1] - length
     logp = F.pad(logp, (0, width)).masked_fill(~valid, 0.0)

@@ -401,6 +401,7 @@ def response_logprobs(
     temperature: float,
     suppress_ids=(),
     with_entropy: bool = False,
+    entropy_grad: bool = False,
     prompt_index=None,
 ):
     """Per-token log-probabilities of responses under ``model``.
@@ -423,6 +424,9 @@ def response_logprobs(
     suppress_ids : sequence of int, default=()
     with_entropy : bool, default=False
         Also return the per-token entropy of the tempered distribution.
+    entropy_grad : bool, default=False
+        Keep the entropy in the autograd graph (an entropy bonus in the loss);
+        by default it is computed without gradient, for logging.
     prompt_index : torch.Tensor of shape (n,), default=None
         Rows with equal values hold the same prompt (the k samples of a prompt),
         which then runs once for all of them; gradients flow as through k copies.
@@ -453,6 +457,7 @@ def response_logprobs(
             temperature=temperature,
             suppress_ids=suppress_ids,
             with_entropy=with_entropy,
+            entropy_grad=entropy_grad,
             prompt_index=prompt_index,
         )
     input_ids = torch.cat([prompts.input_ids, response_ids], dim=1)
@@ -473,7 +478,9 @@ def response_logprobs(
     logp = logp.masked_fill(~valid, 0.0)
     if not with_entropy:
         return logp
-    with torch.no_grad():  # entropy is logged, never differentiated
-        p = logp_all.exp()
-        entropy = -torch.where(p > 0, p * logp_all, torch.zeros_like(p)).sum(-1)
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        # Suppressed ids have log-prob -inf and probability 0: they add 0, and a 0 (not
+        # 0 * -inf = nan) to the gradient, when their log-prob is replaced before the product.
+        finite = torch.where(torch.isfinite(logp_all), logp_all, torch.zeros_like(logp_all))
+        entropy = -(logp_all.exp() * finite).sum(-1)
     return logp, entropy.masked_fill(~valid, 0.0)

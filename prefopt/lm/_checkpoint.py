@@ -342,8 +342,9 @@ def check_same_run(state: dict, folder: str, *, defining: dict, data: str) -> No
             )
     if state.get("data") != data:
         raise ValueError(
-            f"The checkpoint in {folder!r} was written for other data (fingerprint "
-            f"{state.get('data')}, this fit's {data}); resume with the same data. {way_out}"
+            f"The checkpoint in {folder!r} was written for other data (prompts or ptx_data; "
+            f"fingerprint {state.get('data')}, this fit's {data}); resume with the same data. "
+            f"{way_out}"
         )
 
 

@@ -311,6 +311,31 @@ class TokenEncoding:
             f"first {limit} tokens, so it cannot be truncated; shorten it."
         )
 
+    def _pretraining_tokens(self, texts) -> list[tuple[list[int], list[int]]]:
+        """Pretraining texts as ``(context, continuation)`` ids for a next-token loss.
+
+        A text is read as a document: the tokenizer's BOS prefix, the text, and
+        its end (the EOS), cut to the model's context. The context is the prefix,
+        or the first token where there is none (GPT-2), so the loss predicts
+        every other token. A text that leaves nothing to predict is an error
+        naming its row.
+        """
+        context = context_length(self.model_)
+        prefix = self._prompt_prefix()
+        out = []
+        for i, ids in enumerate(self._completion_tokens(texts, add_eos=True, column="text")):
+            ids = prefix + ids
+            if context is not None:
+                ids = ids[:context]
+            split = max(len(prefix), 1)
+            if len(ids) <= split:
+                raise ValueError(
+                    f"ptx_data: the text at row {i} ({texts[i]!r}) has no token to predict "
+                    "after its first; give it at least one word."
+                )
+            out.append((ids[:split], ids[split:]))
+        return out
+
     # ----- completions --------------------------------------------------------------
     def _pad_responses(self, token_rows):
         """Right-pad response token lists; ``(ids, mask)`` on the device."""

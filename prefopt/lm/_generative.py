@@ -81,7 +81,13 @@ class GenerativeEstimator(LanguageModelEstimator):
 
     @torch.no_grad()
     def log_prob(
-        self, prompts, completions, *, reference: bool = False, add_eos: bool = True
+        self,
+        prompts,
+        completions,
+        *,
+        reference: bool = False,
+        add_eos: bool = True,
+        temperature: float | None = None,
     ) -> np.ndarray:
         """Log-probability of each completion under the policy's sampling distribution.
 
@@ -97,11 +103,14 @@ class GenerativeEstimator(LanguageModelEstimator):
             Append the stop token to text completions (the EOS, or the chat
             template's end of turn after a conversation), so the log-probability
             is that of the complete response.
+        temperature : float, default=None
+            Divide the logits by this; ``None`` is the sampling temperature
+            (``temperature_``), 1.0 the model's own distribution.
 
         Returns
         -------
         logprobs : ndarray of shape (n,)
-            Sums of per-token log-probs at the sampling temperature.
+            Sums of per-token log-probs at that temperature.
         """
         check_is_fitted(self)
         what = f"{type(self).__name__}.log_prob"
@@ -125,7 +134,7 @@ class GenerativeEstimator(LanguageModelEstimator):
                     model,
                     self._encode(ptoks[sl]),
                     *self._pad_responses(rtoks[sl]),
-                    temperature=self.temperature_,
+                    temperature=self.temperature_ if temperature is None else temperature,
                     suppress_ids=self._suppress_ids,
                 )
                 out.append(lp.sum(1).cpu().double().numpy())

@@ -111,11 +111,13 @@ def compare(
     ----------
     estimators : dict of str to estimator
         Names (used as ``algorithm``) and unfitted estimators.
-    prompts : list of str or table with a ``prompt`` column
-        Training prompts; scores are taken on them too.
+    prompts : list of str or table with a ``prompt`` column, or comparisons
+        Training prompts; scores are taken on them too. With
+        ``reward_model=None``, any data the estimators fit on, passed as given
+        (comparisons for :class:`~prefopt.DPOPolicy`).
     reward_model : callable or None
         The reward every estimator is fitted against (``None``: fit with the
-        prompts only).
+        data only).
     seeds : int or list of int, default=5
         ``n`` means seeds ``0, ..., n-1``.
     scoring : str, callable, list, tuple, dict or None, default=None
@@ -178,7 +180,8 @@ def compare(
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must be in (0, 1); got {confidence!r}.")
     seeds = _check_seeds(seeds)
-    prompts = check_prompts(prompts)
+    # With no reward the data pass as given (comparisons, for DPOPolicy); prompts are checked.
+    prompts = prompts if reward_model is None else check_prompts(prompts)
     fit_params = {} if reward_model is None else {"reward_model": reward_model}
     for name, est in estimators.items():
         if seed_param not in est.get_params():

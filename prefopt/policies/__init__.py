@@ -6,6 +6,8 @@ a :class:`RolloutBatch` and a :class:`Minibatch`.
 
 from ._base import BasePolicy, store_params
 from ._batch import Minibatch, RolloutBatch, masked_mean, masked_whiten
+from .dpo import DPOPolicy
+from .grpo import GRPOPolicy
 from .ppo import PPOPolicy
 from .raft import RAFTPolicy
 from .reinforce import ReinforcePolicy
@@ -14,6 +16,8 @@ from .sft import SFTPolicy
 
 __all__ = [
     "BasePolicy",
+    "DPOPolicy",
+    "GRPOPolicy",
     "Minibatch",
     "PPOPolicy",
     "RAFTPolicy",

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+import warnings
 
 import numpy as np
 import torch
@@ -29,7 +30,7 @@ from ..backend import (
     make_generator,
     maybe_compile,
 )
-from ..data import PreferenceData, check_prompts
+from ..data import PreferenceData, check_pretraining_texts, check_prompts
 from ..kl import FixedKLController
 from ..lm import GenerativeEstimator, RunState
 from ..lm import _checkpoint as ckpt
@@ -66,7 +67,10 @@ class BasePolicy(GenerativeEstimator):
 
     Optionally ``after_update(batch)`` runs once per step after the update (a
     moving baseline, say), and ``_parameter_constraints`` validates new
-    parameters. The declarations:
+    parameters. To the loss ``compute_loss`` returns, the loop adds the entropy
+    bonus (``-entropy_coef`` times the minibatch's mean entropy) and the
+    pretraining term (``ptx_coef`` times a next-token loss on ``ptx_data``) for
+    every algorithm; an algorithm does not see them. The declarations:
 
     ``samples_per_prompt`` : int or str, default=1
         Samples drawn per prompt, or the name of the parameter that sets it
@@ -87,6 +91,23 @@ class BasePolicy(GenerativeEstimator):
         cross-entropy on kept samples, as SFT).
     ``uses_value_model`` : bool, default=False
         Build and train a value model (see ``PPOPolicy``'s ``value_model``).
+
+    **Rewards paid per token.** A plain reward ``reward(prompts, completions)``
+    returns one number per completion, which the loop puts at the response's
+    last token. A reward that pays along the response has a method
+    ``score_per_token(prompts, completions, response_ids, response_mask)``: it
+    receives the text and the response token ids (the policy's tokenizer) and
+    mask, torch tensors of shape ``(n, length)`` on the policy's device, and
+    returns one value per response token, shape ``(n, length)``, finite inside
+    the mask (values outside it are ignored;
+    see :func:`~prefopt.rewards.check_token_rewards`). The loop then puts each
+    value at its token in ``batch.rewards``, and ``batch.scores`` is their sum,
+    so PPO's GAE uses them as they come and the bandit algorithms (which read
+    ``scores`` or ``sequence_rewards``) optimise the total. A response with no
+    EOS totals ``missing_eos_reward``: the values paid along it stay and its last
+    token gets the difference. Such a reward should also be callable as a plain
+    one returning the totals, which ``score``, the scorers and the exact worlds
+    read (``TinyLMWorld.token_reward`` is one).
 
     Examples
     --------
@@ -215,7 +236,8 @@ class BasePolicy(GenerativeEstimator):
             the run when ``model=None`` and whose reward model is the reward.
         y : callable, default=None
             The reward: a fitted :class:`~prefopt.RewardModel` or any callable
-            ``reward(prompts, completions) -> array (n,)``.
+            ``reward(prompts, completions) -> array (n,)``; one with a
+            ``score_per_token`` method is paid per token (see above).
         reward_model : callable, default=None
             The same, as a fit parameter (what ``GridSearchCV`` passes).
         labeler : callable, default=None
@@ -225,7 +247,10 @@ class BasePolicy(GenerativeEstimator):
             world provides its raters as one (``world.labeler``).
         ptx_data : list of str, pandas Series or datasets.Dataset, default=None
             With ``ptx_coef``: pretraining texts (a ``text`` column for tables)
-            for the next-token loss mixed into the policy loss.
+            for the next-token loss mixed into the policy loss
+            (:func:`~prefopt.data.check_pretraining_texts`). They define the run:
+            a checkpoint written with other texts is not resumed. Given with
+            ``ptx_coef=0`` they are ignored, with a warning.
         callback : callable, default=None
             ``callback(policy, row)`` after every step, with that step's
             ``history_`` row; returning ``True`` stops the run early. Use it to
@@ -264,7 +289,11 @@ class BasePolicy(GenerativeEstimator):
                 "(k samples are drawn for each prompt)."
             )
         online_state = online.start(self, reward, labeler)  # refused before any work
-        data_key = ckpt.fingerprint(prompts)
+        ptx_texts = self._check_ptx(ptx_data)
+        # The pretraining texts define the run too: a resume with other ones is refused.
+        data_key = ckpt.fingerprint(
+            prompts if ptx_texts is None else {"prompts": prompts, "ptx_data": ptx_texts}
+        )
         with one_fit_at_a_time(self), ckpt.resumable(self, data_key) as resume:
             if (resume is not None and resume.saved is not None) or not (
                 self.warm_start and hasattr(self, "_run")
@@ -292,12 +321,31 @@ class BasePolicy(GenerativeEstimator):
             )
             self._prompts = prompts
             self._prompt_tokens = self._tokenize_prompts(prompts)
+            self._ptx_tokens = None if ptx_texts is None else self._pretraining_tokens(ptx_texts)
             check_temperature(self)
             for name in ("model_", "ref_model_", "value_model_"):  # also after a resume
                 maybe_compile(getattr(self, name, None))  # set_config(compile=...); off by default
             self._train_steps(self._run.start_step + self.n_steps - self.n_iter_, callback)
             self._checkpoint = None  # the folder's lock ends with this block
         return self
+
+    def _check_ptx(self, ptx_data) -> list | None:
+        """The pretraining texts of PPO-ptx, or ``None`` when the run mixes none in."""
+        if self.ptx_coef > 0 and ptx_data is None:
+            raise ValueError(
+                f"{type(self).__name__}(ptx_coef={self.ptx_coef}) mixes a next-token loss on "
+                "pretraining text into the policy loss; pass the texts: fit(prompts, reward, "
+                "ptx_data=texts), or set ptx_coef=0."
+            )
+        if ptx_data is not None and self.ptx_coef == 0:
+            warnings.warn(
+                f"ptx_data was given but {type(self).__name__} has ptx_coef=0, so it is "
+                "ignored; set ptx_coef > 0 to mix in the pretraining loss.",
+                UserWarning,
+                stacklevel=3,
+            )
+            return None
+        return None if ptx_data is None else check_pretraining_texts(ptx_data)
 
     def _setup(self, reward, start_model) -> None:
         rng = check_random_state(self.random_state)
@@ -340,6 +388,7 @@ class BasePolicy(GenerativeEstimator):
         state = super().__getstate__()
         state.pop("_run", None)  # a saved policy is for using; warm_start then starts a new run
         state.pop("_checkpoint", None)
+        state.pop("_ptx_tokens", None)  # a corpus, tokenised again by the next fit
         state.pop("_online", None)
         value = getattr(self, "value_model_", None)
         if getattr(self, "value_model", None) == "shared" and value is not None:

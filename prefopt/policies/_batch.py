@@ -131,12 +131,14 @@ class RolloutBatch:
     old_logprobs, ref_logprobs : torch.Tensor of shape (n, max_new_tokens)
         Per-token log-probs under the sampling policy and the reference.
     scores : torch.Tensor of shape (n,)
-        Reward-model scores (a missing EOS replaced by ``missing_eos_reward``).
+        Reward-model scores (a missing EOS replaced by ``missing_eos_reward``);
+        for a reward paid per token, the sum of its per-token values.
     kl : torch.Tensor of shape (n, max_new_tokens)
         Per-token KL estimate, 0 outside the mask.
     rewards : torch.Tensor of shape (n, max_new_tokens)
-        Per-token reward: the score at the last token, plus -beta * kl at every
-        token when the algorithm puts the KL in the reward.
+        Per-token reward: the score at the last token (a per-token reward's
+        values at their tokens), plus -beta * kl at every token when the
+        algorithm puts the KL in the reward.
     beta : float
         The KL coefficient in force when the batch was sampled.
     kl_in_reward : bool
@@ -187,7 +189,8 @@ class RolloutBatch:
         """The sequence reward the algorithm optimises: ``rewards`` summed over the response.
 
         score - beta * sum_t kl_t when the KL is in the reward, the score alone
-        when it is in the loss.
+        when it is in the loss; for a reward paid per token the score is the sum
+        of its per-token values, so a bandit algorithm optimises their total.
         """
         if self.kl_in_reward:
             return self.scores - self.beta * self.kl.sum(1)
@@ -221,7 +224,8 @@ class Minibatch:
         Per-token log-probs of the responses under the current policy, with
         gradients, at the algorithm's ``training_temperature``.
     entropy : torch.Tensor of shape (m, max_new_tokens)
-        Per-token entropy of the current policy (no gradient).
+        Per-token entropy of the current policy at the training temperature;
+        with gradients only when ``entropy_coef > 0`` (the loop adds the bonus).
     values : torch.Tensor or None
         The value model's current predictions, with gradients (PPO).
     """

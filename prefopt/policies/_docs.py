@@ -81,11 +81,15 @@ COMMON_PARAMETERS = """model : str, transformers config, torch module or fitted 
         ``missing_eos_reward`` then dominates the reward.
     entropy_coef : float, default=0.0
         Weight of an entropy bonus in the policy loss: minus this times the
-        policy's mean per-token entropy on the minibatch's responses is added.
+        policy's mean per-token entropy on the minibatch's responses (at the
+        training temperature, with gradients) is added to any algorithm's loss.
+        Without a KL penalty it is reported not to prevent degeneration.
     ptx_coef : float, default=0.0
         Weight of a next-token loss on pretraining text (``fit(...,
         ptx_data=texts)``) added to the policy loss, as InstructGPT's PPO-ptx
-        (Ouyang et al. 2022), against the alignment tax.
+        (Ouyang et al. 2022), against the alignment tax: each update minibatch
+        adds this times the mean cross-entropy of as many texts, drawn at
+        random, tokenised once per fit and cut to the model's context.
     refit_every : int, default=None
         Online reward learning (Ziegler et al. 2019): every this many steps,
         the step's samples of each prompt are paired ((0, 1), (2, 3), ... of
@@ -127,9 +131,12 @@ COMMON_ATTRIBUTES = """model_ : torch.nn.Module
         One row per step with namespaced keys (``objective/reward``,
         ``objective/kl``, ``objective/beta``, ``loss/policy``, ``policy/entropy``,
         ``response/length``, ``response/eos_share``, ``time/episodes_per_s``,
-        and the seconds of the step's phases: ``time/generation``,
-        ``time/logprobs`` (old, reference and value passes), ``time/reward``,
-        ``time/update``...); ``pandas.DataFrame(history_)`` makes a table."""
+        the seconds of the step's phases ``time/generation``, ``time/logprobs``
+        (old, reference and value passes), ``time/reward``, ``time/update``...;
+        ``loss/entropy_bonus``, entropy_coef times the mean entropy subtracted
+        from the loss, when ``entropy_coef > 0``; ``loss/ptx``, the pretraining
+        cross-entropy before ``ptx_coef``, when ``ptx_coef > 0``);
+        ``pandas.DataFrame(history_)`` makes a table."""
 
 
 def fill(cls, **defaults) -> str:

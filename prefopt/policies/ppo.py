@@ -138,7 +138,9 @@ class PPOPolicy(BasePolicy):
     Per step: sample, score, shape the per-token reward with -beta * KL (k1)
     and add the score at the last token, compute GAE advantages with a value
     model, whiten them, then take ``n_epochs`` passes of the clipped surrogate
-    plus ``vf_coef`` times the clipped value loss. No entropy bonus.
+    plus ``vf_coef`` times the clipped value loss. No entropy bonus by
+    default (``entropy_coef``). A reward paid per token (see ``BasePolicy``)
+    enters GAE at its tokens.
 
     The value model is, in order: ``value_model`` if given; a copy of the
     reward model when it is a language-model :class:`~prefopt.RewardModel`

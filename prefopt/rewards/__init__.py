@@ -6,6 +6,6 @@ the Bradley-Terry loss (Bradley and Terry 1952; Ziegler et al. 2019).
 """
 
 from ._reward_model import RewardModel
-from ._wrappers import NoisyReward, check_rewards
+from ._wrappers import NoisyReward, check_rewards, check_token_rewards
 
-__all__ = ["NoisyReward", "RewardModel", "check_rewards"]
+__all__ = ["NoisyReward", "RewardModel", "check_rewards", "check_token_rewards"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from sklearn.utils import check_random_state
 
-__all__ = ["NoisyReward", "check_rewards"]
+__all__ = ["NoisyReward", "check_rewards", "check_token_rewards"]
 
 
 def check_rewards(values, n: int, source: str = "the reward") -> np.ndarray:
@@ -64,6 +64,62 @@ def check_rewards(values, n: int, source: str = "the reward") -> np.ndarray:
         raise ValueError(
             f"{source} returned a non-finite value ({arr[bad[0]]}) for completion "
             f"{bad[0]}; a reward must be a finite number for every completion."
+        )
+    return arr
+
+
+def check_token_rewards(values, mask, source: str = "the reward") -> np.ndarray:
+    """Check that a per-token reward returned one finite number per response token.
+
+    What ``score_per_token`` returns (see :class:`~prefopt.policies.BasePolicy`):
+    an array of shape ``(n, length)``, the shape of the response ids it was
+    given. Values outside ``mask`` (after a response's EOS) are ignored and
+    returned as 0; they need not be finite.
+
+    Parameters
+    ----------
+    values : array-like of shape (n, length)
+        What the reward returned.
+    mask : array-like of shape (n, length)
+        The response mask: 1 up to and including each response's EOS.
+    source : str, default="the reward"
+        Named in the error message.
+
+    Returns
+    -------
+    rewards : ndarray of shape (n, length), float64
+        Zero outside the mask.
+
+    Examples
+    --------
+    >>> check_token_rewards([[0.5, 1.0, 7.0]], [[1, 1, 0]])
+    array([[0.5, 1. , 0. ]])
+    >>> check_token_rewards([1.0, 2.0], [[1, 1]])
+    Traceback (most recent call last):
+    ...
+    ValueError: the reward returned shape (2,) for responses of shape (1, 2); ...
+    """
+    values = values.detach().cpu() if hasattr(values, "detach") else values
+    mask = np.asarray(mask.detach().cpu() if hasattr(mask, "detach") else mask).astype(bool)
+    try:
+        arr = np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise TypeError(
+            f"{source} must return numbers, one per response token; got {type(values).__name__}."
+        ) from None
+    if arr.shape != mask.shape:
+        raise ValueError(
+            f"{source} returned shape {arr.shape} for responses of shape {mask.shape}; "
+            "score_per_token must return one number per response token, the shape of "
+            "the response ids it was given."
+        )
+    arr = np.where(mask, arr, 0.0)
+    bad = np.argwhere(~np.isfinite(arr))
+    if bad.size:
+        i, t = bad[0]
+        raise ValueError(
+            f"{source} returned a non-finite value ({arr[i, t]}) for token {t} of "
+            f"completion {i}; a reward must be a finite number for every response token."
         )
     return arr
 

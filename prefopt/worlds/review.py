@@ -439,6 +439,40 @@ class ReviewWorld:
                     f"{i}; it must be two completion strings."
                 )
 
+    # ----- pretraining text ---------------------------------------------------------
+    def pretraining_texts(self, n: int, random_state=None) -> list[str]:
+        """Fresh reviews from the world's grammar: pretraining text for PPO-ptx.
+
+        The distribution the corpus was drawn from, so a policy's next-token
+        loss on these texts measures how much of the language it keeps while RL
+        moves it (the "alignment tax" the pretraining mix of Ouyang et al. 2022
+        pays back). Pass them as ``ptx_data``; draw held-out ones with another
+        seed.
+
+        Parameters
+        ----------
+        n : int
+            Number of reviews.
+        random_state : int, RandomState instance or None, default=None
+            Seed of the draw; ``None`` draws new reviews each call.
+
+        Returns
+        -------
+        texts : list of str
+            Whole reviews (prompt and completion), as in ``corpus``.
+
+        Examples
+        --------
+        >>> world = ReviewWorld(n_reviews=50, random_state=0)
+        >>> texts = world.pretraining_texts(3, random_state=1)
+        >>> len(texts), all(t.endswith(" .") for t in texts)
+        (3, True)
+        """
+        if isinstance(n, bool) or not isinstance(n, Integral) or n < 1:
+            raise ValueError(f"n must be a positive integer; got {n!r}.")
+        rng = check_random_state(random_state)
+        return ["".join(generate_review(rng)) for _ in range(n)]
+
     # ----- the model ---------------------------------------------------------------
     def model_config(self, **overrides):
         """A tiny GPT-2 config for this world's tokenizer, which it knows how to find.

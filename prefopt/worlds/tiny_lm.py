@@ -36,6 +36,7 @@ from transformers import (
 
 from ..backend import local_seed, response_logprobs
 from ._exact import ExactWorld, _tilt
+from ._per_token import PerTokenMethods
 from ._raters import bradley_terry_labels, check_pairs
 from ._tokenizer import EOS, PAD, word_level_tokenizer
 
@@ -60,7 +61,7 @@ def _prompt_words(i: int, vocab) -> list[str]:
     return [vocab[j]] if i % 2 == 0 else [vocab[(j + 1) % n], vocab[(j + 2) % n]]
 
 
-class TinyLMWorld(ExactWorld):
+class TinyLMWorld(ExactWorld, PerTokenMethods):
     """A tiny language-model world whose every response can be enumerated.
 
     The methods shared with :class:`PreferenceWorld` are documented on their
@@ -68,6 +69,12 @@ class TinyLMWorld(ExactWorld):
     ``optimal_probs``, ``objective_share`` and ``rewards`` also take the
     keyword-only ``missing_eos_reward``, and :meth:`scorer` uses the
     estimator's own.
+
+    Its per-token variant: :meth:`token_reward` pays the gold reward along the
+    response (a reward with ``score_per_token``), :meth:`value_model` is a
+    tabular value model over the world's states, and :meth:`prefix_values`
+    gives the exact value of every response prefix under a policy, what PPO's
+    value model learns.
 
     Parameters
     ----------

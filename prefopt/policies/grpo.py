@@ -1,0 +1,395 @@
+"""GRPO: group-normalised advantages, PPO's clip per token, the KL as a k3 loss term.
+
+Shao et al. 2024 (DeepSeekMath). The k samples of a prompt form a group; a
+sample's advantage is its score minus the group's mean (the sample included),
+divided by the group's std, and every token of the response carries it. The
+loss of a token is PPO's clipped surrogate plus beta times the k3 estimate of
+the KL to the reference at that token; the token losses are then aggregated
+in one of three ways (``loss_type``).
+"""
+
+from __future__ import annotations
+
+from numbers import Integral, Real
+
+import torch
+from sklearn.utils._param_validation import Interval, StrOptions
+
+from ..kl import kl_estimate
+from ._base import BasePolicy, store_params
+from ._batch import Minibatch, RolloutBatch, masked_mean
+from ._docs import fill
+
+__all__ = ["GRPOPolicy", "aggregate_token_loss", "group_advantages"]
+
+# TRL adds 1e-4 to the std, so a group whose samples all scored the same gets
+# advantage 0 rather than 0/0.
+STD_EPS = 1e-4
+
+
+def group_advantages(
+    rewards: torch.Tensor, k: int, scale: str = "group", eps: float = STD_EPS
+) -> torch.Tensor:
+    """(r_i - group mean) / (std + eps): GRPO's advantage of each sample.
+
+    ``rewards`` holds the k samples of each prompt together. The group's mean
+    and std include the sample itself (Shao et al. 2024). The std is the
+    sample (Bessel-corrected, n - 1) standard deviation, as ``torch.std`` and
+    TRL's ``GRPOTrainer`` compute it, plus ``eps``.
+
+    Parameters
+    ----------
+    rewards : torch.Tensor of shape (n,)
+        One reward per sample, k per prompt, each prompt's samples together.
+    k : int
+        Samples per prompt, at least 2.
+    scale : {"group", "batch", "none"}, default="group"
+        Divide by the group's std (Shao et al. 2024), by the std of all the
+        rewards in the batch (TRL's ``scale_rewards="batch"``; the mean
+        stays the group's), or not at all (Liu et al. 2025).
+    eps : float, default=1e-4
+        Added to the std.
+
+    Returns
+    -------
+    advantages : torch.Tensor of shape (n,)
+
+    Examples
+    --------
+    >>> import torch
+    >>> r = torch.tensor([1.0, 3.0, 0.0, 0.0])
+    >>> group_advantages(r, k=2, scale="none").tolist()
+    [-1.0, 1.0, 0.0, 0.0]
+    >>> [round(a, 4) for a in group_advantages(r, k=2).tolist()]   # group stds sqrt(2), 0
+    [-0.7071, 0.7071, 0.0, 0.0]
+    """
+    if k < 2:
+        raise ValueError(
+            f"GRPO needs k >= 2 samples per prompt; got k={k}: a group of one sample has "
+            "no std and its advantage r - mean is always 0."
+        )
+    if rewards.shape[0] % k:
+        raise ValueError(f"{rewards.shape[0]} rewards do not split into groups of k={k}.")
+    grouped = rewards.reshape(-1, k)
+    centred = grouped - grouped.mean(1, keepdim=True)
+    if scale == "group":
+        centred = centred / (grouped.std(1, keepdim=True) + eps)
+    elif scale == "batch":
+        centred = centred / (rewards.std() + eps)
+    elif scale != "none":
+        raise ValueError(f"scale must be 'group', 'batch' or 'none'; got {scale!r}.")
+    return centred.reshape(-1)
+
+
+def aggregate_token_loss(
+    per_token: torch.Tensor,
+    mask: torch.Tensor,
+    loss_type: str = "dapo",
+    *,
+    max_new_tokens: int | None = None,
+    n_tokens: float | None = None,
+) -> torch.Tensor:
+    """One scalar from per-token losses, the way GRPO's variants weigh tokens.
+
+    * ``"grpo"``: the mean over each sequence's tokens, then the mean over
+      sequences (Shao et al. 2024). A token of a short response weighs more
+      than one of a long response, which biases length (Liu et al. 2025).
+    * ``"dr_grpo"``: the sum over tokens divided by
+      ``n_sequences * max_new_tokens``, a constant (Liu et al. 2025).
+    * ``"dapo"``: the sum over tokens divided by ``n_tokens``, the number of
+      response tokens in the step's whole batch (Yu et al. 2025; TRL's
+      default), so every token of a step weighs the same.
+
+    Parameters
+    ----------
+    per_token : torch.Tensor of shape (n, length)
+        Loss of each token.
+    mask : torch.Tensor of shape (n, length)
+        1 where a token belongs to the response.
+    loss_type : {"grpo", "dr_grpo", "dapo"}, default="dapo"
+    max_new_tokens : int, default=None
+        Tokens sampled per response (``"dr_grpo"``); ``None`` takes ``length``.
+    n_tokens : float, default=None
+        The ``"dapo"`` normaliser; ``None`` counts the tokens in ``mask``.
+
+    Returns
+    -------
+    loss : torch.Tensor
+
+    Examples
+    --------
+    >>> import torch
+    >>> x = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]])
+    >>> m = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    >>> [round(aggregate_token_loss(x, m, t).item(), 4) for t in ("grpo", "dr_grpo", "dapo")]
+    [3.0, 1.6667, 2.5]
+    """
+    mask = mask.to(per_token.dtype)
+    total = per_token * mask
+    if loss_type == "grpo":
+        return (total.sum(1) / mask.sum(1).clamp(min=1.0)).mean()
+    if loss_type == "dr_grpo":
+        length = per_token.shape[1] if max_new_tokens is None else max_new_tokens
+        return total.sum() / (per_token.shape[0] * length)
+    if loss_type == "dapo":
+        count = mask.sum() if n_tokens is None else torch.as_tensor(float(n_tokens))
+        return total.sum() / count.clamp(min=1.0)
+    raise ValueError(f"loss_type must be 'grpo', 'dr_grpo' or 'dapo'; got {loss_type!r}.")
+
+
+class _GroupSize(Interval):
+    """k >= 2, with the reason in the error message."""
+
+    def __str__(self) -> str:
+        return (
+            "an int >= 2 (a group of one sample has no std, and its advantage "
+            "r - group mean is always 0)"
+        )
+
+
+class GRPOPolicy(BasePolicy):
+    """Group Relative Policy Optimisation (Shao et al., 2024), with Dr. GRPO and DAPO losses.
+
+    Per step: sample k responses per prompt, score them, give each the
+    advantage (r - group mean) / group std, then minimise per token
+    -min(rho A, clip(rho, 1 - eps, 1 + eps) A) + beta * k3, with
+    rho = pi/pi_old and k3 = pi_ref/pi - log(pi_ref/pi) - 1 at the sampled
+    token, aggregated over tokens as ``loss_type`` says.
+
+    Parameters
+    ----------
+    {common_parameters}
+    k : int, default=8
+        Samples per prompt, a group (``batch_size / k`` prompts per step);
+        TRL's ``num_generations``. At least 2.
+    scale_rewards : {"group", "batch", "none"}, default="group"
+        Divide the centred rewards by the group's std (Shao et al. 2024), by
+        the batch's std (the mean stays the group's), or not at all (Liu et
+        al. 2025: dividing by the group std up-weights groups whose samples
+        nearly tie). The std is Bessel-corrected, plus 1e-4, as TRL.
+    loss_type : {"dapo", "grpo", "dr_grpo"}, default="dapo"
+        How token losses become one loss: ``"grpo"`` the mean over each
+        sequence's tokens then over sequences (Shao et al. 2024);
+        ``"dr_grpo"`` the sum over tokens divided by the number of sequences
+        times ``max_new_tokens`` (Liu et al. 2025); ``"dapo"`` the sum over
+        tokens divided by the number of response tokens in the step's batch
+        (Yu et al. 2025; TRL's default).
+    clip_coef : float, default=0.2
+        Epsilon of the clipped ratio (DeepSeekMath does not state it; 0.2 is
+        PPO's and TRL's).
+
+    Attributes
+    ----------
+    {common_attributes}
+
+    See Also
+    --------
+    RLOOPolicy, PPOPolicy, ReinforcePolicy
+
+    Notes
+    -----
+    How GRPO differs from :class:`RLOOPolicy`:
+
+    1. The baseline is the group's mean *with* the sample, not the mean of
+       the other k - 1. Alone (``scale_rewards="none"``) that only scales the
+       expected gradient of the reward by (k - 1)/k, so the fixed point is the
+       one of beta * k/(k - 1); with the std division the advantage of a
+       sample depends on itself through the std, so the estimator is biased.
+    2. The centred rewards are divided by a std (``scale_rewards``), which
+       makes them unitless and amplifies near-tied groups; RLOO leaves them
+       near 0.
+    3. The KL is a loss term, beta times the k3 estimator per token, not
+       -beta times k1 in the reward. In expectation the gradient of k3 at a
+       token is that of KL(pi_ref || pi) at that token's prefix, the
+       *forward* KL, node by node: GRPO's fixed point is not the closed-form
+       optimum pi_ref exp(r/beta)/Z that RLOO reaches: on
+       :class:`~prefopt.worlds.TinyLMWorld` at beta = 0.3 and k = 4 they are
+       0.21 apart in total variation (``tests/test_grpo.py``).
+    4. The ratio and its clip are per token, as PPO's; RLOO has no ratio.
+    5. Token losses are averaged, not summed over the response as RLOO's
+       sequence log-prob. The original per-sequence mean (``"grpo"``) gives
+       each token of a short response more weight than one of a long
+       response, so a positive advantage favours short responses and a
+       negative one long responses: a length bias (Liu et al. 2025).
+       ``"dr_grpo"`` divides by a constant instead, and ``"dapo"`` by the
+       tokens of the whole batch.
+
+    Defaults. ``beta=0.04`` is DeepSeekMath's. TRL now defaults to 0, as Dr.
+    GRPO and DAPO argue for rule-checked rewards; against a learned reward
+    model the KL is what keeps the policy where the reward is valid (Ziegler
+    et al. 2019; Gao et al. 2022), and with beta = 0 there is no optimum to
+    measure a run against. ``k=8`` is TRL's ``num_generations`` (8 prompts
+    per batch of 64). ``n_epochs=1`` and ``n_minibatches=1``: one gradient
+    step per batch, as DeepSeekMath ("a single update following each
+    exploration stage") and TRL's ``num_iterations=1``; the ratio is then
+    exactly 1, the clip never binds, and the old log-probs are the training
+    pass's own, detached (no extra forward pass). With ``n_epochs`` > 1 or
+    ``n_minibatches`` > 1 the old log-probs come from a pass identical to
+    training and the clip binds (``policy/clipfrac`` > 0).
+
+    ``"dapo"`` divides by the response tokens of the step's whole batch even
+    when the batch is split into ``n_minibatches`` gradient steps, as TRL
+    divides by the tokens of the whole generation batch
+    (``num_items_in_batch``): each minibatch's loss is its share of one
+    batch-level token mean. ``"dr_grpo"`` and ``"grpo"`` normalise within the
+    minibatch, as TRL does within a micro-batch.
+
+    Here ``beta`` weighs the k3 term of the loss; the reward is not shaped.
+    ``kl_estimator`` only selects the estimator of the logged
+    ``objective/kl`` (and of the KL an adaptive ``kl`` controller steers);
+    the loss always uses k3. ``history_`` adds ``loss/policy`` (the clipped
+    surrogate), ``loss/kl`` (beta times the aggregated k3, so the two sum to
+    the loss), ``policy/k3`` (mean k3 per token), ``policy/clipfrac``,
+    ``policy/approxkl``, ``policy/ratio_mean`` and ``policy/zero_std_share``
+    (groups whose samples all scored the same, whose advantages are 0).
+
+    References
+    ----------
+    Z. Shao et al., "DeepSeekMath: Pushing the Limits of Mathematical Reasoning
+    in Open Language Models", arXiv:2402.03300, 2024.
+    Z. Liu et al., "Understanding R1-Zero-Like Training: A Critical
+    Perspective", arXiv:2503.20783, 2025.
+    Q. Yu et al., "DAPO: An Open-Source LLM Reinforcement Learning System at
+    Scale", arXiv:2503.14476, 2025.
+    J. Schulman, "Approximating KL Divergence", 2020.
+
+    Examples
+    --------
+    >>> import prefopt
+    >>> from prefopt import GRPOPolicy
+    >>> from prefopt.worlds import PreferenceWorld
+    >>> prefopt.set_config(show_progress_bar=False)
+    >>> world = PreferenceWorld(random_state=0)
+    >>> grpo = GRPOPolicy(model=world.policy_model(), beta=0.3, k=4, learning_rate=0.3,
+    ...                   optimizer="sgd", n_steps=5, random_state=0)
+    >>> grpo = grpo.fit(world.prompts, world.true_quality)
+    >>> grpo.history_[-1]["step"], grpo.history_[-1]["policy/clipfrac"]
+    (5, 0.0)
+    """
+
+    _parameter_constraints = {
+        **BasePolicy._parameter_constraints,
+        "k": [_GroupSize(Integral, 2, None, closed="left")],
+        "scale_rewards": [StrOptions({"group", "batch", "none"})],
+        "loss_type": [StrOptions({"grpo", "dr_grpo", "dapo"})],
+        "clip_coef": [Interval(Real, 0, None, closed="neither")],
+    }
+
+    samples_per_prompt = "k"
+    kl_penalty = "loss"
+
+    @property
+    def uses_ratio(self) -> bool:
+        """Whether the loss needs old log-probs from a separate pass.
+
+        With one gradient step per batch the policy has not moved when the loss
+        is taken, so the training pass's own detached log-probs are pi_old.
+        """
+        return self.n_epochs > 1 or self.n_minibatches > 1
+
+    def __init__(
+        self,
+        *,
+        model=None,
+        tokenizer=None,
+        beta=0.04,
+        k=8,
+        kl=None,
+        kl_estimator="k1",
+        learning_rate=None,
+        optimizer="adam",
+        lr_schedule="linear",
+        max_grad_norm=None,
+        n_steps=100,
+        batch_size=64,
+        n_epochs=1,
+        n_minibatches=1,
+        temperature=None,
+        max_new_tokens=None,
+        missing_eos_reward=-1.0,
+        stop_token_ids=None,
+        scale_rewards="group",
+        loss_type="dapo",
+        clip_coef=0.2,
+        random_state=None,
+        verbose=0,
+        warm_start=False,
+        checkpoint_dir=None,
+        checkpoint_every=10,
+        truncate_prompts=False,
+        max_kl=None,
+        max_kl_action="warn",
+        min_eos_share=0.5,
+        entropy_coef=0.0,
+        ptx_coef=0.0,
+        refit_every=None,
+        lora=None,
+    ):
+        store_params(self, locals())
+
+    def compute_advantages(self, batch: RolloutBatch):
+        """Group-normalised advantages of the scores (the KL is not in the reward).
+
+        Parameters
+        ----------
+        batch : RolloutBatch
+            The step's rollouts, k samples per prompt together.
+
+        Returns
+        -------
+        advantages : torch.Tensor of shape (n,)
+        """
+        return group_advantages(batch.sequence_rewards, self.k, self.scale_rewards)
+
+    def compute_loss(self, batch: RolloutBatch, minibatch: Minibatch):
+        """Clipped surrogate plus beta * k3 per token, aggregated by ``loss_type``.
+
+        Parameters
+        ----------
+        batch : RolloutBatch
+            The step's rollouts, with advantages.
+        minibatch : Minibatch
+            The rows and the current policy's log-probs.
+
+        Returns
+        -------
+        loss : torch.Tensor
+        stats : dict
+        """
+        mask, logprobs = minibatch.mask, minibatch.logprobs
+        old = minibatch.old_logprobs if self.uses_ratio else logprobs.detach()
+        advantages = minibatch.advantages[:, None]
+        ratio = torch.exp(logprobs - old)
+        unclipped = ratio * advantages
+        clipped = torch.clamp(ratio, 1.0 - self.clip_coef, 1.0 + self.clip_coef) * advantages
+        surrogate = -torch.minimum(unclipped, clipped)
+        # k3 = pi_ref/pi - log(pi_ref/pi) - 1 at the sampled token (Shao et al. 2024, eq. 4;
+        # Schulman 2020): its expected gradient is that of KL(pi_ref || pi) at the prefix.
+        k3 = kl_estimate(logprobs, minibatch.ref_logprobs, "k3")
+        aggregate = {
+            "loss_type": self.loss_type,
+            "max_new_tokens": self.max_new_tokens_,
+            "n_tokens": float(batch.response_mask.sum()) if self.loss_type == "dapo" else None,
+        }
+        policy_loss = aggregate_token_loss(surrogate, mask, **aggregate)
+        kl_loss = batch.beta * aggregate_token_loss(k3, mask, **aggregate)
+        log_ratio = (logprobs - old).detach()
+        scores = batch.scores.reshape(-1, self.k)
+        stats = {
+            "loss/policy": policy_loss.item(),
+            "loss/kl": kl_loss.item(),
+            "policy/k3": masked_mean(k3.detach(), mask).item(),
+            "policy/clipfrac": masked_mean((clipped < unclipped).float(), mask).item(),
+            "policy/approxkl": 0.5 * masked_mean(log_ratio**2, mask).item(),
+            "policy/ratio_mean": masked_mean(log_ratio.exp(), mask).item(),
+            "policy/zero_std_share": (scores == scores[:, :1]).all(1).float().mean().item(),
+        }
+        return policy_loss + kl_loss, stats
+
+
+GRPOPolicy.__doc__ = fill(GRPOPolicy, beta=0.04, learning_rate="None", n_epochs=1, n_minibatches=1)
+# The shared text says the reward is shaped; GRPO's beta weighs a loss term instead.
+GRPOPolicy.__doc__ = GRPOPolicy.__doc__.replace(
+    "KL coefficient: the reward is shaped with -beta * log(pi/pi_ref).",
+    "KL coefficient: weight of the k3 term per token of the loss (DeepSeekMath's 0.04).",
+)
