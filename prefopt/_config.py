@@ -17,6 +17,7 @@ _DEFAULTS = {
     "show_progress_bar": True,
     "eval_batch_size": 64,
     "compile": False,
+    "distributed": "ddp",
 }
 _global_config = dict(_DEFAULTS)
 _local = threading.local()
@@ -36,8 +37,8 @@ def get_config() -> dict:
     Returns
     -------
     config : dict
-        Keys ``device``, ``dtype``, ``show_progress_bar``, ``eval_batch_size`` and
-        ``compile``.
+        Keys ``device``, ``dtype``, ``show_progress_bar``, ``eval_batch_size``,
+        ``compile`` and ``distributed``.
 
     See Also
     --------
@@ -59,13 +60,15 @@ def set_config(
     show_progress_bar: bool | None = None,
     eval_batch_size: int | None = None,
     compile: bool | str | None = None,
+    distributed: str | None = None,
 ) -> None:
     """Set prefopt's configuration for this process.
 
     New threads start from these settings; :func:`config_context` changes them
     only inside its block and thread. Worker *processes* (joblib's loky backend)
-    start from the defaults: set the configuration inside the worker, or use
-    ``n_jobs`` with a threading backend.
+    start from the defaults, but :func:`~prefopt.model_selection.compare` and
+    :class:`~prefopt.model_selection.SeedSearchCV` hand the caller's settings to
+    every task, on loky and Ray workers alike.
 
     Parameters
     ----------
@@ -86,6 +89,14 @@ def set_config(
         ``"inductor"``). Compiling costs time once per fit (about a minute for
         the review world's tiny model on a CPU, where it then saves about 15% a
         step); it pays off in long runs on a GPU. Default ``False``.
+    distributed : {"ddp", "fsdp", "none"}, default=None
+        How a fit runs when ``torch.distributed`` has a process group of more
+        than one rank (under ``torchrun`` or Ray Train; see README "Scaling
+        out"). ``"ddp"`` (default): every rank samples its share of each step's
+        prompts and DistributedDataParallel averages the gradients. ``"fsdp"``:
+        the same, with the policy sharded by FSDP's ``fully_shard`` (for a model
+        that does not fit one device; the reference stays whole on each rank).
+        ``"none"``: every rank fits alone, as if there were no process group.
 
     See Also
     --------
@@ -105,13 +116,20 @@ def set_config(
         show_progress_bar=show_progress_bar,
         eval_batch_size=eval_batch_size,
         compile=compile,
+        distributed=distributed,
     )
     _set(_get_threadlocal(), **settings)
     _set(_global_config, **settings)
 
 
 def _set(
-    config, device=None, dtype=None, show_progress_bar=None, eval_batch_size=None, compile=None
+    config,
+    device=None,
+    dtype=None,
+    show_progress_bar=None,
+    eval_batch_size=None,
+    compile=None,
+    distributed=None,
 ) -> None:
     if device is not None:
         if not isinstance(device, str) or not (
@@ -138,6 +156,10 @@ def _set(
                 f"backend (e.g. 'inductor'); got {compile!r}."
             )
         config["compile"] = compile
+    if distributed is not None:
+        if distributed not in ("ddp", "fsdp", "none"):
+            raise ValueError(f"distributed must be 'ddp', 'fsdp' or 'none'; got {distributed!r}.")
+        config["distributed"] = distributed
 
 
 @contextmanager

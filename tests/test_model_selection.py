@@ -7,6 +7,7 @@ from scipy import stats
 from sklearn.base import clone
 from sklearn.model_selection import KFold
 
+import prefopt
 from prefopt import PPOPolicy, RAFTPolicy, ReinforcePolicy, RLOOPolicy
 from prefopt.metrics import make_kl_scorer, make_reward_scorer
 from prefopt.model_selection import SeedSearchCV, compare, t_interval
@@ -349,3 +350,39 @@ def test_compare_default_scoring_and_kept_estimators(rm):
         compare(algorithms, WORLD.prompts, reward_model=rm, baseline="PPO")
     with pytest.raises(TypeError, match="dict"):
         compare([small_rloo()], WORLD.prompts, reward_model=rm)
+
+
+def _config_probe(key):
+    """A scorer whose score is a prefopt setting as the worker that scores sees it."""
+
+    def probe(estimator, X, y=None):
+        return float(prefopt.get_config()[key])
+
+    return probe
+
+
+def test_seed_search_hands_the_callers_config_to_every_candidate(rm):
+    # config_context is the caller's thread's alone; joblib's worker threads start from
+    # the process-wide settings (64), so only the setting carried with the task reaches them.
+    search = SeedSearchCV(
+        small_rloo(), {"beta": [0.3]}, seeds=2, n_jobs=2, scoring=_config_probe("eval_batch_size")
+    )
+    with prefopt.config_context(eval_batch_size=7), joblib.parallel_backend("threading", 2):
+        search.fit(WORLD.prompts, reward_model=rm)
+    assert search.cv_results_["mean_test_score"].tolist() == [7.0]
+    assert type(search.best_estimator_) is RLOOPolicy  # the refit is the plain estimator
+    assert repr(search.best_estimator_).startswith("RLOOPolicy(")
+
+
+@pytest.mark.slow  # about 20 s: two loky worker processes import torch
+def test_seed_search_config_reaches_loky_worker_processes(rm):
+    search = SeedSearchCV(
+        small_rloo(), {"beta": [0.3]}, seeds=2, n_jobs=2, scoring=_config_probe("eval_batch_size")
+    )
+    prefopt.set_config(eval_batch_size=5)
+    try:
+        with joblib.parallel_backend("loky", n_jobs=2):
+            search.fit(WORLD.prompts, reward_model=rm)
+    finally:
+        prefopt.set_config(eval_batch_size=64)
+    assert search.cv_results_["mean_test_score"].tolist() == [5.0]

@@ -71,7 +71,13 @@ def _id_tensor(ids, device) -> torch.Tensor | None:
 
 
 def _accepts(model, name: str) -> bool:
-    """Whether ``model``'s forward takes ``name``; a peft model passes keywords to its base."""
+    """Whether ``model``'s forward takes ``name``.
+
+    A DistributedDataParallel wrapper passes every keyword on to the module it
+    holds, and a peft model to its base model.
+    """
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        model = model.module
     if hasattr(model, "get_base_model") and hasattr(model, "peft_config"):
         model = model.get_base_model()
     return name in _forward_parameters(type(model))

@@ -21,8 +21,9 @@ each prompt. Three things make that cheaper without changing a number:
   makes. A training pass keeps one float32 copy of its logits for the backward pass.
 
 Where sharing cannot apply (no two rows share a prompt, a model that takes no KV
-cache, gradient checkpointing, a compiled model) or would save too little
-(``SHARE_MIN_SAVING``: short prompts) the sequence runs in one pass, still trimmed;
+cache, gradient checkpointing, a compiled model, a model sharded across ranks) or
+would save too little (``SHARE_MIN_SAVING``: short prompts) the sequence runs in one
+pass, still trimmed;
 a model that is not a transformers model takes the plain path of
 :func:`prefopt.backend.response_logprobs`.
 """
@@ -87,6 +88,15 @@ def _compiled(model) -> bool:
     return getattr(model, "_compiled_call_impl", None) is not None
 
 
+def _one_call_only(model) -> bool:
+    """A compiled model, or one sharded across ranks: every forward of a sharded model is
+    a collective, so each rank must make the same calls (no data-dependent second call),
+    and its head's weights are gathered only inside its forward (no head outside it)."""
+    from . import distributed
+
+    return _compiled(model) or distributed.is_sharded(model)
+
+
 def takes_shared_prompts(model) -> bool:
     """Whether ``model`` can run a prompt once and its responses on the cached prompt.
 
@@ -98,7 +108,7 @@ def takes_shared_prompts(model) -> bool:
     return (
         is_transformers_model(model)
         and (_accepts(model, "cache") or _accepts(model, "past_key_values"))
-        and not _compiled(model)
+        and not _one_call_only(model)
         and not _checkpoints_activations(inner)
         and not getattr(config, "is_encoder_decoder", False)
     )
@@ -116,7 +126,7 @@ def _head_in_chunks(model) -> bool:
     config = getattr(_unwrapped(model), "config", None)
     return (
         getattr(config, "model_type", None) in _PLAIN_HEAD_TYPES
-        and not _compiled(model)
+        and not _one_call_only(model)
         and isinstance(model.get_output_embeddings(), torch.nn.Module)
     )
 
@@ -347,7 +357,8 @@ def takes_fast_values(value_model) -> bool:
     return (
         isinstance(value_model, ScalarHeadModel)
         and is_transformers_model(value_model.backbone)
-        and not _compiled(value_model)
+        and not _one_call_only(value_model)
+        and not _one_call_only(value_model.backbone)
     )
 
 

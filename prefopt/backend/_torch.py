@@ -20,9 +20,14 @@ def resolve_device() -> torch.device:
     >>> resolve_device().type in ("cpu", "cuda", "mps")
     True
     """
+    from . import distributed
+
     name = get_config()["device"]
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
+    # Under a launcher each rank takes its own GPU (cuda:LOCAL_RANK), never all cuda:0.
+    if distributed.init_from_env() and name == "cuda":
+        name = f"cuda:{distributed.local_rank()}"
     return torch.device(name)
 
 
@@ -161,7 +166,9 @@ def gradient_step(optimizer, loss, *, who: str, step: int, max_grad_norm=None) -
         When ``loss`` is NaN or infinite (no parameter is changed), or when the
         update left a weight NaN or infinite (a learning rate far too large).
     """
-    if not torch.isfinite(loss):
+    from . import distributed
+
+    if not distributed.all_finite(loss):  # on every rank: one rank alone never stops
         raise FloatingPointError(
             f"{who}: the loss became {loss.item()} at step {step}; lower "
             "learning_rate or check the data and the reward."
@@ -175,7 +182,9 @@ def gradient_step(optimizer, loss, *, who: str, step: int, max_grad_norm=None) -
     # One fused norm over the weights (about one read of them; small next to a step) catches
     # an update that overflowed, here at its step rather than later as a NaN sample.
     with torch.no_grad():
-        if not torch.isfinite(torch.nn.utils.get_total_norm(params)):
+        norm = torch.nn.utils.get_total_norm(params)
+        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP: a DTensor
+        if not torch.isfinite(norm):
             raise FloatingPointError(
                 f"{who}: the update at step {step} left NaN or infinite weights; lower "
                 "learning_rate (or set max_grad_norm). The last checkpoint (if any) is intact."

@@ -317,7 +317,9 @@ def sample(
             logprobs[:, step : step + 1] = logp.gather(-1, token)
         if stops is not None:
             done |= torch.isin(token.squeeze(1), stops)
-            if bool(done.all()):
+            # A sharded model's every forward is a collective: stop only when every rank
+            # is done, or the ranks still sampling wait forever for the one that left.
+            if _all_done(model, done):
                 break  # the rest stays EOS (log-prob 0): discarded by truncate_after_eos
         if step == max_new_tokens - 1:
             break
@@ -484,3 +486,12 @@ def response_logprobs(
         finite = torch.where(torch.isfinite(logp_all), logp_all, torch.zeros_like(logp_all))
         entropy = -(logp_all.exp() * finite).sum(-1)
     return logp, entropy.masked_fill(~valid, 0.0)
+
+
+def _all_done(model, done: torch.Tensor) -> bool:
+    from . import distributed
+
+    finished = bool(done.all())
+    if distributed.is_sharded(model):
+        return not distributed.any_rank(not finished)
+    return finished

@@ -21,6 +21,7 @@ from .._config import get_config
 from ..backend import (
     EncodedPrompts,
     disable_dropout,
+    distributed,
     ensure_pad_token,
     frozen_copy,
     load_causal_lm,
@@ -97,7 +98,9 @@ class LanguageModelEstimator(TokenEncoding, BaseEstimator):
         """Write the fitted model and tokenizer so plain ``transformers`` loads them.
 
         Weights are written as safetensors; ``AutoModelForCausalLM.from_pretrained``
-        and ``AutoTokenizer.from_pretrained`` read the folder back.
+        and ``AutoTokenizer.from_pretrained`` read the folder back. A policy sharded
+        with ``set_config(distributed="fsdp")`` gathers its full weights: call this on
+        every rank; rank 0 writes.
 
         Parameters
         ----------
@@ -116,8 +119,14 @@ class LanguageModelEstimator(TokenEncoding, BaseEstimator):
             )
         from ._checkpoint import check_folder
 
+        state = None
+        if distributed.is_sharded(self.model_):
+            # FSDP (a collective, on every rank): gather the full weights; rank 0 writes them.
+            state = distributed.full_state_dict(self.model_)
+            if not distributed.is_main():
+                return
         directory = check_folder(directory, "save_pretrained's folder")
-        model.save_pretrained(directory, safe_serialization=True)
+        model.save_pretrained(directory, safe_serialization=True, state_dict=state)
         self.tokenizer_.save_pretrained(directory)
         written = set(os.listdir(directory))
         if "config.json" not in written or not any(f.endswith(".safetensors") for f in written):

@@ -29,6 +29,8 @@ from safetensors.torch import load_file, save_file
 from sklearn.base import BaseEstimator
 from torch import nn
 
+from ..backend import distributed
+
 FORMAT = 2
 STATE = "state.json"
 OLD_CHECKPOINT = "checkpoint.joblib"
@@ -389,9 +391,17 @@ class Resume:
         restore(estimator, self.saved["fitted"])
         return self.saved["run"]
 
-    def save(self, estimator, run_state: dict) -> str:
-        """Write a checkpoint of ``estimator`` and its run state."""
-        return save(estimator, self.folder, header=self.header, run_state=run_state)
+    def save(self, estimator, run_state: dict) -> str | None:
+        """Write a checkpoint of ``estimator`` and its run state (rank 0 alone writes).
+
+        In a distributed fit every rank calls this and waits until the checkpoint is
+        whole, so no rank can read an older one (a resume right after a failure).
+        """
+        path = None
+        if distributed.is_main():
+            path = save(estimator, self.folder, header=self.header, run_state=run_state)
+        distributed.barrier()
+        return path
 
 
 @contextlib.contextmanager
@@ -408,7 +418,8 @@ def resumable(estimator, data_key: str):
         yield None
         return
     check_folder(folder)
-    with locked(folder):
+    # Distributed fits: rank 0 holds the lock and writes; the others only read.
+    with locked(folder if distributed.is_main() else None):
         saved = read(folder, estimator)
         defining = defining_params(estimator)
         if saved is not None:

@@ -7,6 +7,8 @@ import threading
 import numpy as np
 import torch
 
+from ..backend import distributed
+
 __all__ = ["RunState", "one_fit_at_a_time"]
 
 _FITTING = threading.Lock()
@@ -99,8 +101,11 @@ class RunState:
         state : dict
         """
         name, keys, pos, has_gauss, cached = self.rng.get_state()
+        # Distributed fits (a collective): every rank's sampling stream, row r for rank r.
+        ranks = distributed.per_rank(self.generator.get_state())
         return {
             "generator": self.generator.get_state(),
+            "rank_generators": ranks,
             "rng": {
                 "name": name,
                 "keys": np.asarray(keys),
@@ -122,7 +127,17 @@ class RunState:
         state : dict
             A state from :meth:`state_dict`.
         """
-        self.generator.set_state(torch.as_tensor(state["generator"], dtype=torch.uint8))
+        generator = state["generator"]
+        ranks = state.get("rank_generators")
+        n = distributed.world_size()
+        if ranks is not None and len(ranks) != n:
+            raise ValueError(
+                f"This checkpoint was written by a run on {len(ranks)} rank(s); resume it on "
+                f"{len(ranks)} (this run has {n}), since each rank's random stream is its own."
+            )
+        if ranks is not None:
+            generator = ranks[distributed.rank()].clone()  # set_state reads a whole storage
+        self.generator.set_state(torch.as_tensor(generator, dtype=torch.uint8))
         rng = state["rng"]
         self.rng.set_state(
             (

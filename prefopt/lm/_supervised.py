@@ -14,7 +14,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .._config import get_config
-from ..backend import adamw, gradient_step
+from ..backend import adamw, distributed, gradient_step
 
 __all__ = ["schedule_scale", "train_minibatches"]
 
@@ -108,6 +108,13 @@ def train_minibatches(
     >>> est.n_iter_, len(est.history_)
     (4, 4)
     """
+    # Distributed fits: each minibatch's rows are split across ranks (every rank draws the
+    # same order), losses are global means, gradients averaged by DDP, rank 0 writes.
+    distributed.check_rows(n_rows, estimator.batch_size, name)
+    # DDP (also under distributed="fsdp": FSDP shards the RL policy only).
+    distributed.prepare(
+        getattr(estimator, "model_", None), getattr(estimator, "device_", None), shard=False
+    )
     optimizer = adamw(parameters, estimator.learning_rate_)
     per_epoch = math.ceil(n_rows / estimator.batch_size)
     total = per_epoch * estimator.n_epochs
@@ -121,7 +128,7 @@ def train_minibatches(
         if int(saved["epoch"]) < (estimator.n_iter_ - start_iter) // per_epoch:
             torch.randperm(n_rows, generator=generator)  # that epoch's order, drawn again
     step = estimator.n_iter_ - start_iter
-    show = get_config()["show_progress_bar"]
+    show = get_config()["show_progress_bar"] and distributed.is_main()
     bar = tqdm(total=total, initial=step, desc=name, disable=not show, leave=False)
     for epoch in range(step // per_epoch, estimator.n_epochs):
         epoch_generator = generator.get_state()
@@ -133,8 +140,10 @@ def train_minibatches(
             for group in optimizer.param_groups:
                 group["lr"] = lr
             began = time.perf_counter()
-            loss, stats = batch_loss(rows)
-            gradient_step(optimizer, loss, who=name, step=estimator.n_iter_ + 1)
+            with distributed.global_statistics(), distributed.training_view(estimator):
+                loss, stats = batch_loss(distributed.shard(rows))  # this rank's share
+                gradient_step(optimizer, loss, who=name, step=estimator.n_iter_ + 1)
+                stats = distributed.reduce_row(stats)
             step += 1
             estimator.n_iter_ += 1
             row = {

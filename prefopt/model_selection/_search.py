@@ -18,6 +18,7 @@ from sklearn.model_selection._search import (
 from sklearn.utils._param_validation import Interval
 from sklearn.utils.validation import check_is_fitted
 
+from .._config import config_context, get_config
 from ._stats import _check_seeds, t_interval
 
 __all__ = ["SeedSearchCV"]
@@ -47,6 +48,65 @@ class _AllPrompts:
 
     def __repr__(self) -> str:
         return "AllPrompts()"
+
+
+class _WithConfig:
+    """An estimator that fits and is scored under the prefopt configuration it carries.
+
+    ``BaseSearchCV`` sends each candidate to its workers (loky processes, Ray
+    actors), which start from prefopt's defaults; wrapped in this, a candidate
+    takes the caller's ``set_config`` settings (device, dtype, progress bars,
+    compile, distributed) with it, as ``compare`` hands them to its tasks. Its
+    parameters, tags and every other attribute are the wrapped estimator's.
+    """
+
+    def __init__(self, estimator, config: dict):
+        self.estimator, self.config = estimator, dict(config)
+
+    def get_params(self, deep=True):
+        return self.estimator.get_params(deep=deep)
+
+    def set_params(self, **params):
+        self.estimator.set_params(**params)
+        return self
+
+    def __sklearn_clone__(self):
+        return _WithConfig(clone(self.estimator), self.config)
+
+    def __sklearn_tags__(self):
+        return self.estimator.__sklearn_tags__()
+
+    def fit(self, X, y=None, **params):
+        with config_context(**self.config):
+            self.estimator.fit(X, y, **params)
+        return self
+
+    def __getattr__(self, name):
+        if name.startswith("__") or name in ("estimator", "config"):
+            raise AttributeError(name)
+        value = getattr(self.estimator, name)
+        if not callable(value) or isinstance(value, type):
+            return value
+
+        def under_config(*args, **kwargs):  # score, sample, predict, ... as the fit ran
+            with config_context(**self.config):
+                return value(*args, **kwargs)
+
+        return under_config
+
+    def __repr__(self) -> str:
+        return repr(self.estimator)
+
+
+class _ScoreUnderConfig:
+    """A scorer that runs under a prefopt configuration (in the worker that scores)."""
+
+    def __init__(self, scorer, config: dict):
+        self.scorer, self.config = scorer, config
+
+    def __call__(self, estimator, *args, **kwargs):
+        with config_context(**self.config):
+            return self.scorer(estimator, *args, **kwargs)
 
 
 class SeedSearchCV(BaseSearchCV):
@@ -250,14 +310,29 @@ class SeedSearchCV(BaseSearchCV):
         # the template carries the first seed, so the refit uses it (every candidate sets its
         # own), and cv=None becomes the all-prompts split.
         estimator, cv = self.estimator, self.cv
-        self.estimator = clone(estimator).set_params(**{self.seed_param: self.seeds_[0]})
+        first = clone(estimator).set_params(**{self.seed_param: self.seeds_[0]})
+        # Every candidate carries the caller's set_config settings to its worker.
+        self.estimator = _WithConfig(first, get_config())
         if cv is None:
             self.cv = _AllPrompts()
         try:
             super().fit(X, y, **params)
         finally:
             self.estimator, self.cv = estimator, cv
+        if isinstance(getattr(self, "best_estimator_", None), _WithConfig):
+            self.best_estimator_ = self.best_estimator_.estimator
         return self
+
+    def _get_scorers(self):
+        scorers, refit_metric = super()._get_scorers()
+        if not isinstance(self.estimator, _WithConfig):
+            return scorers, refit_metric
+        config = self.estimator.config  # scoring in a worker sees the caller's settings too
+        inner = getattr(scorers, "_scorers", None)  # a multi-metric scorer's own scorers
+        if isinstance(inner, dict):
+            scorers._scorers = {k: _ScoreUnderConfig(v, config) for k, v in inner.items()}
+            return scorers, refit_metric
+        return _ScoreUnderConfig(scorers, config), refit_metric
 
     def _run_search(self, evaluate_candidates):
         # Seeds vary fastest: candidate g under seed j is entry g * n_seeds + j.

@@ -27,6 +27,7 @@ from ..backend import (
     adamw,
     default_learning_rate,
     disable_dropout,
+    distributed,
     make_generator,
     maybe_compile,
 )
@@ -288,6 +289,7 @@ class BasePolicy(GenerativeEstimator):
                 f"batch_size={self.batch_size} must be a multiple of k={k} "
                 "(k samples are drawn for each prompt)."
             )
+        distributed.check_batch(self.batch_size, k, type(self).__name__)  # distributed fits
         online_state = online.start(self, reward, labeler)  # refused before any work
         ptx_texts = self._check_ptx(ptx_data)
         # The pretraining texts define the run too: a resume with other ones is refused.
@@ -325,7 +327,9 @@ class BasePolicy(GenerativeEstimator):
             check_temperature(self)
             for name in ("model_", "ref_model_", "value_model_"):  # also after a resume
                 maybe_compile(getattr(self, name, None))  # set_config(compile=...); off by default
-            self._train_steps(self._run.start_step + self.n_steps - self.n_iter_, callback)
+            self._prepare_distributed()  # DDP or fully_shard under a launcher; else nothing
+            with distributed.global_statistics():  # under a launcher: statistics over all ranks
+                self._train_steps(self._run.start_step + self.n_steps - self.n_iter_, callback)
             self._checkpoint = None  # the folder's lock ends with this block
         return self
 
@@ -370,13 +374,41 @@ class BasePolicy(GenerativeEstimator):
             else default_learning_rate(self.model_, large=3e-6)
         )
         self._run = RunState(
-            generator=make_generator(int(seeds[1])),
+            # Distributed fits: each rank its own sampling stream (rank 0 keeps this seed's).
+            generator=make_generator(distributed.rank_seed(int(seeds[1]))),
             rng=np.random.RandomState(int(seeds[2])),
             optimizer=self._make_optimizer(),
         )
         self.history_ = []
         self.n_iter_ = 0
         self.n_episodes_ = 0
+
+    def _prepare_distributed(self) -> None:
+        """Under a process group: DDP beside the trained modules, or FSDP's fully_shard."""
+        if distributed.world_size() == 1:
+            return
+        if distributed.sharded() and self.checkpoint_dir is not None:
+            raise ValueError(
+                f"{type(self).__name__}: checkpoint_dir is not supported with "
+                "set_config(distributed='fsdp') yet; use distributed='ddp' to resume runs."
+            )
+        if getattr(self, "refit_every", None) is not None:
+            raise ValueError(
+                f"{type(self).__name__}: online reward refits (refit_every) are not supported "
+                "in a distributed fit yet (each rank would refit the reward on its own samples); "
+                "set refit_every=None, or run the fit in one process."
+            )
+        if isinstance(getattr(self, "value_model", None), str):  # "shared"
+            raise ValueError(
+                f"{type(self).__name__}: value_model='shared' is not supported in a distributed "
+                "fit (the policy's trunk would be trained through two engines); leave "
+                "value_model=None (a copy of the reward model) or give a module."
+            )
+        before = [id(p) for p in self._trainable_parameters()]
+        for name in ("model_", "value_model_"):
+            distributed.prepare(getattr(self, name, None), self.device_)
+        if [id(p) for p in self._trainable_parameters()] != before:  # fully_shard's new ones
+            self._run.optimizer = self._make_optimizer()
 
     def _make_optimizer(self) -> torch.optim.Optimizer:
         params = self._trainable_parameters()
@@ -423,12 +455,14 @@ class BasePolicy(GenerativeEstimator):
         run = self._run
         total = self.n_iter_ + max(n_steps, 0)
         k = self._samples_per_prompt()
-        show = get_config()["show_progress_bar"]
+        show = get_config()["show_progress_bar"] and distributed.is_main()  # rank 0 alone
         bar = tqdm(range(max(n_steps, 0)), desc=type(self).__name__, disable=not show, leave=False)
         for _ in bar:
             self._set_learning_rate()
             start = time.perf_counter()
-            batch = self._rollout(run.next_rows(self.batch_size // k, len(self._prompts)))
+            # Distributed fits: every rank draws the same global rows and takes its share.
+            rows = distributed.shard(run.next_rows(self.batch_size // k, len(self._prompts)))
+            batch = self._rollout(rows)
             advantages = self.compute_advantages(batch)
             if isinstance(advantages, tuple):
                 batch.advantages, batch.returns = advantages
@@ -438,10 +472,11 @@ class BasePolicy(GenerativeEstimator):
             self.after_update(batch)
             if self._online is not None:
                 stats.update(self._online.after_step(self, batch))
-            mean_kl = float(batch.kl.sum(1).mean())
-            self.beta_ = self.kl_.update(mean_kl, n_episodes=len(batch))
+            mean_kl = float(distributed.mean(batch.kl.sum(1)))  # over all ranks
+            n_episodes = len(batch) * distributed.world_size()  # the global batch
+            self.beta_ = self.kl_.update(mean_kl, n_episodes=n_episodes)
             self.n_iter_ += 1
-            self.n_episodes_ += len(batch)
+            self.n_episodes_ += n_episodes
             elapsed = time.perf_counter() - start
             row = {
                 "step": self.n_iter_,
@@ -456,10 +491,15 @@ class BasePolicy(GenerativeEstimator):
                 "charts/learning_rate": run.optimizer.param_groups[0]["lr"],
                 "time/episodes_per_s": len(batch) / elapsed,
             }
+            row = distributed.reduce_row(row, elapsed, len(batch))  # global figures
             self.history_.append(row)
             check_health(self, row)
             bar.set_postfix(reward=f"{row['objective/reward']:.3f}", kl=f"{mean_kl:.3f}")
-            if self.verbose and (self.n_iter_ % 10 == 0 or self.n_iter_ == total):
+            if (
+                self.verbose
+                and distributed.is_main()
+                and (self.n_iter_ % 10 == 0 or self.n_iter_ == total)
+            ):
                 logger.info(
                     "%s step %d: reward %.4f kl %.4f beta %.4g",
                     type(self).__name__,
@@ -475,7 +515,8 @@ class BasePolicy(GenerativeEstimator):
                 if self._online is not None:
                     state["online"] = self._online.state_dict()
                 self._checkpoint.save(self, state)
-            if callback is not None and callback(self, row) is True:
+            stop = callback is not None and callback(self, row) is True
+            if distributed.any_rank(stop):  # every rank stops at the same step
                 break
         bar.close()
 
@@ -494,12 +535,15 @@ class BasePolicy(GenerativeEstimator):
     def _rollout(self, prompt_rows: np.ndarray) -> RolloutBatch:
         # Sampling, the reference, the value model and the reward run once per batch under
         # inference_mode; the batch is then cloned into ordinary tensors for the update.
-        with torch.inference_mode():
+        # FSDP reuses its gathered-weight buffers in training, which inference tensors forbid.
+        sharded = distributed.is_sharded(self.model_)
+        with torch.no_grad() if sharded else torch.inference_mode():
             batch = sample_and_score(self, prompt_rows)
         return batch.clone()
 
     def _update(self, batch: RolloutBatch) -> dict:
-        return update(self, batch)
+        with distributed.training_view(self):  # distributed fits: through the DDP wrappers
+            return update(self, batch)
 
     def score(self, X, y=None) -> float:
         """Mean reward of one sampled completion per prompt (larger is better).

@@ -6,11 +6,14 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from ..backend import EncodedPrompts
+from ..backend import EncodedPrompts, distributed
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean of ``x`` over positions where ``mask`` is 1.
+    """Mean of ``x`` over positions where ``mask`` is 1 (over all ranks in a distributed fit).
+
+    Token-mean losses and whitening built on it are normalised by the global token
+    count in a distributed fit; see :func:`prefopt.backend.distributed.masked_mean`.
 
     Parameters
     ----------
@@ -30,8 +33,8 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     >>> masked_mean(torch.tensor([1.0, 3.0, 100.0]), torch.tensor([1, 1, 0]))
     tensor(2.)
     """
-    mask = mask.to(x.dtype)
-    return (x * mask).sum() / mask.sum().clamp(min=1.0)
+    # Distributed fits: inside a training step, the mean over every rank's positions.
+    return distributed.masked_mean(x, mask)
 
 
 def masked_whiten(

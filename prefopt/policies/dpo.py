@@ -26,6 +26,7 @@ from .._config import get_config
 from ..backend import (
     EncodedPrompts,
     default_learning_rate,
+    distributed,
     local_seed,
     make_generator,
     pad_left,
@@ -293,9 +294,10 @@ class DPOPolicy(GenerativeEstimator):
             ratio_r = logp_r - ref_logps[rows + n]
             h = ratio_c - ratio_r
             if self.loss == "ipo":  # Azar et al. 2023, eq. 17
-                loss = ((h - 1.0 / (2.0 * self.beta)) ** 2).mean()
+                loss = distributed.mean((h - 1.0 / (2.0 * self.beta)) ** 2)
             else:  # Rafailov et al. 2023, eq. 7
-                loss = -F.logsigmoid(self.beta * h).mean()
+                loss = -distributed.mean(F.logsigmoid(self.beta * h))
+            # (distributed.mean: over every rank's rows in a distributed fit, else .mean())
             r_c, r_r = self.beta * ratio_c.detach(), self.beta * ratio_r.detach()
             return loss, {
                 "loss/dpo": loss.item(),

@@ -15,6 +15,7 @@ from numbers import Integral, Real
 import torch
 from sklearn.utils._param_validation import Interval, StrOptions
 
+from ..backend import distributed
 from ..kl import kl_estimate
 from ._base import BasePolicy, store_params
 from ._batch import Minibatch, RolloutBatch, masked_mean
@@ -75,7 +76,7 @@ def group_advantages(
     if scale == "group":
         centred = centred / (grouped.std(1, keepdim=True) + eps)
     elif scale == "batch":
-        centred = centred / (rewards.std() + eps)
+        centred = centred / (distributed.std(rewards) + eps)  # over all ranks when distributed
     elif scale != "none":
         raise ValueError(f"scale must be 'group', 'batch' or 'none'; got {scale!r}.")
     return centred.reshape(-1)
@@ -369,7 +370,12 @@ class GRPOPolicy(BasePolicy):
         aggregate = {
             "loss_type": self.loss_type,
             "max_new_tokens": self.max_new_tokens_,
-            "n_tokens": float(batch.response_mask.sum()) if self.loss_type == "dapo" else None,
+            # Distributed fits: the global token count over world size, so that DDP's average
+            # of the ranks' losses divides the global token sum by the global count.
+            "n_tokens": distributed.global_count(int(batch.response_mask.sum()))
+            / distributed.world_size()
+            if self.loss_type == "dapo"
+            else None,
         }
         policy_loss = aggregate_token_loss(surrogate, mask, **aggregate)
         kl_loss = batch.beta * aggregate_token_loss(k3, mask, **aggregate)

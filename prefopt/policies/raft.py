@@ -179,7 +179,9 @@ class RAFTPolicy(BasePolicy):
         logprobs = minibatch.logprobs
         weight = minibatch.advantages.unsqueeze(1) * minibatch.mask
         # Next-token cross-entropy on the kept responses, averaged over their tokens.
-        loss = -masked_mean(logprobs, weight) if weight.sum() > 0 else logprobs.sum() * 0.0
+        # With no kept response in the minibatch this is 0 (gradient 0); no branch on the
+        # data, so every rank of a distributed fit runs the same reductions.
+        loss = -masked_mean(logprobs, weight)
         return loss, {"loss/policy": loss.item()}
 
 

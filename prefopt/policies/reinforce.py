@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from ..backend import distributed
 from ._base import BasePolicy, store_params
 from ._docs import fill
 from .rloo import sequence_policy_gradient_loss
@@ -191,7 +192,8 @@ class ReinforcePolicy(BasePolicy):
         batch : RolloutBatch
             The step's rollouts.
         """
-        self.baseline_.add(batch.sequence_rewards)
+        # Distributed fits: every rank's rewards, so all ranks keep one global baseline.
+        self.baseline_.add(distributed.gather(batch.sequence_rewards))
 
 
 ReinforcePolicy.__doc__ = fill(

@@ -14,6 +14,7 @@ from ..backend import (
     ScalarHeadModel,
     default_learning_rate,
     disable_dropout,
+    distributed,
     join_right_padded,
     make_generator,
     score_sequences,
@@ -102,10 +103,11 @@ def train_bradley_terry(rm, data, generator, resume=None, model_key=None) -> Non
             [chosen[i] for i in rows] + [rejected[i] for i in rows],
         )
         margin = both[: len(rows)] - both[len(rows) :]
-        loss = -F.logsigmoid(margin).mean()
+        # Means over every rank's rows in a distributed fit (rows may split unequally).
+        loss = -distributed.mean(F.logsigmoid(margin))
         return loss, {
             "loss/reward": loss.item(),
-            "reward/accuracy": float((margin > 0).float().mean()),
+            "reward/accuracy": float(distributed.mean((margin > 0).float())),
         }
 
     # Linear decay to 0, as the original reward-model code (Ziegler et al. 2019).

@@ -1,0 +1,540 @@
+"""Data-parallel fits on ``torch.distributed``: ranks, shares, global statistics, wrapping.
+
+The same script runs on one device or under a launcher (``torchrun``, Ray Train's
+``TorchTrainer``). When a process group of more than one rank is up (or the
+launcher's environment asks for one), every estimator's ``fit``:
+
+- splits each step's prompts (each minibatch's rows) across ranks with
+  :func:`shard`, a prompt's k samples staying on one rank;
+- draws its samples from a random stream derived from ``random_state`` *and* the
+  rank (:func:`rank_seed`);
+- takes the statistics that define the run over all ranks: :func:`masked_mean`
+  (and so the whitening built on it), :func:`mean`, :func:`gather`,
+  :func:`reduce_row`. Inside :func:`global_statistics` (the block of one training
+  step) a masked mean is the mean over every rank's tokens, and its gradient is
+  scaled so that DistributedDataParallel's average of the ranks' gradients is the
+  gradient of that global mean -- a token-mean loss is normalised by the global
+  token count, not each rank's;
+- averages gradients with DistributedDataParallel (:func:`prepare`), or shards the
+  policy with FSDP's ``fully_shard`` under ``set_config(distributed="fsdp")``;
+- writes checkpoints and shows progress on rank 0 alone (:func:`is_main`).
+
+Outside a process group every helper is the plain single-process computation.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from contextlib import contextmanager
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from .._config import get_config
+
+__all__ = [
+    "any_rank",
+    "barrier",
+    "gather",
+    "global_statistics",
+    "init_from_env",
+    "is_main",
+    "local_rank",
+    "masked_mean",
+    "mean",
+    "prepare",
+    "rank",
+    "rank_seed",
+    "reduce_row",
+    "shard",
+    "sharded",
+    "std",
+    "world_size",
+]
+
+_local = threading.local()
+# The DistributedDataParallel wrapper of each trained module (weakly keyed: it goes with it).
+_WRAPPED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# Modules that fully_shard has sharded in place.
+_SHARDED: weakref.WeakSet = weakref.WeakSet()
+# history_ keys that add up over ranks (a count), not average.
+SUMMED = frozenset({"data/tokens", "data/rows"})
+
+
+# ----- who am I ----------------------------------------------------------------------
+def init_from_env() -> bool:
+    """Start the default process group when a launcher's environment asks for one.
+
+    ``torchrun`` (and Ray Train) set ``WORLD_SIZE``, ``RANK``, ``MASTER_ADDR`` and
+    ``MASTER_PORT``; with ``WORLD_SIZE`` above 1 and no group yet, this starts one
+    (NCCL when the configured device is CUDA, else gloo). Ray Train starts its own.
+
+    Returns
+    -------
+    started : bool
+        Whether a process group of more than one rank is up.
+    """
+    if not dist.is_available():
+        return False
+    if dist.is_initialized():
+        return dist.get_world_size() > 1
+    if get_config()["distributed"] == "none" or int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return False
+    if "MASTER_ADDR" not in os.environ or "RANK" not in os.environ:
+        return False
+    cuda = torch.cuda.is_available() and get_config()["device"] in ("auto", "cuda")
+    if cuda:
+        torch.cuda.set_device(local_rank())
+    dist.init_process_group(backend="nccl" if cuda else "gloo")
+    return dist.get_world_size() > 1
+
+
+def world_size() -> int:
+    """Ranks taking part in a fit: 1 outside a process group or under ``distributed="none"``.
+
+    Examples
+    --------
+    >>> world_size()
+    1
+    """
+    if get_config()["distributed"] == "none":
+        return 1
+    if not (dist.is_available() and dist.is_initialized()):
+        return 1
+    return dist.get_world_size()
+
+
+def rank() -> int:
+    """This process's rank (0 outside a process group)."""
+    return dist.get_rank() if world_size() > 1 else 0
+
+
+def is_main() -> bool:
+    """Whether this process writes checkpoints and shows progress (rank 0, or alone)."""
+    return rank() == 0
+
+
+def local_rank() -> int:
+    """This process's rank on its machine: ``LOCAL_RANK``, as torchrun and Ray Train set it."""
+    if "LOCAL_RANK" in os.environ:
+        return int(os.environ["LOCAL_RANK"])
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 1
+    return (dist.get_rank() if dist.is_available() and dist.is_initialized() else 0) % max(n, 1)
+
+
+def sharded() -> bool:
+    """Whether the policy is sharded with FSDP's ``fully_shard`` (``distributed="fsdp"``)."""
+    return world_size() > 1 and get_config()["distributed"] == "fsdp"
+
+
+def rank_seed(seed: int) -> int:
+    """The seed of this rank's random stream: ``seed`` on rank 0, a derived one on the others.
+
+    Parameters
+    ----------
+    seed : int
+
+    Returns
+    -------
+    seed : int
+
+    Examples
+    --------
+    >>> rank_seed(7)
+    7
+    """
+    r = rank()
+    if r == 0:
+        return int(seed)
+    return int(np.random.SeedSequence([int(seed), r]).generate_state(1)[0] & 0x7FFFFFFF)
+
+
+# ----- splitting work --------------------------------------------------------------------
+def check_batch(batch_size: int, k: int, who: str) -> None:
+    """Refuse a global ``batch_size`` that does not split into world size x k samples."""
+    init_from_env()  # under torchrun the group may not be up before the first model loads
+    n = world_size()
+    if n > 1 and batch_size % (n * k):
+        raise ValueError(
+            f"{who}: batch_size={batch_size} is the global batch and must split into "
+            f"{n} ranks x k={k} samples per prompt (a multiple of {n * k}); set batch_size "
+            f"to {max(n * k, batch_size - batch_size % (n * k))} or "
+            f"{batch_size + n * k - batch_size % (n * k)}."
+        )
+
+
+def check_rows(n_rows: int, batch_size: int, who: str) -> None:
+    """Refuse data whose last minibatch would leave a rank without a row."""
+    init_from_env()
+    n = world_size()
+    if n > 1 and (batch_size < n or 0 < n_rows % batch_size < n):
+        last = n_rows % batch_size or batch_size
+        raise ValueError(
+            f"{who}: a minibatch of {last} rows cannot give each of {n} ranks a row "
+            f"(batch_size={batch_size}, {n_rows} rows); make batch_size at least {n} and "
+            f"the rows' remainder modulo batch_size 0 or at least {n}."
+        )
+
+
+def shard(rows):
+    """This rank's contiguous share of ``rows`` (all of them outside a process group).
+
+    Parameters
+    ----------
+    rows : array-like or list
+        The global batch's rows (prompts, or data rows); rank r takes the r-th of
+        ``world_size`` nearly equal slices.
+
+    Returns
+    -------
+    share : same type as ``rows``
+
+    Examples
+    --------
+    >>> shard([3, 1, 2])
+    [3, 1, 2]
+    """
+    n = world_size()
+    if n == 1:
+        return rows
+    bounds = np.linspace(0, len(rows), n + 1).round().astype(int)
+    r = rank()
+    return rows[bounds[r] : bounds[r + 1]]
+
+
+# ----- global statistics -------------------------------------------------------------------
+@contextmanager
+def global_statistics():
+    """Inside this block, :func:`masked_mean` and :func:`mean` reduce over all ranks.
+
+    The loops open it around one training step, on every rank at once, so every
+    rank runs the same reductions; outside it (``score``, ``predict``) they stay local.
+    """
+    old = getattr(_local, "reducing", False)
+    _local.reducing = world_size() > 1
+    try:
+        yield
+    finally:
+        _local.reducing = old
+
+
+def _reducing() -> bool:
+    return getattr(_local, "reducing", False)
+
+
+def _all_reduce(t: torch.Tensor, op=None) -> torch.Tensor:
+    t = t.detach().clone()
+    dist.all_reduce(t, op=dist.ReduceOp.SUM if op is None else op)
+    return t
+
+
+def _global(total: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+    """``sum over ranks of total / sum over ranks of count``, differentiable through ``total``.
+
+    The value is the global mean on every rank; the gradient is ``world_size``
+    times this rank's ``d total / global count``, so that DistributedDataParallel's
+    average over ranks is the gradient of the global mean.
+    """
+    # Reduced in float64: a bf16 or float32 sum over many tokens keeps its precision.
+    stats = _all_reduce(torch.stack([total.detach().double(), count.detach().double()]))
+    g_count = stats[1].clamp(min=1.0)
+    value = (stats[0] / g_count).to(total.dtype)
+    if not total.requires_grad:
+        return value
+    local = total * world_size() / g_count.to(total.dtype)
+    return local + (value - local.detach())  # the global value, this rank's gradient
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of ``x`` where ``mask`` is 1, over every rank inside :func:`global_statistics`.
+
+    Parameters
+    ----------
+    x : torch.Tensor
+        Values.
+    mask : torch.Tensor
+        1 where a value counts.
+
+    Returns
+    -------
+    mean : torch.Tensor
+        A scalar; 0 when the mask is empty.
+
+    Examples
+    --------
+    >>> import torch
+    >>> masked_mean(torch.tensor([1.0, 3.0, 100.0]), torch.tensor([1, 1, 0]))
+    tensor(2.)
+    """
+    mask = mask.to(x.dtype)
+    total, count = (x * mask).sum(), mask.sum()
+    if _reducing():
+        return _global(total, count)
+    return total / count.clamp(min=1.0)
+
+
+def mean(x: torch.Tensor) -> torch.Tensor:
+    """Mean of ``x`` over its elements; over every rank's inside :func:`global_statistics`.
+
+    The row-mean loss of the reward model and of DPO: with this, ranks holding
+    unequal shares of a minibatch still weight every row alike.
+
+    Parameters
+    ----------
+    x : torch.Tensor
+        Values (a loss may flow through them, as in :func:`masked_mean`).
+
+    Returns
+    -------
+    mean : torch.Tensor
+
+    Examples
+    --------
+    >>> import torch
+    >>> mean(torch.tensor([1.0, 2.0]))
+    tensor(1.5000)
+    """
+    if _reducing():
+        return _global(x.sum(), torch.tensor(float(x.numel()), device=x.device))
+    return x.mean()
+
+
+def std(x: torch.Tensor) -> torch.Tensor:
+    """The sample standard deviation of ``x`` (as ``x.std()``); over every rank's elements.
+
+    GRPO's batch-scaled advantages divide by it (no gradient flows through it).
+
+    Parameters
+    ----------
+    x : torch.Tensor
+        Values.
+
+    Returns
+    -------
+    std : torch.Tensor
+
+    Examples
+    --------
+    >>> import torch
+    >>> std(torch.tensor([1.0, 3.0]))
+    tensor(1.4142)
+    """
+    if not _reducing():
+        return x.std()
+    x = x.detach()
+    n = float(_all_reduce(torch.tensor(float(x.numel()), dtype=torch.float64)))
+    centre = mean(x)
+    squares = _all_reduce(((x - centre) ** 2).sum().double())
+    return (squares / max(n - 1.0, 1.0)).sqrt().to(x.dtype)
+
+
+def gather(x: torch.Tensor) -> torch.Tensor:
+    """Every rank's ``x`` concatenated in rank order (the global batch's order); ``x`` alone.
+
+    Only inside :func:`global_statistics`; ranks may hold different lengths.
+
+    Parameters
+    ----------
+    x : torch.Tensor
+        This rank's rows (no gradient flows through the result).
+
+    Returns
+    -------
+    gathered : torch.Tensor
+    """
+    if not _reducing():
+        return x
+    n = world_size()
+    sizes = [torch.zeros(1, dtype=torch.long, device=x.device) for _ in range(n)]
+    dist.all_gather(sizes, torch.tensor([x.shape[0]], device=x.device))
+    longest = int(max(s.item() for s in sizes))
+    padded = torch.zeros((longest, *x.shape[1:]), dtype=x.dtype, device=x.device)
+    padded[: x.shape[0]] = x.detach()
+    parts = [torch.empty_like(padded) for _ in range(n)]
+    dist.all_gather(parts, padded)
+    return torch.cat([p[: int(s.item())] for p, s in zip(parts, sizes)])
+
+
+def per_rank(x: torch.Tensor) -> torch.Tensor:
+    """Every rank's ``x`` (same shape on all) stacked in rank order: shape ``(world, *x.shape)``.
+
+    A collective outside :func:`global_statistics` too: checkpoints use it to keep
+    every rank's random state.
+    """
+    if world_size() == 1:
+        return x.unsqueeze(0)
+    parts = [torch.empty_like(x) for _ in range(world_size())]
+    dist.all_gather(parts, x.contiguous())
+    return torch.stack(parts)
+
+
+def global_count(n: int) -> int:
+    """``n`` summed over ranks (inside :func:`global_statistics`)."""
+    if not _reducing():
+        return int(n)
+    return int(_all_reduce(torch.tensor(float(n), dtype=torch.float64)).item())
+
+
+def any_rank(flag: bool) -> bool:
+    """Whether ``flag`` holds on any rank: decisions that end a loop are taken together.
+
+    A stop that one rank takes alone would leave the others waiting in a collective.
+
+    Parameters
+    ----------
+    flag : bool
+        This rank's decision.
+
+    Returns
+    -------
+    any : bool
+    """
+    if world_size() == 1:
+        return bool(flag)
+    return bool(_all_reduce(torch.tensor(float(bool(flag)))).item() > 0)
+
+
+def reduce_row(row: dict, elapsed: float | None = None, n_local: int | None = None) -> dict:
+    """A ``history_`` row of global figures: numbers averaged over ranks, counts summed.
+
+    Every rank holds an equal share of a step's samples, so the average of the
+    ranks' means is the global mean. ``time/episodes_per_s`` becomes the global
+    batch over the slowest rank's time.
+
+    Parameters
+    ----------
+    row : dict
+        This rank's row; ``step`` is left alone, keys in ``SUMMED`` are added up.
+    elapsed : float, default=None
+        This rank's time for the step.
+    n_local : int, default=None
+        This rank's episodes in the step.
+
+    Returns
+    -------
+    row : dict
+    """
+    if world_size() == 1:
+        return row
+    keys = [k for k, v in row.items() if isinstance(v, (int, float, np.number)) and k != "step"]
+    values = torch.tensor([float(row[k]) for k in keys], dtype=torch.float64)
+    summed = _all_reduce(values)
+    n = world_size()
+    out = dict(row)
+    for key, total in zip(keys, summed.tolist()):
+        out[key] = total if key in SUMMED else total / n
+    if elapsed is not None and n_local is not None:
+        slowest = float(_all_reduce(torch.tensor(elapsed, dtype=torch.float64), dist.ReduceOp.MAX))
+        out["time/episodes_per_s"] = n_local * n / slowest
+    return out
+
+
+def barrier() -> None:
+    """Wait for every rank (nothing outside a process group)."""
+    if world_size() > 1:
+        dist.barrier()
+
+
+def all_finite(loss: torch.Tensor) -> bool:
+    """Whether the loss is finite on every rank (a NaN on one rank stops them all)."""
+    finite = bool(torch.isfinite(loss.detach()).all())
+    return not any_rank(not finite) if world_size() > 1 else finite
+
+
+# ----- engines ---------------------------------------------------------------------------
+def prepare(
+    module: torch.nn.Module | None, device: torch.device, *, shard: bool = True
+) -> torch.nn.Module | None:
+    """Put ``module`` under the data-parallel engine the configuration selects.
+
+    ``distributed="ddp"`` (default): a ``DistributedDataParallel`` wrapper is kept
+    beside the module (the module itself, its ``state_dict`` and its
+    ``save_pretrained`` stay as they are) and :func:`training_view` puts it in
+    place for the training passes; its constructor broadcasts rank 0's weights. ``"fsdp"``:
+    ``fully_shard`` shards the module in place (every transformer block, then the
+    whole model). Outside a process group nothing changes.
+
+    Parameters
+    ----------
+    module : torch.nn.Module or None
+    device : torch.device
+    shard : bool, default=True
+        ``False`` keeps DDP under ``distributed="fsdp"`` (the supervised
+        estimators, whose fitted models other estimators copy).
+
+    Returns
+    -------
+    module : torch.nn.Module or None
+        The same module.
+    """
+    if module is None or world_size() == 1:
+        return module
+    if sharded() and shard:
+        if module not in _SHARDED:
+            _fully_shard(module)
+            _SHARDED.add(module)
+        return module
+    if module not in _WRAPPED:
+        from torch.nn.parallel import DistributedDataParallel
+
+        cuda = device is not None and device.type == "cuda"
+        ids = [device.index if device.index is not None else 0] if cuda else None
+        _WRAPPED[module] = DistributedDataParallel(module, device_ids=ids)
+    return module
+
+
+def _fully_shard(module: torch.nn.Module) -> None:
+    from torch.distributed.fsdp import fully_shard
+
+    # Each transformer block its own unit, then the rest (embeddings, head): a block's
+    # full weights exist only while it runs (Zhao et al. 2023, PyTorch FSDP).
+    blocks = getattr(getattr(module, "transformer", None), "h", None)
+    if blocks is None:
+        blocks = getattr(getattr(module, "model", None), "layers", None)
+    for block in blocks or ():
+        fully_shard(block)
+    fully_shard(module)
+
+
+@contextmanager
+def training_view(estimator, names=("model_", "value_model_")):
+    """Inside the block, ``estimator.model_`` (and ``value_model_``) are their DDP wrappers.
+
+    A training pass must go through DistributedDataParallel's ``forward`` for its
+    backward to average the gradients; the loops open this around a step's passes,
+    so a loss written against ``estimator.model_`` (SFT's, the reward model's,
+    DPO's, an algorithm's) needs no change. Outside it the attributes are the
+    plain modules, which checkpoints and ``save_pretrained`` read. Nothing changes
+    outside a process group or under FSDP (``fully_shard`` works in place).
+    """
+    swapped = {}
+    if world_size() > 1:
+        for name in names:
+            module = estimator.__dict__.get(name)
+            if module is not None and module in _WRAPPED:
+                swapped[name] = module
+                estimator.__dict__[name] = _WRAPPED[module]
+    try:
+        yield
+    finally:
+        estimator.__dict__.update(swapped)
+
+
+def is_sharded(module) -> bool:
+    """Whether ``module`` was sharded in place by :func:`prepare`."""
+    return module is not None and module in _SHARDED
+
+
+def full_state_dict(module: torch.nn.Module) -> dict | None:
+    """The full (gathered) weights of a sharded module on rank 0, ``None`` on the others.
+
+    A collective: every rank calls it.
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    state = get_model_state_dict(module, options=options)
+    return state if is_main() else None
