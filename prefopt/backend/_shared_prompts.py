@@ -73,7 +73,9 @@ _PLAIN_HEAD_TYPES = frozenset(
 
 
 def _unwrapped(model):
-    """The transformers model inside a peft model, or the model itself."""
+    """The transformers model inside a DDP wrapper or a peft model, or the model itself."""
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        model = model.module
     if hasattr(model, "get_base_model") and hasattr(model, "peft_config"):
         return model.get_base_model()
     return model
@@ -89,12 +91,17 @@ def _compiled(model) -> bool:
 
 
 def _one_call_only(model) -> bool:
-    """A compiled model, or one sharded across ranks: every forward of a sharded model is
+    """A compiled model, or one trained across ranks: every forward of a sharded model is
     a collective, so each rank must make the same calls (no data-dependent second call),
-    and its head's weights are gathered only inside its forward (no head outside it)."""
+    and its head's weights are gathered only inside its forward (no head outside it); a
+    DDP wrapper expects one forward before each backward."""
     from . import distributed
 
-    return _compiled(model) or distributed.is_sharded(model)
+    return (
+        _compiled(model)
+        or distributed.is_sharded(model)
+        or isinstance(model, torch.nn.parallel.DistributedDataParallel)
+    )
 
 
 def takes_shared_prompts(model) -> bool:
