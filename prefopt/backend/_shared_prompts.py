@@ -82,8 +82,14 @@ def _unwrapped(model):
 
 
 def is_transformers_model(model) -> bool:
-    """Whether ``model`` (or the model inside a peft wrapper) is a transformers model."""
-    return type(_unwrapped(model)).__module__.startswith("transformers.models.")
+    """Whether ``model`` (or the model inside a DDP or peft wrapper) is a transformers model.
+
+    A model sharded in place by ``fully_shard`` has a class made on the fly whose
+    bases hold the transformers one.
+    """
+    return any(
+        cls.__module__.startswith("transformers.models.") for cls in type(_unwrapped(model)).__mro__
+    )
 
 
 def _compiled(model) -> bool:
@@ -91,14 +97,16 @@ def _compiled(model) -> bool:
 
 
 def _one_call_only(model) -> bool:
-    """A compiled model, or one trained across ranks: every forward of a sharded model is
-    a collective, so each rank must make the same calls (no data-dependent second call),
-    and its head's weights are gathered only inside its forward (no head outside it); a
-    DDP wrapper expects one forward before each backward."""
+    """A compiled model, or any model in a fit across ranks: every forward of a sharded
+    model is a collective, so each rank must make the same calls (no data-dependent
+    second call), and its head's weights are gathered only inside its forward (no head
+    outside it); a DDP wrapper expects one forward before each backward; and the ranks of
+    a DDP fit and of a sharded one then compute the same numbers."""
     from . import distributed
 
     return (
         _compiled(model)
+        or distributed.world_size() > 1
         or distributed.is_sharded(model)
         or isinstance(model, torch.nn.parallel.DistributedDataParallel)
     )
