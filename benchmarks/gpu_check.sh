@@ -64,7 +64,7 @@ import throughput as tp  # noqa: E402  (its tiny model and reward)
 prefopt.set_config(device="cuda", dtype="bfloat16", show_progress_bar=False)
 world = tp.load_world(500)
 path = tempfile.mkdtemp(prefix="prefopt-gpu-check-")
-model_info = tp.build_model_dir("tiny", world, path, max_new_tokens=16)
+model_info = tp.build_model_dir("world", world, path, max_new_tokens=16)
 prompts = list(world.prompts)
 print(f"tiny model: {tp._model_words(model_info)}")
 

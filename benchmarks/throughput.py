@@ -12,6 +12,8 @@ settings, and prints the ratios prefopt/TRL.
     python benchmarks/throughput.py --size small           # GPT-2-small-sized, CPU-friendly
     python benchmarks/throughput.py --algorithms rloo --peer trl --repeats 5
     python benchmarks/throughput.py --scaling              # batch, length, layers doubled
+    python benchmarks/throughput.py --size summarize --algorithms rloo,grpo,grpo-beta --peer trl
+    python benchmarks/throughput.py --all-ratios           # every ratio of README.md, paired
 
 Every run is a fresh Python subprocess (``--in-process`` runs them all in this
 one), so each peak is that run's own and the runs cannot warm each other up.
@@ -25,19 +27,44 @@ the world's gold reward. See README.md for results and how to read them.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 import numpy as np
 
-ALGORITHMS = ("ppo", "rloo", "reinforce", "raft")
-NAMES = {"ppo": "PPO", "rloo": "RLOO", "reinforce": "REINFORCE", "raft": "RAFT"}
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the _throughput_* modules
+
+from _throughput_measure import EVAL_SEED, PeakMemory, StepClock, evaluate  # noqa: E402, F401
+from _throughput_tables import (  # noqa: E402, F401
+    NAMES,
+    PHASES,
+    _median,
+    _model_words,
+    _versions,
+    print_peer,
+    print_phases,
+    print_table,
+)
+from _throughput_task import (  # noqa: E402, F401
+    RecordingReward,
+    _StandInWorld,
+    build_model_dir,
+    lexicon_reward,
+    load_world,
+    make_reward,
+    padded_tokenizer,
+    word_tokenizer,
+)
+from _throughput_trl import _last_quarter, run_trl, trl_config  # noqa: E402, F401
+
+ALGORITHMS = ("ppo", "rloo", "reinforce", "raft", "grpo", "grpo-beta")
+# Run by default (GRPO only when asked: its peer is TRL's GRPOTrainer).
+DEFAULT_ALGORITHMS = ("ppo", "rloo", "reinforce", "raft")
+# TRL peers: prefopt's RLOO against RLOOTrainer, GRPO against GRPOTrainer.
+PEERED = ("rloo", "grpo", "grpo-beta")
 # Settings per size; every one can be overridden on the command line.
 SIZES = {
     # The review world's own tiny GPT-2 (2 layers, width 64): overheads dominate.
@@ -75,338 +102,44 @@ SIZES = {
         learning_rate=1e-5,
         vocab_size=50257,
     ),
+    # Summarisation-shaped: GPT-2 small's shape, prompts of 200-300 tokens, up to 53 new
+    # tokens, k = 4, from a model whose responses end at varied lengths (an EOS bias;
+    # _throughput_task.add_eos_bias). Batch and steps cut down for a 2-core CPU; a GPU
+    # run takes --batch-size 64 --steps 10 --warmup 2.
+    "summarize": dict(
+        model="gpt2",
+        task="summarize",
+        batch_size=16,
+        k=4,
+        max_new_tokens=53,
+        steps=2,
+        warmup=1,
+        learning_rate=1e-5,
+        vocab_size=50257,
+    ),
 }
-EVAL_SEED = 1234
-
-
-# ----- the task: prompts, tokenizer, reward ---------------------------------------------
-def load_world(n_reviews: int = 1000):
-    """The review world if it imports, else a small stand-in with the same attributes."""
-    try:
-        from prefopt.worlds.review import ReviewWorld
-    except ImportError:
-        return _StandInWorld()
-    return ReviewWorld(n_reviews=n_reviews, random_state=0)
-
-
-class _StandInWorld:
-    """A word-level tokenizer and 36 prompts, used when ReviewWorld is not available."""
-
-    WORDS = [
-        "the",
-        "movie",
-        "film",
-        "plot",
-        "acting",
-        "was",
-        "and",
-        "but",
-        "i",
-        "it",
-        ".",
-        "good",
-        "great",
-        "wonderful",
-        "fun",
-        "loved",
-        "bad",
-        "awful",
-        "boring",
-        "dull",
-    ]
-
-    def __init__(self):
-        self.tokenizer = word_tokenizer(["[PAD]", "[UNK]", "</s>"] + self.WORDS)
-        self.prompts = [
-            f"{a} {b} {c}"
-            for a in ("the", "i", "it")
-            for c in ("was", "and", "but")
-            for b in ("movie", "film", "plot", "acting")
-        ]
-        self.max_new_tokens = 16
-
-
-def word_tokenizer(words: list[str]):
-    """A whitespace word-level tokenizer; ids in list order, the first three [PAD] [UNK] </s>."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        pad_token="[PAD]",
-        unk_token="[UNK]",
-        eos_token="</s>",
-        clean_up_tokenization_spaces=False,
-    )
-
-
-def padded_tokenizer(tokenizer, vocab_size: int):
-    """The same words plus filler words up to ``vocab_size`` (GPT-2's LM head is 50257 wide)."""
-    vocab = tokenizer.get_vocab()
-    words = sorted(vocab, key=vocab.get)
-    if vocab_size < len(words):
-        raise ValueError(f"vocab_size={vocab_size} is below the tokenizer's {len(words)} words.")
-    assert [tokenizer.pad_token, tokenizer.unk_token, tokenizer.eos_token] == words[:3]
-    return word_tokenizer(words + [f"w{i}" for i in range(len(words), vocab_size)])
-
-
-def lexicon_reward(prompts, completions) -> np.ndarray:
-    """Mean VADER-lexicon valence of the completion's words, divided by 4 (so in [-1, 1]).
-
-    Deterministic, a function of the completion text only, and cheap (one dict
-    look-up a word), so the benchmark times the RL machinery, not the reward.
-    """
-    lexicon = _lexicon()
-    out = np.zeros(len(completions))
-    for i, text in enumerate(completions):
-        words = text.lower().split()
-        if words:
-            out[i] = sum(lexicon.get(w, 0.0) for w in words) / (4.0 * len(words))
-    return out
-
-
-_LEXICON: dict = {}
-
-
-def _lexicon() -> dict:
-    if not _LEXICON:
-        from vaderSentiment.vaderSentiment import SentimentIntensityAnalyzer
-
-        _LEXICON.update(SentimentIntensityAnalyzer().lexicon)
-    return _LEXICON
-
-
-def make_reward(name: str, n_reviews: int):
-    """``lexicon`` (default), or ``gold``: the review world's gold reward (VADER compound)."""
-    if name == "lexicon":
-        return lexicon_reward
-    world = load_world(n_reviews)
-    if not hasattr(world, "gold_reward"):
-        sys.exit("--reward gold needs prefopt.worlds.review.ReviewWorld.")
-    return world.gold_reward
-
-
-class RecordingReward:
-    """A text reward that records each batch's mean and response token count.
-
-    prefopt calls it as ``reward(prompts, completions)``; TRL as
-    ``reward(prompts=..., completions=..., completion_ids=..., **kwargs)``.
-    """
-
-    __name__ = "reward"
-
-    def __init__(self, reward):
-        self.reward = reward
-        self.means: list[float] = []
-        self.tokens: list[int] = []
-
-    def __call__(self, prompts, completions, completion_ids=None, **kwargs):
-        rewards = self.reward(list(prompts), list(completions))
-        self.means.append(float(rewards.mean()))
-        if completion_ids is None:
-            return rewards
-        self.tokens.append(sum(len(ids) for ids in completion_ids))
-        return rewards.tolist()
-
-
-def build_model_dir(
-    size: str,
-    world,
-    out_dir: str,
-    *,
-    seed: int = 0,
-    n_layer: int | None = None,
-    vocab_size: int | None = None,
-    max_new_tokens: int = 64,
-) -> dict:
-    """Build the starting model from a config; save it, its tokenizer and the prompts."""
-    import torch
-    from transformers import AutoModelForCausalLM, GPT2Config
-
-    tok = world.tokenizer
-    if vocab_size and vocab_size != len(tok):
-        tok = padded_tokenizer(tok, vocab_size)
-    longest = max(len(tok(p, add_special_tokens=False)["input_ids"]) for p in world.prompts)
-    positions = max(64, longest + max_new_tokens)
-    layers = {} if n_layer is None else {"n_layer": n_layer}
-    if SIZES[size]["model"] == "world" and hasattr(world, "model_config"):
-        config = world.model_config(n_positions=positions, vocab_size=len(tok), **layers)
-    else:
-        if SIZES[size]["model"] == "world":  # the stand-in world: the review world's shape
-            shape = dict(n_layer=2, n_embd=64, n_head=4, n_positions=positions)
-        else:  # GPT-2 small
-            shape = dict(n_layer=12, n_embd=768, n_head=12, n_positions=max(1024, positions))
-        config = GPT2Config(
-            **{**shape, **layers},
-            vocab_size=len(tok),
-            bos_token_id=tok.eos_token_id,
-            eos_token_id=tok.eos_token_id,
-            pad_token_id=tok.pad_token_id,
-        )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(config)
-    model.save_pretrained(out_dir)
-    tok.save_pretrained(out_dir)
-    with open(os.path.join(out_dir, "prompts.json"), "w") as f:
-        json.dump(list(world.prompts), f)
-    return {
-        "path": out_dir,
-        "n_layer": config.n_layer,
-        "n_embd": config.n_embd,
-        "n_head": config.n_head,
-        "vocab": config.vocab_size,
-        "n_params": sum(p.numel() for p in model.parameters()),
-    }
-
-
-# ----- measuring ------------------------------------------------------------------------
-class PeakMemory:
-    """Peak memory of a block: RSS high-water mark on the CPU, allocator peak on CUDA.
-
-    On Linux the kernel's high-water mark (VmHWM) is reset at ``start`` by writing
-    5 to /proc/self/clear_refs, so the peak is this block's even in a process that
-    ran something before; elsewhere it falls back to ``ru_maxrss`` (whole process).
-    """
-
-    def __init__(self, device: str):
-        self.cuda = device.startswith("cuda")
-
-    @staticmethod
-    def _status_mb(key: str) -> float | None:
-        try:
-            with open("/proc/self/status") as f:
-                for line in f:
-                    if line.startswith(key + ":"):
-                        return int(line.split()[1]) / 1024
-        except OSError:
-            return None
-        return None
-
-    def start(self) -> None:
-        import torch
-
-        if self.cuda:
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            self.base = torch.cuda.memory_allocated() / 2**20
-            return
-        try:
-            with open("/proc/self/clear_refs", "w") as f:
-                f.write("5")
-        except OSError:
-            pass
-        self.base = self._status_mb("VmRSS") or 0.0
-
-    def stop(self) -> tuple[float, float]:
-        """Return (peak MB, peak minus the memory at ``start`` in MB)."""
-        import torch
-
-        if self.cuda:
-            torch.cuda.synchronize()
-            peak = torch.cuda.max_memory_allocated() / 2**20
-        else:
-            peak = self._status_mb("VmHWM")
-            if peak is None:
-                import resource
-
-                rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-                peak = rss / 2**20 if sys.platform == "darwin" else rss / 1024
-        return peak, peak - self.base
-
-
-class StepClock:
-    """Wall and CPU time at the end of every step (a step = one rollout batch)."""
-
-    def __init__(self):
-        self.started = time.perf_counter()
-        self.wall: list[float] = []
-        self.cpu: list[float] = []
-
-    def tick(self) -> None:
-        import torch
-
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            torch.cuda.synchronize()
-        self.wall.append(time.perf_counter())
-        self.cpu.append(time.process_time())
-
-    def rates(self, warmup: int, episodes_per_step: int, tokens: list[float]) -> dict:
-        """Episodes/s and tokens/s over the steps after ``warmup`` (ends of steps)."""
-        n = len(self.wall) - warmup
-        wall = self.wall[-1] - self.wall[warmup - 1]
-        cpu = self.cpu[-1] - self.cpu[warmup - 1]
-        return {
-            "episodes_per_s": n * episodes_per_step / wall,
-            "tokens_per_s": sum(tokens[warmup:]) / wall,
-            "episodes_per_cpu_s": n * episodes_per_step / cpu,
-            "seconds_per_step": wall / n,
-            "warmup_seconds": self.wall[warmup - 1] - self.started,
-            "step_seconds": [b - a for a, b in zip(self.wall[warmup - 1 :], self.wall[warmup:])],
-        }
-
-
-def evaluate(
-    model,
-    tokenizer,
-    prompts,
-    reward,
-    *,
-    n_episodes: int,
-    max_new_tokens: int,
-    temperature: float,
-    batch_size: int = 64,
-) -> float:
-    """Mean reward of ``n_episodes`` samples of a final policy, drawn the same way for every
-    implementation: prefopt's sampler, one seed, the pad token never sampled."""
-    import torch
-
-    from prefopt.backend import (
-        EncodedPrompts,
-        encode_prompts,
-        make_generator,
-        sample,
-        truncate_after_eos,
-    )
-
-    device = next(model.parameters()).device
-    rows = [prompts[i % len(prompts)] for i in range(n_episodes)]
-    generator = make_generator(EVAL_SEED)
-    pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
-    model.eval()
-    total = 0.0
-    with torch.no_grad():
-        for start in range(0, len(rows), batch_size):
-            chunk = rows[start : start + batch_size]
-            enc = encode_prompts(tokenizer, chunk)
-            enc = EncodedPrompts(enc.input_ids.to(device), enc.attention_mask.to(device))
-            raw = sample(
-                model,
-                enc,
-                max_new_tokens=max_new_tokens,
-                temperature=temperature,
-                generator=generator,
-                suppress_ids=(pad,),
-            )
-            ids, mask, _ = truncate_after_eos(raw, eos, pad)
-            texts = tokenizer.batch_decode(
-                [r[m.bool()].tolist() for r, m in zip(ids.cpu(), mask.cpu())],
-                skip_special_tokens=True,
-            )
-            total += float(reward(chunk, texts).sum())
-    return total / len(rows)
+# Every ratio of benchmarks/README.md, by --all-ratios: (what, arguments).
+ALL_RATIOS = [
+    ("tiny, RLOO", "--threads 1 --peer trl --algorithms rloo --repeats 9"),
+    ("tiny, RLOO, compiled", "--threads 1 --peer trl --algorithms rloo --repeats 9 --compile"),
+    (
+        "GPT-2 small, short prompts",
+        "--threads 1 --size small --peer trl --algorithms rloo --repeats 5",
+    ),
+    (
+        "summarisation-shaped, RLOO and GRPO at beta 0 and 0.04",
+        "--threads 1 --size summarize --peer trl --algorithms rloo,grpo,grpo-beta --repeats 3",
+    ),
+]
 
 
 # ----- one run (in a worker process) ------------------------------------------------------
 def _policy(spec: dict):
-    from prefopt import PPOPolicy, RAFTPolicy, ReinforcePolicy, RLOOPolicy
+    import prefopt
 
-    cls = {"ppo": PPOPolicy, "rloo": RLOOPolicy, "reinforce": ReinforcePolicy, "raft": RAFTPolicy}[
-        spec["algorithm"]
-    ]
+    names = {"ppo": "PPOPolicy", "rloo": "RLOOPolicy", "reinforce": "ReinforcePolicy"}
+    names.update({"raft": "RAFTPolicy", "grpo": "GRPOPolicy", "grpo-beta": "GRPOPolicy"})
+    cls = getattr(prefopt, names[spec["algorithm"]])
     kwargs = dict(
         model=spec["path"],
         beta=spec["beta"],
@@ -422,6 +155,10 @@ def _policy(spec: dict):
     )
     if "k" in cls().get_params():
         kwargs["k"] = spec["k"]
+    if spec["algorithm"].startswith("grpo"):
+        # TRL GRPOTrainer's defaults: DAPO aggregation, rewards scaled within each group,
+        # one pass, cut into the same 2 optimiser steps as RLOO.
+        kwargs.update(loss_type="dapo", scale_rewards="group", n_epochs=1, n_minibatches=2)
     return cls(**kwargs)
 
 
@@ -436,19 +173,22 @@ def run_prefopt(spec: dict, prompts: list[str], reward) -> dict:
     )
     recorder = RecordingReward(reward)
     policy = _policy(spec)
-    clock, tokens = StepClock(), []
+    clock, tokens, phases = StepClock(), [], []
 
     def on_step(_, row):
         clock.tick()
         tokens.append(row["response/length"] * spec["batch_size"])
+        phases.append({k: v for k, v in row.items() if k in PHASES})
 
     memory = PeakMemory(spec["device"])
     memory.start()
     policy.fit(prompts, recorder, callback=on_step)
     peak, delta = memory.stop()
     params = policy.get_params()
+    measured = phases[spec["warmup"] :]
     return {
         **clock.rates(spec["warmup"], spec["batch_size"], tokens),
+        **{key: float(np.mean([p.get(key, np.nan) for p in measured])) for key in PHASES},
         "peak_mb": peak,
         "delta_mb": delta,
         "updates": f"{params['n_epochs']}x{params['n_minibatches']}",
@@ -463,110 +203,6 @@ def run_prefopt(spec: dict, prompts: list[str], reward) -> dict:
             temperature=spec["temperature"],
         ),
     }
-
-
-def trl_config(spec: dict, output_dir: str):
-    """TRL's RLOOConfig at prefopt RLOOPolicy's settings (README: what cannot match)."""
-    from trl import RLOOConfig
-
-    from prefopt import RLOOPolicy
-
-    defaults = RLOOPolicy().get_params()
-    n_epochs, n_minibatches = defaults["n_epochs"], defaults["n_minibatches"]
-    cuda = spec["device"].startswith("cuda")
-    # prefopt neither checkpoints activations nor uses bf16 on the CPU; TRL's defaults do.
-    # (transformers 5 renamed gradient_checkpointing to activation_checkpointing.)
-    names = {f.name for f in dataclasses.fields(RLOOConfig)}
-    checkpointing = (
-        "activation_checkpointing"
-        if "activation_checkpointing" in names
-        else "gradient_checkpointing"
-    )
-    return RLOOConfig(
-        **{checkpointing: False},
-        output_dir=output_dir,
-        seed=spec["seed"],
-        use_cpu=not cuda,
-        # batch_size episodes a step (batch_size/k prompts, k samples each), cut into
-        # n_minibatches optimiser steps, n_epochs passes over it: prefopt's loop.
-        per_device_train_batch_size=spec["batch_size"] // n_minibatches,
-        steps_per_generation=n_minibatches,
-        gradient_accumulation_steps=1,
-        num_iterations=n_epochs,
-        num_generations=spec["k"],
-        max_steps=(spec["warmup"] + spec["steps"]) * n_minibatches * n_epochs,
-        max_completion_length=spec["max_new_tokens"],
-        temperature=spec["temperature"],
-        top_p=1.0,
-        top_k=0,
-        generation_kwargs={"suppress_tokens": [spec["pad_token_id"]]},
-        beta=spec["beta"],
-        learning_rate=spec["learning_rate"],
-        lr_scheduler_type="linear",
-        warmup_steps=0,
-        weight_decay=0.0,
-        adam_epsilon=1e-5,
-        max_grad_norm=1.0,
-        bf16=cuda and spec["dtype"] in ("auto", "bfloat16"),
-        disable_dropout=True,
-        report_to="none",
-        save_strategy="no",
-        logging_steps=10,
-        disable_tqdm=True,
-        dataloader_num_workers=0,
-    )
-
-
-def run_trl(spec: dict, prompts: list[str], reward) -> dict:
-    from datasets import Dataset
-    from transformers import AutoTokenizer, TrainerCallback
-    from trl import RLOOTrainer
-
-    recorder = RecordingReward(reward)
-    clock = StepClock()
-    with tempfile.TemporaryDirectory() as out:
-        args = trl_config(spec, out)
-        per_rollout = args.steps_per_generation * args.num_iterations
-
-        class Clock(TrainerCallback):
-            def on_step_end(self, args, state, control, **kwargs):
-                if state.global_step % per_rollout == 0:
-                    clock.tick()
-
-        tokenizer = AutoTokenizer.from_pretrained(spec["path"], padding_side="left")
-        memory = PeakMemory(spec["device"])
-        memory.start()
-        trainer = RLOOTrainer(
-            model=spec["path"],
-            reward_funcs=recorder,
-            args=args,
-            train_dataset=Dataset.from_dict({"prompt": prompts}),
-            processing_class=tokenizer,
-            callbacks=[Clock()],
-        )
-        trainer.train()
-        peak, delta = memory.stop()
-    return {
-        **clock.rates(spec["warmup"], spec["batch_size"], recorder.tokens),
-        "peak_mb": peak,
-        "delta_mb": delta,
-        "updates": f"{args.num_iterations}x{args.steps_per_generation}",
-        "train_reward": _last_quarter(recorder.means),
-        "final_reward": evaluate(
-            trainer.model,
-            tokenizer,
-            prompts,
-            reward,
-            n_episodes=spec["eval_episodes"],
-            max_new_tokens=spec["max_new_tokens"],
-            temperature=spec["temperature"],
-        ),
-    }
-
-
-def _last_quarter(values: list[float]) -> float:
-    tail = values[-max(1, len(values) // 4) :]
-    return sum(tail) / len(tail)
 
 
 def worker(spec: dict) -> dict:
@@ -618,144 +254,6 @@ def run_spec(spec: dict, in_process: bool) -> dict:
 
 
 # ----- the tables ------------------------------------------------------------------------
-def _median(results: list[dict], key: str) -> float:
-    return statistics.median(r[key] for r in results)
-
-
-def _prefopt_version() -> str:
-    """prefopt's commit, and whether prefopt/ has uncommitted changes (read-only git)."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    try:
-        sha = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=root,
-            text=True,
-            capture_output=True,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--", "prefopt"],
-            cwd=root,
-            text=True,
-            capture_output=True,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        import prefopt
-
-        return f"prefopt {prefopt.__version__}"
-    return f"prefopt {sha}{' + uncommitted changes' if dirty else ''}"
-
-
-def _versions(peer: bool) -> str:
-    import torch
-    import transformers
-
-    out = (
-        f"{_prefopt_version()}, torch {torch.__version__}, transformers {transformers.__version__}"
-    )
-    if peer:
-        import trl
-
-        out += f", trl {trl.__version__}"
-    return out
-
-
-def _model_words(model: dict) -> str:
-    return (
-        f"GPT-2 config n_layer={model['n_layer']}, n_embd={model['n_embd']}, "
-        f"n_head={model['n_head']}, vocab={model['vocab']} "
-        f"({model['n_params'] / 1e6:.2f}M parameters, random weights)"
-    )
-
-
-def print_table(results: dict, memory_label: str) -> None:
-    print(
-        f"{'algorithm':<10} {'impl':<8} {'updates':>7} {'episodes/s':>10} {'tokens/s':>9} "
-        f"{'s/step':>7} {memory_label:>11} {'+MB run':>8} {'reward end':>10} {'train end':>9}"
-    )
-    for (algorithm, impl), runs in results.items():
-        print(
-            f"{NAMES[algorithm]:<10} {impl:<8} {runs[0]['updates']:>7} "
-            f"{_median(runs, 'episodes_per_s'):>10.2f} {_median(runs, 'tokens_per_s'):>9.0f} "
-            f"{_median(runs, 'seconds_per_step'):>7.3f} {_median(runs, 'peak_mb'):>11.0f} "
-            f"{_median(runs, 'delta_mb'):>8.0f} {_median(runs, 'final_reward'):>10.3f} "
-            f"{_median(runs, 'train_reward'):>9.3f}"
-        )
-
-
-def print_peer(spec: dict, pf: list[dict], peer: list[dict], memory_label: str) -> None:
-    config = trl_config({**spec, "device": "cpu"}, tempfile.gettempdir())
-    print("\nRLOO settings, side by side")
-    rows = [
-        ("model", "the saved weights (path)", "the same path; reference reloaded from it"),
-        ("prompts", "the same list, reshuffled stream", "the same list, RepeatSampler"),
-        ("reward", f"{spec['reward']} (text only)", "the same callable"),
-        (
-            "episodes a step",
-            f"batch_size={spec['batch_size']}",
-            f"per_device_train_batch_size={config.per_device_train_batch_size} x "
-            f"steps_per_generation={config.steps_per_generation}",
-        ),
-        ("samples per prompt", f"k={spec['k']}", f"num_generations={config.num_generations}"),
-        (
-            "epochs x minibatches",
-            pf[0]["updates"],
-            f"num_iterations={config.num_iterations} x {config.steps_per_generation}",
-        ),
-        (
-            "response length",
-            f"max_new_tokens={spec['max_new_tokens']}, cut after the EOS",
-            f"max_completion_length={config.max_completion_length}, stops once all ended",
-        ),
-        ("temperature", spec["temperature"], f"{config.temperature} (top_p=1, top_k=0)"),
-        ("pad token", "never sampled", "suppress_tokens=[pad]"),
-        ("beta (k1 KL, in reward)", spec["beta"], config.beta),
-        (
-            "learning rate",
-            f"{spec['learning_rate']:g}, linear to 0 by step",
-            f"{config.learning_rate:g}, linear to 0 by optimiser step",
-        ),
-        (
-            "optimiser",
-            "AdamW eps=1e-5, wd=0",
-            f"{getattr(config.optim, 'value', config.optim)} eps={config.adam_epsilon:g}, "
-            f"wd={config.weight_decay:g}",
-        ),
-        ("max_grad_norm", 1.0, config.max_grad_norm),
-        ("missing EOS", "missing_eos_reward=None", "(no such option)"),
-        ("loss", "-(R - b) sum_t log pi, no ratio", "PPO-clip on the sequence ratio, eps=0.2"),
-        ("grad checkpointing, bf16", "none; bf16 autocast on CUDA", "off; bf16 on CUDA only"),
-    ]
-    for name, a, b in rows:
-        print(f"  {name:<25} {str(a):<38} {b}")
-    ratios = [a["episodes_per_s"] / b["episodes_per_s"] for a, b in zip(pf, peer)]
-    cpu = [a["episodes_per_cpu_s"] / b["episodes_per_cpu_s"] for a, b in zip(pf, peer)]
-    mem = [a["peak_mb"] / b["peak_mb"] for a, b in zip(pf, peer)]
-    delta = [a["delta_mb"] / b["delta_mb"] for a, b in zip(pf, peer)]
-    fmt = lambda xs: ", ".join(f"{x:.2f}" for x in xs)  # noqa: E731
-    print(f"\nprefopt/TRL, RLOO: median of {len(ratios)} paired runs [each pair]")
-    print(f"  episodes/s (wall)      {statistics.median(ratios):6.2f}   [{fmt(ratios)}]")
-    print(f"  episodes per CPU-s     {statistics.median(cpu):6.2f}   [{fmt(cpu)}]")
-    print(f"  {memory_label:<22} {statistics.median(mem):6.2f}   [{fmt(mem)}]")
-    print(f"  +MB during the run     {statistics.median(delta):6.2f}   [{fmt(delta)}]")
-    final = [a["final_reward"] - b["final_reward"] for a, b in zip(pf, peer)]
-    print(f"  final reward, prefopt - TRL  {statistics.mean(final):+.3f}   [{fmt(final)}]")
-    print(
-        f"  final reward           prefopt {_mean_sd(pf, 'final_reward')}, TRL "
-        f"{_mean_sd(peer, 'final_reward')} (start {spec['start_reward']:.3f}; mean reward of "
-        f"{spec['eval_episodes']} samples of each final policy, one sampler and one seed for "
-        f"all; training seeds {spec['seed']}..{spec['seed'] + len(pf) - 1}, one per pair)"
-    )
-
-
-def _mean_sd(results: list[dict], key: str) -> str:
-    values = [r[key] for r in results]
-    if len(values) < 2:
-        return f"{values[0]:.3f}"
-    return f"{statistics.mean(values):.3f} (sd {statistics.stdev(values):.3f})"
-
-
 def make_spec(args, settings: dict, model: dict, **changes) -> dict:
     from transformers import AutoTokenizer
 
@@ -805,13 +303,15 @@ def start_reward(spec: dict) -> float:
 
 def benchmark(args, settings: dict, world, tmp: str) -> None:
     model = build_model_dir(
-        args.size,
+        settings["model"],
         world,
         os.path.join(tmp, "model"),
         seed=args.seed,
         n_layer=args.n_layer,
         vocab_size=settings["vocab_size"],
         max_new_tokens=settings["max_new_tokens"],
+        task=settings.get("task", "review"),
+        temperature=args.temperature,
     )
     memory_label = "peak GPU MB" if args.device.startswith("cuda") else "peak RSS MB"
     spec = make_spec(args, settings, model)
@@ -830,12 +330,19 @@ def benchmark(args, settings: dict, world, tmp: str) -> None:
         runs = [(a, "prefopt") for a in args.algorithms]
         if args.peer == "trl":
             # Alternate which of the pair goes first, so a slow spell hits both alike.
-            runs = runs + [("rloo", "trl")] if repeat % 2 == 0 else [("rloo", "trl")] + runs
+            peers = [(a, "trl") for a in args.algorithms if a in PEERED]
+            runs = runs + peers if repeat % 2 == 0 else peers + runs
         for algorithm, impl in runs:
             # Each repeat trains from its own seed (the same one for both of a pair), so the
             # final rewards show seed spread, not one seed's luck.
             result = run_spec(
-                {**spec, "algorithm": algorithm, "impl": impl, "seed": args.seed + repeat},
+                {
+                    **spec,
+                    "algorithm": algorithm,
+                    "impl": impl,
+                    "seed": args.seed + repeat,
+                    "beta": _beta(args, algorithm),
+                },
                 args.in_process,
             )
             results.setdefault((algorithm, impl), []).append(result)
@@ -851,9 +358,21 @@ def benchmark(args, settings: dict, world, tmp: str) -> None:
     )
     compiled = f"; prefopt compiles its models (backend {args.compile})" if args.compile else ""
     print(f"warm-up seconds (loading, {spec['warmup']} steps{compiled}): {warmups}")
+    print_phases({key: results[key] for key in order})
     if args.peer == "trl":
         spec["start_reward"] = start_reward(spec)
-        print_peer(spec, results[("rloo", "prefopt")], results[("rloo", "trl")], memory_label)
+        for algorithm in [a for a in args.algorithms if a in PEERED]:
+            print_peer(
+                {**spec, "algorithm": algorithm, "beta": _beta(args, algorithm)},
+                results[(algorithm, "prefopt")],
+                results[(algorithm, "trl")],
+                memory_label,
+            )
+
+
+def _beta(args, algorithm: str) -> float:
+    """RLOO and the others: --beta; GRPO: 0 (TRL's default) or --grpo-beta."""
+    return {"grpo": 0.0, "grpo-beta": args.grpo_beta}.get(algorithm, args.beta)
 
 
 def scaling(args, settings: dict, world, tmp: str) -> None:
@@ -863,7 +382,7 @@ def scaling(args, settings: dict, world, tmp: str) -> None:
     factors = [int(f) for f in args.factors.split(",")]
     models = {
         factor: build_model_dir(
-            args.size,
+            settings["model"],
             world,
             os.path.join(tmp, f"model{factor}"),
             seed=args.seed,
@@ -920,14 +439,26 @@ def main(argv=None) -> None:
     parser.add_argument("--size", choices=list(SIZES), default="tiny")
     parser.add_argument(
         "--algorithms",
-        default=",".join(ALGORITHMS),
-        help="comma-separated, from: " + ", ".join(ALGORITHMS),
+        default=",".join(DEFAULT_ALGORITHMS),
+        help="comma-separated, from: " + ", ".join(ALGORITHMS) + " (grpo: beta 0, TRL's "
+        "default; grpo-beta: --grpo-beta)",
     )
     parser.add_argument(
         "--peer",
         choices=["trl"],
         default=None,
-        help="also run TRL's RLOOTrainer at the same settings",
+        help="also run TRL's RLOOTrainer (for rloo) and GRPOTrainer (for grpo, grpo-beta) "
+        "at the same settings",
+    )
+    parser.add_argument(
+        "--all-ratios",
+        action="store_true",
+        help="run every paired comparison of benchmarks/README.md, one after the other "
+        "(--repeats, when given, replaces each one's number of pairs; --dry-run prints them)",
+    )
+    parser.add_argument("--dry-run", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--grpo-beta", type=float, default=0.04, help="beta of the grpo-beta runs (default 0.04)"
     )
     parser.add_argument("--steps", type=int, help="measured steps (rollout batches)")
     parser.add_argument("--warmup", type=int, help="steps before the clock starts (>= 1)")
@@ -948,7 +479,7 @@ def main(argv=None) -> None:
         help="lexicon: mean VADER-lexicon valence of the words (cheap); gold: "
         "the review world's gold reward (VADER compound)",
     )
-    parser.add_argument("--repeats", type=int, default=1, help="runs of each; medians reported")
+    parser.add_argument("--repeats", type=int, help="runs of each; medians reported (1)")
     parser.add_argument(
         "--eval-episodes",
         type=int,
@@ -988,6 +519,10 @@ def main(argv=None) -> None:
     if args.worker:
         print("RESULT " + json.dumps(worker(json.loads(args.worker))), flush=True)
         return
+    if args.all_ratios:
+        all_ratios(args)
+        return
+    args.repeats = args.repeats or 1
 
     import torch
 
@@ -997,13 +532,24 @@ def main(argv=None) -> None:
     unknown = sorted(set(args.algorithms) - set(ALGORITHMS))
     if unknown:
         parser.error(f"unknown algorithm(s) {unknown}; choose from {', '.join(ALGORITHMS)}")
+    if any(a.startswith("grpo") for a in args.algorithms):
+        import prefopt
+
+        if not hasattr(prefopt, "GRPOPolicy"):
+            print(
+                "prefopt.GRPOPolicy does not import in this checkout: the GRPO runs "
+                "(grpo, grpo-beta) are skipped.\n"
+            )
+            args.algorithms = [a for a in args.algorithms if not a.startswith("grpo")]
+            if not args.algorithms:
+                return
     if args.peer == "trl":
         import importlib.util
 
         if importlib.util.find_spec("trl") is None:
-            parser.error("--peer trl needs TRL: pip install 'trl>=1.0'")
-        if "rloo" not in args.algorithms:
-            parser.error("--peer trl compares RLOO; include rloo in --algorithms")
+            parser.error("--peer trl needs TRL: pip install 'trl==1.16.0'")
+        if not set(args.algorithms) & set(PEERED):
+            parser.error(f"--peer trl compares {', '.join(PEERED)}; include one in --algorithms")
     if args.threads:
         torch.set_num_threads(args.threads)
     _quiet_transformers()
@@ -1033,6 +579,30 @@ def main(argv=None) -> None:
         )
     with tempfile.TemporaryDirectory(prefix="prefopt-bench-") as tmp:
         (scaling if args.scaling else benchmark)(args, settings, world, tmp)
+
+
+def all_ratios(args) -> None:
+    """Every paired comparison whose ratios benchmarks/README.md reports, in one command."""
+    commands = []
+    for what, line in ALL_RATIOS:
+        argv = line.split()
+        if args.repeats:
+            at = argv.index("--repeats")
+            argv[at + 1] = str(args.repeats)
+        for flag in ("--steps", "--warmup", "--batch-size", "--eval-episodes"):
+            if getattr(args, flag[2:].replace("-", "_")) is not None:
+                argv += [flag, str(getattr(args, flag[2:].replace("-", "_")))]
+        if args.n_reviews != 1000:
+            argv += ["--n-reviews", str(args.n_reviews)]
+        if args.in_process:
+            argv.append("--in-process")
+        commands.append((what, argv))
+    for i, (what, argv) in enumerate(commands, 1):
+        print(f"===== {i}/{len(commands)}: {what}", flush=True)
+        print(f"$ python benchmarks/throughput.py {' '.join(argv)}", flush=True)
+        if not args.dry_run:
+            main(argv)
+        print(flush=True)
 
 
 if __name__ == "__main__":

@@ -190,6 +190,7 @@ def test_ratio_exactly_one_and_no_clipping_at_first_epoch():
         batch.response_mask,
         temperature=policy.temperature_,
         suppress_ids=policy._suppress_ids,
+        prompt_index=batch.prompt_index,  # the training pass runs each prompt once too
     )
     assert torch.equal(again, batch.old_logprobs)
     ppo = PPOPolicy(

@@ -6,6 +6,12 @@ response has ended), once more for the old
 log-probs when the loss uses the ratio (PPO), and E*M times in the update; the reference sees
 every row once (in M chunks of the minibatch size); PPO's value model once at rollout and E*M
 times in the update; a language-model reward model once.
+
+A pass over rows that share prompts (the k samples of a prompt, or a prompt drawn twice)
+is two calls: the distinct prompts, once each, then every row's response on the cached
+prompt. So the count below is of *fresh* calls, those given no KV cache (a sampling
+prefill, a full pass, the prompt part of a shared pass); the calls given a cache are
+sampling's decode steps and the response parts, at most one per pass.
 """
 
 from collections import Counter
@@ -24,11 +30,10 @@ def _count(model):
     calls = Counter()
 
     def hook(module, args, kwargs, output):
-        calls[id(module)] += 1
-        calls[(id(module), "rows")] += kwargs["input_ids"].shape[0]
-        # Full passes over prompt + response, as opposed to sampling's cached one-token calls.
-        if kwargs["input_ids"].shape[1] > 1:
-            calls[(id(module), "multi-token")] += 1
+        cached = kwargs.get("cache", kwargs.get("past_key_values")) is not None
+        key = (id(module), "cached" if cached else "fresh")
+        calls[key] += 1
+        calls[key + ("rows",)] += kwargs["input_ids"].shape[0]
 
     handle = model.register_forward_hook(hook, with_kwargs=True)
     return calls, handle
@@ -37,8 +42,9 @@ def _count(model):
 TRUNK_CALLS = Counter()
 
 
-def _trunk_hook(module, args, kwargs, output):
-    TRUNK_CALLS[id(module)] += 1
+def trunk_hook(module, args, kwargs, output):
+    cached = kwargs.get("cache", kwargs.get("past_key_values")) is not None
+    TRUNK_CALLS[(id(module), "cached" if cached else "fresh")] += 1
 
 
 @pytest.mark.parametrize(
@@ -55,7 +61,7 @@ def test_forward_calls_per_step(cls, kwargs, epochs, minibatches):
     model = tiny_lm()
     calls, handle = _count(model)  # deepcopies of the model keep the hook
     # PPO's value model copies the policy's transformer trunk: hook the trunk too.
-    model.transformer.register_forward_hook(_trunk_hook, with_kwargs=True)
+    model.transformer.register_forward_hook(trunk_hook, with_kwargs=True)
     reward = lambda p, c: np.array([x.count("good") for x in c], dtype=float)  # noqa: E731
 
     def count_second_step_only(policy, row):
@@ -72,16 +78,25 @@ def test_forward_calls_per_step(cls, kwargs, epochs, minibatches):
     # PPO (ratio) recomputes old log-probs in a training-identical pass; the others read
     # them from the sampling pass.
     old_pass = 1 if cls is PPOPolicy else 0
-    # Multi-token passes: the prompt's pass when sampling, then the full-sequence passes.
-    assert calls[(id(policy.model_), "multi-token")] == 1 + old_pass + epochs * minibatches
-    # Sampling makes at most T calls (it stops once every response has ended).
-    sampling = calls[id(policy.model_)] - old_pass - epochs * minibatches
-    assert 1 <= sampling <= T
-    # The reference runs once over the batch, in chunks of the minibatch size.
-    assert calls[id(policy.ref_model_)] == policy.n_minibatches
-    assert calls[(id(policy.ref_model_), "rows")] == policy.batch_size
+    passes = 1 + old_pass + epochs * minibatches  # sampling, old log-probs, the update
+    policy_id, ref_id = id(policy.model_), id(policy.ref_model_)
+    assert calls[(policy_id, "fresh")] == passes
+    # Sampling's decode calls (at most T - 1: it stops once every response has ended),
+    # and at most one response call per pass over shared prompts.
+    assert calls[(policy_id, "cached")] <= T - 1 + old_pass + epochs * minibatches
+    # The reference runs once over the batch, in chunks of the minibatch size; each
+    # chunk's prompts once each (2 distinct prompts) and every response once, or every
+    # row in one call.
+    assert calls[(ref_id, "fresh")] == policy.n_minibatches
+    if calls[(ref_id, "cached")]:
+        assert calls[(ref_id, "fresh", "rows")] <= len(PROMPTS) * policy.n_minibatches
+        assert calls[(ref_id, "cached", "rows")] == policy.batch_size
+    else:
+        assert calls[(ref_id, "fresh", "rows")] == policy.batch_size
     if cls is PPOPolicy:
-        assert TRUNK_CALLS[id(policy.value_model_.backbone)] == 1 + epochs * minibatches
+        trunk = id(policy.value_model_.backbone)
+        assert TRUNK_CALLS[(trunk, "fresh")] == 1 + epochs * minibatches
+        assert TRUNK_CALLS[(trunk, "cached")] <= 1 + epochs * minibatches
 
 
 def test_language_model_reward_scores_a_batch_in_one_forward():
@@ -93,4 +108,4 @@ def test_language_model_reward_scores_a_batch_in_one_forward():
     calls, handle = _count(rm.model_)
     RLOOPolicy(model=sft, k=2, batch_size=8, n_steps=1, random_state=0).fit(PROMPTS, rm)
     handle.remove()
-    assert calls[id(rm.model_)] == 1
+    assert calls[(id(rm.model_), "fresh")] == 1 and calls[(id(rm.model_), "cached")] == 0

@@ -14,14 +14,21 @@ Conventions (Ziegler et al. 2019's code, as Huang et al. 2024 describe it):
 
 from __future__ import annotations
 
-import functools
-import inspect
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from ._forward import (  # noqa: F401 - position_ids_from_mask and the helpers are used from here
+    _accepts,
+    _cache_of,
+    _forward_logits,
+    _id_tensor,
+    _valid_ids,
+    position_ids_from_mask,
+)
 from ._masks import _READY_MASK_OK, _check_ready_mask, _may_take_ready_mask, _ready_mask
+from ._shared_prompts import fast_response_logprobs, is_transformers_model, prompt_groups
 from ._torch import autocast
 
 
@@ -151,58 +158,6 @@ def pad_right(rows, pad_token_id: int, width: int | None = None):
     return ids, mask
 
 
-def position_ids_from_mask(mask: torch.Tensor) -> torch.Tensor:
-    """Positions counting only real tokens: exclusive cumsum of the mask.
-
-    Parameters
-    ----------
-    mask : torch.Tensor of shape (n, width)
-        Attention mask, 1 for real tokens.
-
-    Returns
-    -------
-    position_ids : torch.Tensor of shape (n, width)
-        0 at the first real token of each row (and on the left padding).
-
-    Examples
-    --------
-    >>> import torch
-    >>> position_ids_from_mask(torch.tensor([[0, 1, 1], [1, 1, 1]])).tolist()
-    [[0, 0, 1], [0, 1, 2]]
-    """
-    return (mask.long().cumsum(-1) - 1).clamp(min=0)
-
-
-def _valid_ids(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    # A tokenizer without a pad token (GPT-2, Llama, Mistral) gets one added without
-    # resizing the embeddings, as the original code does, so the pad id may equal the
-    # vocabulary size: it must reach no embedding lookup and no gather over the
-    # vocabulary. Masked positions are ignored, so any valid id (0) will do there.
-    return ids.masked_fill(mask == 0, 0)
-
-
-def _forward_logits(model, input_ids, attention_mask, position_ids, **kwargs):
-    # With a KV cache the mask covers the whole sequence but the ids only the new tokens.
-    ids = _valid_ids(input_ids, attention_mask[:, -input_ids.shape[1] :])
-    with autocast(ids.device):
-        return model(
-            input_ids=ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs
-        )
-
-
-def _cache_of(model, out):
-    """The KV cache of a forward's output, and the keyword that passes it back.
-
-    transformers 5 names it ``cache``; earlier versions ``past_key_values``.
-    """
-    name = "cache" if _accepts(model, "cache") else "past_key_values"
-    keys = out.keys() if hasattr(out, "keys") else ()
-    for key in ("cache", "past_key_values"):
-        if key in keys and out[key] is not None:
-            return name, out[key]
-    return name, None
-
-
 def draw_tokens(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """Draw one token per row of ``probs`` by inverting its cumulative sum.
 
@@ -253,6 +208,7 @@ def sample(
     suppress_ids=(),
     return_logprobs: bool = False,
     eos_token_id=None,
+    prompt_index=None,
 ):
     """Sample exactly ``max_new_tokens`` tokens per prompt with a KV cache.
 
@@ -284,6 +240,10 @@ def sample(
         0). Everything after a response's first EOS is discarded by
         :func:`truncate_after_eos` anyway, so the result is the same fixed-length
         sample, without the wasted steps.
+    prompt_index : torch.Tensor of shape (n_prompts,), default=None
+        Rows with equal values hold the same prompt (the k samples of a prompt):
+        the prompt's pass then runs once for them, and its KV cache is copied to
+        each row. The draws are the same.
 
     Returns
     -------
@@ -311,8 +271,24 @@ def sample(
     positions = position_ids_from_mask(prompts.attention_mask)
     # The prompt's pass needs the logits of its last position only.
     keep = {"logits_to_keep": 1} if _accepts(model, "logits_to_keep") else {}
-    out = _forward_logits(model, ids, prompts.attention_mask, positions, use_cache=True, **keep)
-    cache_arg, past = _cache_of(model, out)
+    groups = prompt_groups(prompt_index)
+    if groups is None:
+        out = _forward_logits(model, ids, prompts.attention_mask, positions, use_cache=True, **keep)
+        cache_arg, past = _cache_of(model, out)
+    else:  # each prompt once; its logits and cache copied to the rows that share it
+        first, inverse = (g.to(device) for g in groups)
+        out = _forward_logits(
+            model,
+            ids[first],
+            prompts.attention_mask[first],
+            positions[first],
+            use_cache=True,
+            **keep,
+        )
+        cache_arg, past = _cache_of(model, out)
+        if past is not None:
+            past.batch_select_indices(inverse)
+        out = _PrefillOutput(out.logits[inverse])
     suppress = (
         torch.as_tensor(sorted(set(suppress_ids)), dtype=torch.long, device=device)
         if suppress_ids
@@ -365,6 +341,11 @@ def sample(
     if return_logprobs:
         return tokens, logprobs
     return tokens
+
+
+@dataclass
+class _PrefillOutput:
+    logits: torch.Tensor
 
 
 def truncate_after_eos(response_ids: torch.Tensor, eos_token_id, pad_token_id: int):
@@ -423,12 +404,18 @@ def response_logprobs(
     suppress_ids=(),
     with_entropy: bool = False,
     entropy_grad: bool = False,
+    prompt_index=None,
 ):
     """Per-token log-probabilities of responses under ``model``.
 
     One forward pass over ``[left-padded prompt | response]``; logits are divided
     by ``temperature`` and log-softmax runs in float32. Positions outside
     ``response_mask`` get log-prob 0 (so any KL there is exactly 0).
+
+    A transformers model runs each prompt once for the rows that share it (given
+    ``prompt_index``), cuts the padding no row needs, and takes the log-probs from
+    its LM head in chunks of positions (``prefopt.backend._shared_prompts``): the
+    same numbers, up to float rounding, for less time and memory.
 
     Parameters
     ----------
@@ -442,6 +429,9 @@ def response_logprobs(
     entropy_grad : bool, default=False
         Keep the entropy in the autograd graph (an entropy bonus in the loss);
         by default it is computed without gradient, for logging.
+    prompt_index : torch.Tensor of shape (n,), default=None
+        Rows with equal values hold the same prompt (the k samples of a prompt),
+        which then runs once for all of them; gradients flow as through k copies.
 
     Returns
     -------
@@ -460,6 +450,18 @@ def response_logprobs(
     >>> bool(lp.exp().item() == world.reference_probs()[0, 0])
     True
     """
+    if is_transformers_model(model):
+        return fast_response_logprobs(
+            model,
+            prompts,
+            response_ids,
+            response_mask,
+            temperature=temperature,
+            suppress_ids=suppress_ids,
+            with_entropy=with_entropy,
+            entropy_grad=entropy_grad,
+            prompt_index=prompt_index,
+        )
     input_ids = torch.cat([prompts.input_ids, response_ids], dim=1)
     mask = torch.cat([prompts.attention_mask, response_mask.long()], dim=1)
     n_response = response_ids.shape[1]
@@ -493,26 +495,3 @@ def _all_done(model, done: torch.Tensor) -> bool:
     if distributed.is_sharded(model):
         return not distributed.any_rank(not finished)
     return finished
-
-
-def _id_tensor(ids, device) -> torch.Tensor | None:
-    """One id or a sequence of ids as a 1-D long tensor; ``None`` (or none) stays ``None``."""
-    if ids is None:
-        return None
-    ids = torch.as_tensor(ids, dtype=torch.long, device=device).reshape(-1)
-    return ids if ids.numel() else None
-
-
-def _accepts(model, name: str) -> bool:
-    # A DistributedDataParallel wrapper passes every keyword on to the module it holds.
-    inner = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
-    return name in _forward_parameters(type(inner))
-
-
-@functools.cache
-def _forward_parameters(cls) -> frozenset:
-    """Names ``cls.forward`` takes (cached: signatures are slow to read, once a token)."""
-    try:
-        return frozenset(inspect.signature(cls.forward).parameters)
-    except (TypeError, ValueError):
-        return frozenset()

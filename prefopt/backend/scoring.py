@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from ._shared_prompts import fast_sequence_values, takes_fast_values
 from ._torch import autocast
 from .generation import (
     EncodedPrompts,
@@ -91,7 +92,9 @@ def score_sequences(model, input_ids, attention_mask, last_index) -> torch.Tenso
     return values.float()[torch.arange(ids.shape[0], device=ids.device), last_index]
 
 
-def sequence_values(value_model, prompts: EncodedPrompts, response_ids, response_mask):
+def sequence_values(
+    value_model, prompts: EncodedPrompts, response_ids, response_mask, *, prompt_index=None
+):
     """Value estimates V(s_t) for each response token t (the state before it).
 
     Parameters
@@ -101,13 +104,20 @@ def sequence_values(value_model, prompts: EncodedPrompts, response_ids, response
         :class:`TokenValueTable`).
     prompts : EncodedPrompts
     response_ids, response_mask : torch.Tensor of shape (n, length)
+    prompt_index : torch.Tensor of shape (n,), default=None
+        Rows with equal values hold the same prompt, which a scalar head on a
+        transformers trunk then runs once for all of them
+        (``prefopt.backend._shared_prompts``).
 
     Returns
     -------
     values : torch.Tensor of shape (n, length), float32
         The value model's output at the positions that predict each response
-        token.
+        token. A scalar head on a transformers trunk skips the padding no row
+        needs: its values after every row's last real token are 0.
     """
+    if takes_fast_values(value_model):
+        return fast_sequence_values(value_model, prompts, response_ids, response_mask, prompt_index)
     n_prompt = prompts.input_ids.shape[1]
     input_ids = torch.cat([prompts.input_ids, response_ids], dim=1)
     mask = torch.cat([prompts.attention_mask, response_mask.long()], dim=1)

@@ -233,11 +233,20 @@ class LanguageModelEstimator(TokenEncoding, BaseEstimator):
             raise ValueError(f"{type(self).__name__} has no reference model.")
 
     # ----- sampling -----------------------------------------------------------------
-    def _generate(self, encoded: EncodedPrompts, generator, *, model=None, return_logprobs=False):
+    def _generate(
+        self,
+        encoded: EncodedPrompts,
+        generator,
+        *,
+        model=None,
+        return_logprobs=False,
+        prompt_index=None,
+    ):
         """Sample ``max_new_tokens_`` tokens per row, truncated after the first stop token.
 
         Returns ``(response_ids, response_mask, ended)``, and the sampling pass's
-        per-token log-probs when ``return_logprobs``.
+        per-token log-probs when ``return_logprobs``. Rows with equal ``prompt_index``
+        hold the same prompt, whose pass then runs once.
         """
         stops = self._stop_ids() or None  # none: fixed-length responses, all ended
         out = sample(
@@ -249,6 +258,7 @@ class LanguageModelEstimator(TokenEncoding, BaseEstimator):
             suppress_ids=self._suppress_ids,
             eos_token_id=stops,
             return_logprobs=return_logprobs,
+            prompt_index=prompt_index,
         )
         raw, logprobs = out if return_logprobs else (out, None)
         ids, mask, ended = truncate_after_eos(raw, stops, self.tokenizer_.pad_token_id)

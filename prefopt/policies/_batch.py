@@ -75,6 +75,47 @@ def masked_whiten(
     return out * mask.to(x.dtype)
 
 
+def minibatch_order(
+    prompt_index: torch.Tensor, generator: torch.Generator, grouped: bool = True
+) -> torch.Tensor:
+    """A random order of a batch's rows; with ``grouped``, each prompt's samples stay together.
+
+    The groups are the runs of equal ``prompt_index`` (the k samples of a prompt sit
+    together), shuffled with one ``randperm`` over the groups; when no two neighbouring
+    rows share a prompt this is ``torch.randperm(n, generator=generator)``, draw for draw.
+
+    Parameters
+    ----------
+    prompt_index : torch.Tensor of shape (n,)
+    generator : torch.Generator
+    grouped : bool, default=True
+        ``False`` shuffles the rows.
+
+    Returns
+    -------
+    order : torch.Tensor of shape (n,), long
+
+    Examples
+    --------
+    >>> import torch
+    >>> order = minibatch_order(torch.tensor([4, 4, 9, 9, 9]), torch.Generator().manual_seed(0))
+    >>> order.tolist() in ([0, 1, 2, 3, 4], [2, 3, 4, 0, 1])
+    True
+    """
+    n = prompt_index.shape[0]
+    if not grouped:
+        return torch.randperm(n, generator=generator)
+    index = prompt_index.cpu()
+    starts = torch.ones(n, dtype=torch.bool)
+    starts[1:] = index[1:] != index[:-1]
+    group = starts.long().cumsum(0) - 1
+    order = torch.randperm(int(group[-1]) + 1, generator=generator) if n else group
+    # Rows of the shuffled groups, each group's rows in their order.
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(order.shape[0])
+    return torch.sort(rank[group] * n + torch.arange(n)).indices
+
+
 @dataclass
 class RolloutBatch:
     """Everything one step's rollouts produced; every algorithm reads the same batch.

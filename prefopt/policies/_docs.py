@@ -130,7 +130,9 @@ COMMON_ATTRIBUTES = """model_ : torch.nn.Module
     history_ : list of dict
         One row per step with namespaced keys (``objective/reward``,
         ``objective/kl``, ``objective/beta``, ``loss/policy``, ``policy/entropy``,
-        ``response/length``, ``response/eos_share``, ``time/episodes_per_s``...;
+        ``response/length``, ``response/eos_share``, ``time/episodes_per_s``,
+        the seconds of the step's phases ``time/generation``, ``time/logprobs``
+        (old, reference and value passes), ``time/reward``, ``time/update``...;
         ``loss/entropy_bonus``, entropy_coef times the mean entropy subtracted
         from the loss, when ``entropy_coef > 0``; ``loss/ptx``, the pretraining
         cross-entropy before ``ptx_coef``, when ``ptx_coef > 0``);

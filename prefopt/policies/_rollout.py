@@ -7,22 +7,28 @@ state and its algorithm's declarations (``kl_penalty``, ``uses_ratio``,
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import torch
 
 from ..backend import gradient_step, response_logprobs, sequence_values, uses_bf16
+from ..backend._shared_prompts import is_transformers_model
 from ..kl import kl_estimate
 from ..rewards import check_rewards, check_token_rewards
-from ._batch import Minibatch, RolloutBatch, masked_mean
+from ._batch import Minibatch, RolloutBatch, masked_mean, minibatch_order
 
 
 def sample_and_score(policy, prompt_rows: np.ndarray) -> RolloutBatch:
     """One step's rollouts: sample, old and reference log-probs, values, scores, KL, rewards."""
     rows = np.repeat(prompt_rows, policy._samples_per_prompt())
+    index = torch.as_tensor(rows)  # equal values: one prompt, run once in every pass
     prompts = policy._encode([policy._prompt_tokens[i] for i in rows])
+    clock = [_now(policy.device_)]
     response_ids, response_mask, ended, sampled = policy._generate(
-        prompts, policy._run.generator, return_logprobs=True
+        prompts, policy._run.generator, return_logprobs=True, prompt_index=index
     )
+    clock.append(_now(policy.device_))
     if (policy.uses_ratio and policy._training_temperature() == policy.temperature_) or (
         uses_bf16(policy.device_)
     ):
@@ -36,6 +42,7 @@ def sample_and_score(policy, prompt_rows: np.ndarray) -> RolloutBatch:
             response_mask,
             temperature=policy.temperature_,
             suppress_ids=policy._suppress_ids,
+            prompt_index=index,
         )
     else:
         # The sampling pass's own log-probs (fp32, tempered, equal to a fresh forward
@@ -55,14 +62,18 @@ def sample_and_score(policy, prompt_rows: np.ndarray) -> RolloutBatch:
                     response_mask[i : i + chunk],
                     temperature=policy.temperature_,
                     suppress_ids=policy._suppress_ids,
+                    prompt_index=index[i : i + chunk],
                 )
                 for i in range(0, len(rows), chunk)
             ]
         )
     values = None
     if policy.value_model_ is not None:
-        values = sequence_values(policy.value_model_, prompts, response_ids, response_mask)
+        values = sequence_values(
+            policy.value_model_, prompts, response_ids, response_mask, prompt_index=index
+        )
         values = values * response_mask
+    clock.append(_now(policy.device_))
     texts = [policy._prompts[i] for i in rows]
     if callable(getattr(policy.reward_model_, "score_per_token", None)):  # pays per token
         token_scores = per_token_scores(policy, texts, response_ids, response_mask, ended)
@@ -74,6 +85,8 @@ def sample_and_score(policy, prompt_rows: np.ndarray) -> RolloutBatch:
     # A per-token reward's sum is its score, so every bandit algorithm reading
     # scores or sequence_rewards optimises the total the tokens were paid.
     scores = token_scores.sum(1)
+    clock.append(_now(policy.device_))
+    policy._phase_seconds = dict(zip(_PHASES, np.diff(clock).tolist()))
     # The KL uses the rollout-time log-probs, fixed for all epochs (Huang et al. 2024).
     kl = kl_estimate(old, ref, policy.kl_estimator) * response_mask
     beta = policy.kl_.beta_  # the coefficient from before this step's update
@@ -167,10 +180,16 @@ def update(policy, batch: RolloutBatch) -> dict:
     totals: dict[str, float] = {}
     count = 0
     entropies = []
+    started = _now(policy.device_)
     for _ in range(policy.n_epochs):
-        perm = torch.randperm(n, generator=policy._run.generator).to(policy.device_)
+        # Whole groups of a prompt's samples in a minibatch, so that a transformers model
+        # runs each prompt once for its group (one sample a prompt: a shuffle of the rows).
+        perm = minibatch_order(
+            batch.prompt_index, policy._run.generator, is_transformers_model(policy.model_)
+        ).to(policy.device_)
         for start in range(0, n, size):
             rows = perm[start : start + size]
+            index = batch.prompt_index[rows.cpu()]
             logprobs, entropy = response_logprobs(
                 policy.model_,
                 batch.prompts[rows],
@@ -180,6 +199,7 @@ def update(policy, batch: RolloutBatch) -> dict:
                 suppress_ids=policy._suppress_ids,
                 with_entropy=True,
                 entropy_grad=entropy_coef > 0,  # the default pass builds no extra graph
+                prompt_index=index,
             )
             values = None
             if policy.value_model_ is not None:
@@ -188,6 +208,7 @@ def update(policy, batch: RolloutBatch) -> dict:
                     batch.prompts[rows],
                     batch.response_ids[rows],
                     batch.response_mask[rows],
+                    prompt_index=index,
                 )
             minibatch = Minibatch(batch, rows, logprobs, entropy, values)
             loss, stats = policy.compute_loss(batch, minibatch)
@@ -214,7 +235,20 @@ def update(policy, batch: RolloutBatch) -> dict:
             count += 1
     out = {key: value / count for key, value in totals.items()}
     out["policy/entropy"] = float(np.mean(entropies))
-    return out
+    out["time/update"] = _now(policy.device_) - started
+    return {**out, **getattr(policy, "_phase_seconds", {})}
+
+
+# The rollout's phases, timed into history_ (seconds): sampling; the old, reference and
+# value passes; the reward.
+_PHASES = ("time/generation", "time/logprobs", "time/reward")
+
+
+def _now(device) -> float:
+    """Wall time, after the device's queued work (a CUDA synchronisation)."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
 
 
 def pretraining_loss(policy, texts, n: int) -> torch.Tensor:
