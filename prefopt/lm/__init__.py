@@ -14,7 +14,7 @@ from ._base import (
     context_length,
     with_lora,
 )
-from ._generative import GenerativeEstimator
+from ._generative import GenerativeEstimator, GenerativeStep
 from ._persist import load, save
 from ._run import RunState
 from ._supervised import schedule_scale, train_minibatches
@@ -23,6 +23,7 @@ __all__ = [
     "DEFAULT_MAX_NEW_TOKENS",
     "DEFAULT_TEMPERATURE",
     "GenerativeEstimator",
+    "GenerativeStep",
     "LanguageModelEstimator",
     "RunState",
     "context_length",

@@ -12,7 +12,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from .._config import get_config
 from ..backend import make_generator, response_logprobs
-from ..data import check_prompts, check_texts
+from ..data import PreferenceData, check_prompts, check_texts
 from ._base import LanguageModelEstimator
 
 
@@ -139,3 +139,32 @@ class GenerativeEstimator(LanguageModelEstimator):
                 )
                 out.append(lp.sum(1).cpu().double().numpy())
         return np.concatenate(out)
+
+
+class GenerativeStep(GenerativeEstimator):
+    """A generative estimator that can stand before the end of a ``Pipeline`` (SFT, DPO).
+
+    Its ``transform`` hands the fitted policy to the next step through a
+    :class:`~prefopt.data.PreferenceData`.
+
+    Examples
+    --------
+    >>> from prefopt import DPOPolicy, SFTPolicy
+    >>> issubclass(SFTPolicy, GenerativeStep) and issubclass(DPOPolicy, GenerativeStep)
+    True
+    """
+
+    def transform(self, X):
+        """Pass data along a ``Pipeline``: a PreferenceData gets this fitted policy.
+
+        Parameters
+        ----------
+        X : PreferenceData or any data
+            What the next step fits on; anything else passes unchanged.
+
+        Returns
+        -------
+        X_out : PreferenceData or the input
+        """
+        check_is_fitted(self)
+        return X.with_(policy=self) if isinstance(X, PreferenceData) else X

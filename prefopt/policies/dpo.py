@@ -34,13 +34,13 @@ from ..backend import (
     response_logprobs,
 )
 from ..data import PreferenceData, check_comparisons
-from ..lm import GenerativeEstimator, context_length, train_minibatches
+from ..lm import GenerativeStep, context_length, train_minibatches
 from ..lm import _checkpoint as ckpt
 
 __all__ = ["DPOPolicy"]
 
 
-class DPOPolicy(GenerativeEstimator):
+class DPOPolicy(GenerativeStep):
     """Direct preference optimisation of a causal LM on comparisons, against a frozen reference.
 
     With h = [log pi(c|x) - log pi_ref(c|x)] - [log pi(r|x) - log pi_ref(r|x)]
@@ -426,21 +426,6 @@ class DPOPolicy(GenerativeEstimator):
         r_chosen = self.implicit_reward(data.prompt, data.chosen)
         r_rejected = self.implicit_reward(data.prompt, data.rejected)
         return float(np.mean(r_chosen > r_rejected))
-
-    def transform(self, X):
-        """Pass data along a ``Pipeline``: a PreferenceData gets this fitted policy.
-
-        Parameters
-        ----------
-        X : PreferenceData or any data
-            What the next step fits on; anything else passes unchanged.
-
-        Returns
-        -------
-        X_out : PreferenceData or the input
-        """
-        check_is_fitted(self)
-        return X.with_(policy=self) if isinstance(X, PreferenceData) else X
 
 
 def _starting_model(start):

@@ -20,14 +20,14 @@ from sklearn.utils.validation import check_is_fitted
 from .._config import get_config
 from ..backend import default_learning_rate, make_generator, response_logprobs
 from ..data import PreferenceData, check_demonstrations
-from ..lm import GenerativeEstimator, context_length, train_minibatches
+from ..lm import GenerativeStep, context_length, train_minibatches
 from ..lm import _checkpoint as ckpt
 from ._batch import masked_mean
 
 __all__ = ["SFTPolicy"]
 
 
-class SFTPolicy(GenerativeEstimator):
+class SFTPolicy(GenerativeStep):
     """Supervised fine-tuning of a causal LM on (prompt, completion) demonstrations.
 
     The loss is the mean next-token cross-entropy over the completion tokens
@@ -255,21 +255,6 @@ class SFTPolicy(GenerativeEstimator):
             model, self._encode(ptoks), ids, mask, temperature=1.0, suppress_ids=self._suppress_ids
         )
         return -masked_mean(logprobs, mask), int(mask.sum())
-
-    def transform(self, X):
-        """Pass data along a ``Pipeline``: a PreferenceData gets this fitted policy.
-
-        Parameters
-        ----------
-        X : PreferenceData or any data
-            What the next step fits on; anything else passes unchanged.
-
-        Returns
-        -------
-        X_out : PreferenceData or the input
-        """
-        check_is_fitted(self)
-        return X.with_(policy=self) if isinstance(X, PreferenceData) else X
 
     @torch.no_grad()
     def score(self, X, y=None) -> float:
