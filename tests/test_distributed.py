@@ -320,6 +320,89 @@ def _all_scenarios(rank, out):
         early.fit(world.prompts, world.reward)
     generation.draw_tokens = real
     _save(out, "early", rank, {"history": early.history_})
+    _fsdp_checkpoints_and_sharded_reference(rank, out, world)
+    _online_refits(rank, out)
+
+
+def _fsdp_checkpoints_and_sharded_reference(rank, out, world):
+    # FSDP with checkpoints: stopped dead at step 2 of 3 (Adam: the moments must come back).
+    kw = dict(RL_KW, checkpoint_every=1)
+    folder = str(out / "fsdp-killed-run")
+
+    def die(policy, row):
+        if row["step"] == 2:
+            raise _Killed
+
+    with prefopt.config_context(distributed="fsdp"):
+        whole = RLOOPolicy(model=world.policy_model(), **kw).fit(world.prompts, world.reward)
+        whole_weights = distributed.full_state_dict(whole.model_)
+        try:
+            RLOOPolicy(model=world.policy_model(), checkpoint_dir=folder, **kw).fit(
+                world.prompts, world.reward, callback=die
+            )
+        except _Killed:
+            pass
+        resumed = RLOOPolicy(model=world.policy_model(), checkpoint_dir=folder, **kw)
+        resumed.fit(world.prompts, world.reward)
+        resumed_weights = distributed.full_state_dict(resumed.model_)
+    # The frozen reference sharded too, against the replicated one (same seed, 2 steps).
+    fkw = dict(RL_KW, n_steps=2)
+    with prefopt.config_context(distributed="fsdp", fsdp_frozen="shard"):
+        sharded_ref = RLOOPolicy(model=world.policy_model(), **fkw)
+        sharded_ref.fit(world.prompts, world.reward)
+        sharded_weights = distributed.full_state_dict(sharded_ref.model_)
+    with prefopt.config_context(distributed="fsdp"):
+        whole_ref = RLOOPolicy(model=world.policy_model(), **fkw)
+        whole_ref.fit(world.prompts, world.reward)
+        whole_ref_weights = distributed.full_state_dict(whole_ref.model_)
+    _save(
+        out,
+        "fsdp_resume",
+        rank,
+        {
+            "whole": whole_weights,
+            "resumed": resumed_weights,
+            "n_iter": resumed.n_iter_,
+            "ref_sharded": distributed.is_sharded(sharded_ref.ref_model_),
+            "ref_whole": distributed.is_sharded(whole_ref.ref_model_),
+            "sharded_ref": sharded_weights,
+            "replicated_ref": whole_ref_weights,
+            "sharded_history": sharded_ref.history_,
+            "replicated_history": whole_ref.history_,
+        },
+    )
+
+
+def _online_refits(rank, out):
+    from prefopt.worlds import PreferenceWorld
+
+    world = PreferenceWorld(random_state=0)
+    from prefopt.policies import _online
+
+    rm = RewardModel().fit(world.comparisons(200, random_state=0))
+    local, real = [], _online._pairs
+
+    def recording(policy, batch):  # this rank's own pairs of each step
+        local.append(real(policy, batch))
+        return local[-1]
+
+    _online._pairs = recording
+    policy = RLOOPolicy(model=world.policy_model(), refit_every=1, **dict(RL_KW, n_steps=2))
+    policy.fit(world.prompts, rm, labeler=world.labeler)
+    _online._pairs = real
+    _save(
+        out,
+        "online",
+        rank,
+        {
+            "weights": _weights(policy.model_),
+            "coef": policy.reward_model_.coef_.copy(),
+            "start_coef": rm.coef_.copy(),
+            "log": policy._online.log,
+            "local_pairs": local,
+            "history": policy.history_,
+        },
+    )
 
 
 @pytest.fixture(scope="module")
@@ -517,13 +600,118 @@ def test_a_shared_value_model_is_refused_in_a_distributed_fit(monkeypatch):
         policy.fit(world.prompts, world.reward)
 
 
-def test_online_reward_refits_are_refused_in_a_distributed_fit(monkeypatch):
-    from prefopt.worlds import PreferenceWorld
+@pytest.mark.slow  # one launch of 2 processes for all of these: about 60-90 s here
+def test_a_stopped_fsdp_run_resumes_to_the_uninterrupted_result(runs):
+    r0, r1 = _load(runs, "fsdp_resume")
+    assert r0["n_iter"] == r1["n_iter"] == 3
+    assert r1["whole"] is None  # rank 0 alone holds the gathered weights
+    for name, value in r0["whole"].items():
+        # Gathering and sharding again copy the weights and Adam's moments exactly.
+        torch.testing.assert_close(r0["resumed"][name], value, rtol=0, atol=0)
 
-    world = PreferenceWorld(random_state=0)
-    rm = RewardModel().fit(world.comparisons(200, random_state=0))
-    monkeypatch.setattr(distributed, "world_size", lambda: 2)  # as if under torchrun
-    monkeypatch.setattr(distributed, "rank", lambda: 0)
-    policy = RLOOPolicy(model=world.policy_model(), refit_every=1, batch_size=8, n_steps=1)
-    with pytest.raises(ValueError, match="online reward refits .* not supported in a distrib"):
-        policy.fit(world.prompts, rm, labeler=world.labeler)
+
+@pytest.mark.slow  # one launch of 2 processes for all of these: about 60-90 s here
+def test_a_sharded_reference_gives_the_replicated_reference_run(runs):
+    r0, _ = _load(runs, "fsdp_resume")
+    assert r0["ref_sharded"] and not r0["ref_whole"]
+    for name, value in r0["replicated_ref"].items():
+        # The reference's forward gathers its blocks instead of holding them: the same
+        # numbers, up to float32 rounding of the gathered matmuls.
+        torch.testing.assert_close(r0["sharded_ref"][name], value, rtol=1e-4, atol=1e-5)
+    for a, b in zip(r0["sharded_history"], r0["replicated_history"]):
+        assert a["objective/kl"] == pytest.approx(b["objective/kl"], abs=1e-5)
+
+
+@pytest.mark.slow  # one launch of 2 processes for all of these: about 60-90 s here
+def test_online_refits_label_the_global_pairs_and_ranks_refit_the_same_reward(runs):
+    r0, r1 = _load(runs, "online")
+    for name, value in r0["weights"].items():
+        torch.testing.assert_close(value, r1["weights"][name], rtol=0, atol=0)
+    np.testing.assert_array_equal(r0["coef"], r1["coef"])
+    assert not np.array_equal(r0["coef"], r0["start_coef"])  # the reward was refitted
+    assert r0["log"] == r1["log"] and len(r0["log"]) == 2
+    # batch 8 = 4 prompts x k=2: each rank pairs its 2 prompts' samples; the refit labels
+    # rank 0's pairs then rank 1's (ties dropped), the global batch's order.
+    for step, record in enumerate(r0["log"]):
+        pairs = [
+            (p, a, b)
+            for share in (r0["local_pairs"][step], r1["local_pairs"][step])
+            for p, a, b in zip(*share)
+            if a != b
+        ]
+        assert len(r0["local_pairs"][step][0]) == len(r1["local_pairs"][step][0]) == 2
+        assert pairs == list(zip(record["prompts"], record["a"], record["b"]))
+        assert len(record["labels"]) == len(pairs)
+    assert r0["history"][-1]["reward/refits"] == 2
+
+
+def _kill_hard(pid: int) -> None:
+    """SIGKILL torchrun's process group and each worker's (torchrun starts each in its own)."""
+    import signal
+
+    def children(p):
+        found = []
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            try:
+                found += [int(c) for c in (task / "children").read_text().split()]
+            except OSError:
+                pass
+        return found + [d for c in found for d in children(c)]
+
+    for p in [pid, *children(pid)]:  # the whole tree first, then the kills: none restarts
+        try:
+            os.killpg(os.getpgid(p), signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+@pytest.mark.slow  # 3 torchrun launches of 2 processes: about 1-2 min on 2 busy cores
+def test_a_killed_torchrun_run_resumes_to_the_uninterrupted_result(tmp_path):
+    import subprocess
+    import time
+
+    from safetensors.torch import load_file
+
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
+    torchrun = Path(sys.executable).with_name("torchrun")
+    steps = 12
+
+    def command(out, *extra):
+        return [str(torchrun), "--standalone", "--nproc_per_node", "2"] + [
+            str(root / "examples" / "distributed_fit.py"),
+            *("--steps", str(steps), "--batch-size", "8", "--out", str(out), *extra),
+        ]
+
+    def run(cmd):
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+
+    run(command(tmp_path / "whole"))
+    folder = tmp_path / "checkpoints"
+    resumable = command(tmp_path / "killed", "--checkpoint-dir", str(folder))
+    log = tmp_path / "killed.log"
+    with open(log, "w") as stderr:
+        proc = subprocess.Popen(
+            resumable, env=env, start_new_session=True, stdout=stderr, stderr=stderr
+        )
+        state = folder / "state.json"
+        deadline = time.monotonic() + 300
+        while not state.exists():  # the first checkpoint (after step 1)
+            assert proc.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, "no checkpoint within 5 minutes"
+            time.sleep(0.05)
+        _kill_hard(proc.pid)
+        proc.wait(timeout=60)
+    killed_at = json.loads(state.read_text())["fitted"]["n_iter_"]
+    assert 1 <= killed_at < steps  # killed mid-run
+    assert not (tmp_path / "killed" / "summary.json").exists()
+    run(resumable)  # the same command again: it resumes
+    summary = json.loads((tmp_path / "killed" / "summary.json").read_text())
+    assert summary["steps"] == steps and summary["ranks"] == 2
+    whole = load_file(tmp_path / "whole" / "model" / "model.safetensors")
+    resumed = load_file(tmp_path / "killed" / "model" / "model.safetensors")
+    assert whole.keys() == resumed.keys()
+    for name, value in whole.items():
+        torch.testing.assert_close(resumed[name], value, rtol=0, atol=0)
