@@ -324,27 +324,40 @@ def _all_scenarios(rank, out):
     _online_refits(rank, out)
 
 
-def _fsdp_checkpoints_and_sharded_reference(rank, out, world):
-    # FSDP with checkpoints: stopped dead at step 2 of 3 (Adam: the moments must come back).
-    kw = dict(RL_KW, checkpoint_every=1)
-    folder = str(out / "fsdp-killed-run")
+def _fsdp_stopped_and_resumed(cls, kw, world, folder):
+    """Gathered weights of an uninterrupted FSDP run and of one stopped dead at step 2, resumed."""
 
     def die(policy, row):
         if row["step"] == 2:
             raise _Killed
 
+    def gathered(policy):
+        return {
+            name: distributed.full_state_dict(module)
+            for name, module in policy._trained_modules().items()
+            if module is not None
+        }
+
+    kw = dict(kw, checkpoint_every=1)
     with prefopt.config_context(distributed="fsdp"):
-        whole = RLOOPolicy(model=world.policy_model(), **kw).fit(world.prompts, world.reward)
-        whole_weights = distributed.full_state_dict(whole.model_)
+        whole = cls(model=world.policy_model(), **kw).fit(world.prompts, world.reward)
         try:
-            RLOOPolicy(model=world.policy_model(), checkpoint_dir=folder, **kw).fit(
+            cls(model=world.policy_model(), checkpoint_dir=folder, **kw).fit(
                 world.prompts, world.reward, callback=die
             )
         except _Killed:
             pass
-        resumed = RLOOPolicy(model=world.policy_model(), checkpoint_dir=folder, **kw)
+        resumed = cls(model=world.policy_model(), checkpoint_dir=folder, **kw)
         resumed.fit(world.prompts, world.reward)
-        resumed_weights = distributed.full_state_dict(resumed.model_)
+    return gathered(whole), gathered(resumed), resumed.n_iter_
+
+
+def _fsdp_checkpoints_and_sharded_reference(rank, out, world):
+    # FSDP with checkpoints, 3 steps (Adam: the moments must come back); PPO's optimiser
+    # also trains the sharded value model.
+    whole, resumed, n_iter = _fsdp_stopped_and_resumed(RLOOPolicy, RL_KW, world, out / "rloo")
+    ppo = dict(batch_size=8, n_steps=3, random_state=0)
+    ppo_whole, ppo_resumed, _ = _fsdp_stopped_and_resumed(PPOPolicy, ppo, world, out / "ppo")
     # The frozen reference sharded too, against the replicated one (same seed, 2 steps).
     fkw = dict(RL_KW, n_steps=2)
     with prefopt.config_context(distributed="fsdp", fsdp_frozen="shard"):
@@ -360,9 +373,11 @@ def _fsdp_checkpoints_and_sharded_reference(rank, out, world):
         "fsdp_resume",
         rank,
         {
-            "whole": whole_weights,
-            "resumed": resumed_weights,
-            "n_iter": resumed.n_iter_,
+            "whole": whole,
+            "resumed": resumed,
+            "ppo_whole": ppo_whole,
+            "ppo_resumed": ppo_resumed,
+            "n_iter": n_iter,
             "ref_sharded": distributed.is_sharded(sharded_ref.ref_model_),
             "ref_whole": distributed.is_sharded(whole_ref.ref_model_),
             "sharded_ref": sharded_weights,
@@ -604,10 +619,14 @@ def test_a_shared_value_model_is_refused_in_a_distributed_fit(monkeypatch):
 def test_a_stopped_fsdp_run_resumes_to_the_uninterrupted_result(runs):
     r0, r1 = _load(runs, "fsdp_resume")
     assert r0["n_iter"] == r1["n_iter"] == 3
-    assert r1["whole"] is None  # rank 0 alone holds the gathered weights
-    for name, value in r0["whole"].items():
-        # Gathering and sharding again copy the weights and Adam's moments exactly.
-        torch.testing.assert_close(r0["resumed"][name], value, rtol=0, atol=0)
+    assert r1["whole"]["model_"] is None  # rank 0 alone holds the gathered weights
+    assert set(r0["ppo_whole"]) == {"model_", "value_model_"}
+    for whole, resumed in (("whole", "resumed"), ("ppo_whole", "ppo_resumed")):
+        for module, weights in r0[whole].items():
+            # Gathering and sharding again copy the weights and Adam's moments exactly.
+            for name, value in weights.items():
+                got = r0[resumed][module][name]
+                torch.testing.assert_close(got, value, rtol=0, atol=0, msg=whole + name)
 
 
 @pytest.mark.slow  # one launch of 2 processes for all of these: about 60-90 s here
