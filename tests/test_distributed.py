@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import sys
 from datetime import timedelta
 from pathlib import Path
 
@@ -559,40 +558,6 @@ def test_outside_a_process_group_everything_is_local():
         assert distributed.gather(x) is x
 
 
-@pytest.mark.slow  # starts a local Ray and 2 Ray Train workers: about 1-2 min on 2 busy cores
-def test_ray_train_recipe_runs_on_two_local_workers(tmp_path):
-    pytest.importorskip("ray.train.torch")
-    import subprocess
-
-    example = Path(__file__).resolve().parents[1] / "examples" / "distributed_fit.py"
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    root = str(Path(prefopt.__file__).resolve().parents[1])
-    env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(example),
-            "--ray",
-            "2",
-            "--steps",
-            "2",
-            "--batch-size",
-            "8",
-            "--out",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["ranks"] == 2 and summary["steps"] == 2 and summary["episodes"] == 16
-    assert (tmp_path / "model" / "config.json").exists()
-
-
 def test_each_rank_takes_its_own_gpu(monkeypatch):
     from prefopt.backend import resolve_device
 
@@ -662,75 +627,3 @@ def test_online_refits_label_the_global_pairs_and_ranks_refit_the_same_reward(ru
         assert pairs == list(zip(record["prompts"], record["a"], record["b"]))
         assert len(record["labels"]) == len(pairs)
     assert r0["history"][-1]["reward/refits"] == 2
-
-
-def _kill_hard(pid: int) -> None:
-    """SIGKILL torchrun's process group and each worker's (torchrun starts each in its own)."""
-    import signal
-
-    def children(p):
-        found = []
-        for task in Path(f"/proc/{p}/task").glob("*"):
-            try:
-                found += [int(c) for c in (task / "children").read_text().split()]
-            except OSError:
-                pass
-        return found + [d for c in found for d in children(c)]
-
-    for p in [pid, *children(pid)]:  # the whole tree first, then the kills: none restarts
-        try:
-            os.killpg(os.getpgid(p), signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-
-@pytest.mark.slow  # 3 torchrun launches of 2 processes: about 1-2 min on 2 busy cores
-def test_a_killed_torchrun_run_resumes_to_the_uninterrupted_result(tmp_path):
-    import subprocess
-    import time
-
-    from safetensors.torch import load_file
-
-    root = Path(__file__).resolve().parents[1]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
-    torchrun = Path(sys.executable).with_name("torchrun")
-    steps = 12
-
-    def command(out, *extra):
-        return [str(torchrun), "--standalone", "--nproc_per_node", "2"] + [
-            str(root / "examples" / "distributed_fit.py"),
-            *("--steps", str(steps), "--batch-size", "8", "--out", str(out), *extra),
-        ]
-
-    def run(cmd):
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-
-    run(command(tmp_path / "whole"))
-    folder = tmp_path / "checkpoints"
-    resumable = command(tmp_path / "killed", "--checkpoint-dir", str(folder))
-    log = tmp_path / "killed.log"
-    with open(log, "w") as stderr:
-        proc = subprocess.Popen(
-            resumable, env=env, start_new_session=True, stdout=stderr, stderr=stderr
-        )
-        state = folder / "state.json"
-        deadline = time.monotonic() + 300
-        while not state.exists():  # the first checkpoint (after step 1)
-            assert proc.poll() is None, log.read_text()[-3000:]
-            assert time.monotonic() < deadline, "no checkpoint within 5 minutes"
-            time.sleep(0.05)
-        _kill_hard(proc.pid)
-        proc.wait(timeout=60)
-    killed_at = json.loads(state.read_text())["fitted"]["n_iter_"]
-    assert 1 <= killed_at < steps  # killed mid-run
-    assert not (tmp_path / "killed" / "summary.json").exists()
-    run(resumable)  # the same command again: it resumes
-    summary = json.loads((tmp_path / "killed" / "summary.json").read_text())
-    assert summary["steps"] == steps and summary["ranks"] == 2
-    whole = load_file(tmp_path / "whole" / "model" / "model.safetensors")
-    resumed = load_file(tmp_path / "killed" / "model" / "model.safetensors")
-    assert whole.keys() == resumed.keys()
-    for name, value in whole.items():
-        torch.testing.assert_close(resumed[name], value, rtol=0, atol=0)
