@@ -569,6 +569,20 @@ def test_each_rank_takes_its_own_gpu(monkeypatch):
         assert resolve_device() == torch.device("cuda:0")
 
 
+def test_online_refits_of_a_language_model_reward_are_refused_in_a_distributed_fit(monkeypatch):
+    from torch import nn
+
+    world = _world()
+    rm = RewardModel()
+    rm.model_ = nn.Linear(1, 1)  # as a fitted language-model reward holds its module
+    rm.partial_fit = lambda *args, **kwargs: None
+    monkeypatch.setattr(distributed, "world_size", lambda: 2)  # as if under torchrun
+    monkeypatch.setattr(distributed, "rank", lambda: 0)
+    policy = RLOOPolicy(model=world.policy_model(), refit_every=1, batch_size=8, n_steps=1)
+    with pytest.raises(ValueError, match="language-model reward are not supported in a distr"):
+        policy.fit(world.prompts, rm, labeler=lambda *args, **kwargs: None)
+
+
 def test_a_shared_value_model_is_refused_in_a_distributed_fit(monkeypatch):
     from prefopt.worlds import TinyLMWorld
 

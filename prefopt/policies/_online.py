@@ -46,6 +46,15 @@ def start(policy, reward, labeler):
             "reward needs partial_fit(comparisons), as a fitted RewardModel has; got "
             f"{type(reward).__name__}."
         )
+    language_model = isinstance(getattr(reward, "model_", None), torch.nn.Module)
+    if language_model and distributed.world_size() > 1:
+        # Its partial_fit would split the gathered pairs across ranks again, and a count of
+        # pairs (ties dropped) that leaves a rank without a row stops the fit mid-run.
+        raise ValueError(
+            f"{who}(refit_every={policy.refit_every}): online refits of a language-model "
+            "reward are not supported in a distributed fit yet; refit a feature reward "
+            "(RewardModel() on a world's features), or run the fit in one process."
+        )
     return OnlineRewards(policy, labeler)
 
 
