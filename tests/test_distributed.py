@@ -294,6 +294,7 @@ def _all_scenarios(rank, out):
         fsdp = RLOOPolicy(model=world.policy_model(), **fkw).fit(world.prompts, world.reward)
         fsdp.save_pretrained(out / "fsdp-model")  # every rank; rank 0 writes the full weights
         fsdp_history = fsdp.history_
+        fsdp_weights = distributed.full_state_dict(fsdp.model_)
     _save(
         out,
         "fsdp",
@@ -319,7 +320,7 @@ def _all_scenarios(rank, out):
         early.fit(world.prompts, world.reward)
     generation.draw_tokens = real
     _save(out, "early", rank, {"history": early.history_})
-    _fsdp_checkpoints_and_sharded_reference(rank, out, world)
+    _fsdp_checkpoints_and_sharded_reference(rank, out, world, fsdp, fsdp_weights)
     _online_refits(rank, out)
 
 
@@ -351,22 +352,18 @@ def _fsdp_stopped_and_resumed(cls, kw, world, folder):
     return gathered(whole), gathered(resumed), resumed.n_iter_
 
 
-def _fsdp_checkpoints_and_sharded_reference(rank, out, world):
+def _fsdp_checkpoints_and_sharded_reference(rank, out, world, whole_ref, whole_ref_weights):
     # FSDP with checkpoints, 3 steps (Adam: the moments must come back); PPO's optimiser
     # also trains the sharded value model.
     whole, resumed, n_iter = _fsdp_stopped_and_resumed(RLOOPolicy, RL_KW, world, out / "rloo")
     ppo = dict(batch_size=8, n_steps=3, random_state=0)
     ppo_whole, ppo_resumed, _ = _fsdp_stopped_and_resumed(PPOPolicy, ppo, world, out / "ppo")
-    # The frozen reference sharded too, against the replicated one (same seed, 2 steps).
-    fkw = dict(RL_KW, n_steps=2)
+    # The frozen reference sharded too, against the FSDP run above, whose reference is
+    # replicated (same seed, 2 steps).
     with prefopt.config_context(distributed="fsdp", fsdp_frozen="shard"):
-        sharded_ref = RLOOPolicy(model=world.policy_model(), **fkw)
+        sharded_ref = RLOOPolicy(model=world.policy_model(), **dict(RL_KW, n_steps=2))
         sharded_ref.fit(world.prompts, world.reward)
         sharded_weights = distributed.full_state_dict(sharded_ref.model_)
-    with prefopt.config_context(distributed="fsdp"):
-        whole_ref = RLOOPolicy(model=world.policy_model(), **fkw)
-        whole_ref.fit(world.prompts, world.reward)
-        whole_ref_weights = distributed.full_state_dict(whole_ref.model_)
     _save(
         out,
         "fsdp_resume",
