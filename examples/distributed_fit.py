@@ -9,6 +9,7 @@ Run::
 
     python examples/distributed_fit.py                                # one process
     torchrun --nproc_per_node 2 examples/distributed_fit.py           # 2 processes, one machine
+    torchrun --nproc_per_node 2 examples/distributed_fit.py --checkpoint-dir ckpt  # resumable
     python examples/distributed_fit.py --ray 2                        # 2 Ray Train workers
     python examples/distributed_fit.py --ray 8 --gpu --address auto   # 8 GPUs of a Ray cluster
 """
@@ -41,6 +42,9 @@ def train(config: dict) -> None:
         batch_size=config["batch_size"],  # the global batch, split across the ranks
         n_steps=config["steps"],
         random_state=0,
+        # A killed run started again with the same command resumes from here (same ranks).
+        checkpoint_dir=config.get("checkpoint_dir"),
+        checkpoint_every=1,
     )
     policy.fit(world.prompts, world.reward)
     if config["fsdp"]:
@@ -75,12 +79,14 @@ def main(argv=None) -> None:
     parser.add_argument("--gpu", action="store_true", help="Ray workers take one GPU each")
     parser.add_argument("--address", default=None, help="Ray cluster address (auto: the one up)")
     parser.add_argument("--out", default="distributed-fit")
+    parser.add_argument("--checkpoint-dir", default=None, help="checkpoint every step; resume")
     args = parser.parse_args(argv)
     config = {
         "steps": args.steps,
         "batch_size": args.batch_size,
         "fsdp": args.fsdp,
         "out": os.path.abspath(args.out),
+        "checkpoint_dir": args.checkpoint_dir and os.path.abspath(args.checkpoint_dir),
     }
     if not args.ray:
         train(config)  # alone, or one of torchrun's processes (it starts the process group)

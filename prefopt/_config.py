@@ -18,6 +18,7 @@ _DEFAULTS = {
     "eval_batch_size": 64,
     "compile": False,
     "distributed": "ddp",
+    "fsdp_frozen": "replicate",
 }
 _global_config = dict(_DEFAULTS)
 _local = threading.local()
@@ -38,7 +39,7 @@ def get_config() -> dict:
     -------
     config : dict
         Keys ``device``, ``dtype``, ``show_progress_bar``, ``eval_batch_size``,
-        ``compile`` and ``distributed``.
+        ``compile``, ``distributed`` and ``fsdp_frozen``.
 
     See Also
     --------
@@ -61,6 +62,7 @@ def set_config(
     eval_batch_size: int | None = None,
     compile: bool | str | None = None,
     distributed: str | None = None,
+    fsdp_frozen: str | None = None,
 ) -> None:
     """Set prefopt's configuration for this process.
 
@@ -95,8 +97,16 @@ def set_config(
         out"). ``"ddp"`` (default): every rank samples its share of each step's
         prompts and DistributedDataParallel averages the gradients. ``"fsdp"``:
         the same, with the policy sharded by FSDP's ``fully_shard`` (for a model
-        that does not fit one device; the reference stays whole on each rank).
+        that does not fit one device; see ``fsdp_frozen`` for the reference).
         ``"none"``: every rank fits alone, as if there were no process group.
+    fsdp_frozen : {"replicate", "shard"}, default=None
+        Under ``distributed="fsdp"``, where the policy's frozen reference goes:
+        ``"replicate"`` (default) keeps a whole copy on each rank (no
+        communication in its forward passes); ``"shard"`` shards it with
+        ``fully_shard`` too, so each rank holds 1/world of it and gathers a
+        block's weights while it runs. The reward model passed to ``fit`` stays
+        as the caller gave it (``fit`` never changes its arguments); PPO's value
+        model, trained, is sharded with the policy.
 
     See Also
     --------
@@ -117,6 +127,7 @@ def set_config(
         eval_batch_size=eval_batch_size,
         compile=compile,
         distributed=distributed,
+        fsdp_frozen=fsdp_frozen,
     )
     _set(_get_threadlocal(), **settings)
     _set(_global_config, **settings)
@@ -130,6 +141,7 @@ def _set(
     eval_batch_size=None,
     compile=None,
     distributed=None,
+    fsdp_frozen=None,
 ) -> None:
     if device is not None:
         if not isinstance(device, str) or not (
@@ -160,6 +172,10 @@ def _set(
         if distributed not in ("ddp", "fsdp", "none"):
             raise ValueError(f"distributed must be 'ddp', 'fsdp' or 'none'; got {distributed!r}.")
         config["distributed"] = distributed
+    if fsdp_frozen is not None:
+        if fsdp_frozen not in ("replicate", "shard"):
+            raise ValueError(f"fsdp_frozen must be 'replicate' or 'shard'; got {fsdp_frozen!r}.")
+        config["fsdp_frozen"] = fsdp_frozen
 
 
 @contextmanager

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import sys
 from datetime import timedelta
 from pathlib import Path
 
@@ -295,6 +294,7 @@ def _all_scenarios(rank, out):
         fsdp = RLOOPolicy(model=world.policy_model(), **fkw).fit(world.prompts, world.reward)
         fsdp.save_pretrained(out / "fsdp-model")  # every rank; rank 0 writes the full weights
         fsdp_history = fsdp.history_
+        fsdp_weights = distributed.full_state_dict(fsdp.model_)
     _save(
         out,
         "fsdp",
@@ -320,6 +320,100 @@ def _all_scenarios(rank, out):
         early.fit(world.prompts, world.reward)
     generation.draw_tokens = real
     _save(out, "early", rank, {"history": early.history_})
+    _fsdp_checkpoints_and_sharded_reference(rank, out, world, fsdp, fsdp_weights)
+    _online_refits(rank, out)
+
+
+def _fsdp_stopped_and_resumed(cls, kw, world, folder):
+    """Gathered weights of an uninterrupted FSDP run and of one stopped dead at step 2, resumed."""
+
+    def die(policy, row):
+        if row["step"] == 2:
+            raise _Killed
+
+    def gathered(policy):
+        return {
+            name: distributed.full_state_dict(module)
+            for name, module in policy._trained_modules().items()
+            if module is not None
+        }
+
+    kw = dict(kw, checkpoint_every=1)
+    with prefopt.config_context(distributed="fsdp"):
+        whole = cls(model=world.policy_model(), **kw).fit(world.prompts, world.reward)
+        try:
+            cls(model=world.policy_model(), checkpoint_dir=folder, **kw).fit(
+                world.prompts, world.reward, callback=die
+            )
+        except _Killed:
+            pass
+        resumed = cls(model=world.policy_model(), checkpoint_dir=folder, **kw)
+        resumed.fit(world.prompts, world.reward)
+    return gathered(whole), gathered(resumed), resumed.n_iter_
+
+
+def _fsdp_checkpoints_and_sharded_reference(rank, out, world, whole_ref, whole_ref_weights):
+    # FSDP with checkpoints, 3 steps (Adam: the moments must come back); PPO's optimiser
+    # also trains the sharded value model.
+    whole, resumed, n_iter = _fsdp_stopped_and_resumed(RLOOPolicy, RL_KW, world, out / "rloo")
+    ppo = dict(batch_size=8, n_steps=3, random_state=0)
+    ppo_whole, ppo_resumed, _ = _fsdp_stopped_and_resumed(PPOPolicy, ppo, world, out / "ppo")
+    # The frozen reference sharded too, against the FSDP run above, whose reference is
+    # replicated (same seed, 2 steps).
+    with prefopt.config_context(distributed="fsdp", fsdp_frozen="shard"):
+        sharded_ref = RLOOPolicy(model=world.policy_model(), **dict(RL_KW, n_steps=2))
+        sharded_ref.fit(world.prompts, world.reward)
+        sharded_weights = distributed.full_state_dict(sharded_ref.model_)
+    _save(
+        out,
+        "fsdp_resume",
+        rank,
+        {
+            "whole": whole,
+            "resumed": resumed,
+            "ppo_whole": ppo_whole,
+            "ppo_resumed": ppo_resumed,
+            "n_iter": n_iter,
+            "ref_sharded": distributed.is_sharded(sharded_ref.ref_model_),
+            "ref_whole": distributed.is_sharded(whole_ref.ref_model_),
+            "sharded_ref": sharded_weights,
+            "replicated_ref": whole_ref_weights,
+            "sharded_history": sharded_ref.history_,
+            "replicated_history": whole_ref.history_,
+        },
+    )
+
+
+def _online_refits(rank, out):
+    from prefopt.worlds import PreferenceWorld
+
+    world = PreferenceWorld(random_state=0)
+    from prefopt.policies import _online
+
+    rm = RewardModel().fit(world.comparisons(200, random_state=0))
+    local, real = [], _online._pairs
+
+    def recording(policy, batch):  # this rank's own pairs of each step
+        local.append(real(policy, batch))
+        return local[-1]
+
+    _online._pairs = recording
+    policy = RLOOPolicy(model=world.policy_model(), refit_every=1, **dict(RL_KW, n_steps=2))
+    policy.fit(world.prompts, rm, labeler=world.labeler)
+    _online._pairs = real
+    _save(
+        out,
+        "online",
+        rank,
+        {
+            "weights": _weights(policy.model_),
+            "coef": policy.reward_model_.coef_.copy(),
+            "start_coef": rm.coef_.copy(),
+            "log": policy._online.log,
+            "local_pairs": local,
+            "history": policy.history_,
+        },
+    )
 
 
 @pytest.fixture(scope="module")
@@ -461,40 +555,6 @@ def test_outside_a_process_group_everything_is_local():
         assert distributed.gather(x) is x
 
 
-@pytest.mark.slow  # starts a local Ray and 2 Ray Train workers: about 1-2 min on 2 busy cores
-def test_ray_train_recipe_runs_on_two_local_workers(tmp_path):
-    pytest.importorskip("ray.train.torch")
-    import subprocess
-
-    example = Path(__file__).resolve().parents[1] / "examples" / "distributed_fit.py"
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    root = str(Path(prefopt.__file__).resolve().parents[1])
-    env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(example),
-            "--ray",
-            "2",
-            "--steps",
-            "2",
-            "--batch-size",
-            "8",
-            "--out",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["ranks"] == 2 and summary["steps"] == 2 and summary["episodes"] == 16
-    assert (tmp_path / "model" / "config.json").exists()
-
-
 def test_each_rank_takes_its_own_gpu(monkeypatch):
     from prefopt.backend import resolve_device
 
@@ -504,6 +564,20 @@ def test_each_rank_takes_its_own_gpu(monkeypatch):
     assert resolve_device() == torch.device("cuda:3")
     with prefopt.config_context(device="cuda:0"):  # an explicit device is the user's choice
         assert resolve_device() == torch.device("cuda:0")
+
+
+def test_online_refits_of_a_language_model_reward_are_refused_in_a_distributed_fit(monkeypatch):
+    from torch import nn
+
+    world = _world()
+    rm = RewardModel()
+    rm.model_ = nn.Linear(1, 1)  # as a fitted language-model reward holds its module
+    rm.partial_fit = lambda *args, **kwargs: None
+    monkeypatch.setattr(distributed, "world_size", lambda: 2)  # as if under torchrun
+    monkeypatch.setattr(distributed, "rank", lambda: 0)
+    policy = RLOOPolicy(model=world.policy_model(), refit_every=1, batch_size=8, n_steps=1)
+    with pytest.raises(ValueError, match="language-model reward are not supported in a distr"):
+        policy.fit(world.prompts, rm, labeler=lambda *args, **kwargs: None)
 
 
 def test_a_shared_value_model_is_refused_in_a_distributed_fit(monkeypatch):
@@ -517,13 +591,50 @@ def test_a_shared_value_model_is_refused_in_a_distributed_fit(monkeypatch):
         policy.fit(world.prompts, world.reward)
 
 
-def test_online_reward_refits_are_refused_in_a_distributed_fit(monkeypatch):
-    from prefopt.worlds import PreferenceWorld
+@pytest.mark.slow  # one launch of 2 processes for all of these: about 60-90 s here
+def test_a_stopped_fsdp_run_resumes_to_the_uninterrupted_result(runs):
+    r0, r1 = _load(runs, "fsdp_resume")
+    assert r0["n_iter"] == r1["n_iter"] == 3
+    assert r1["whole"]["model_"] is None  # rank 0 alone holds the gathered weights
+    assert set(r0["ppo_whole"]) == {"model_", "value_model_"}
+    for whole, resumed in (("whole", "resumed"), ("ppo_whole", "ppo_resumed")):
+        for module, weights in r0[whole].items():
+            # Gathering and sharding again copy the weights and Adam's moments exactly.
+            for name, value in weights.items():
+                got = r0[resumed][module][name]
+                torch.testing.assert_close(got, value, rtol=0, atol=0, msg=whole + name)
 
-    world = PreferenceWorld(random_state=0)
-    rm = RewardModel().fit(world.comparisons(200, random_state=0))
-    monkeypatch.setattr(distributed, "world_size", lambda: 2)  # as if under torchrun
-    monkeypatch.setattr(distributed, "rank", lambda: 0)
-    policy = RLOOPolicy(model=world.policy_model(), refit_every=1, batch_size=8, n_steps=1)
-    with pytest.raises(ValueError, match="online reward refits .* not supported in a distrib"):
-        policy.fit(world.prompts, rm, labeler=world.labeler)
+
+@pytest.mark.slow  # one launch of 2 processes for all of these: about 60-90 s here
+def test_a_sharded_reference_gives_the_replicated_reference_run(runs):
+    r0, _ = _load(runs, "fsdp_resume")
+    assert r0["ref_sharded"] and not r0["ref_whole"]
+    for name, value in r0["replicated_ref"].items():
+        # The reference's forward gathers its blocks instead of holding them: the same
+        # numbers, up to float32 rounding of the gathered matmuls.
+        torch.testing.assert_close(r0["sharded_ref"][name], value, rtol=1e-4, atol=1e-5)
+    for a, b in zip(r0["sharded_history"], r0["replicated_history"]):
+        assert a["objective/kl"] == pytest.approx(b["objective/kl"], abs=1e-5)
+
+
+@pytest.mark.slow  # one launch of 2 processes for all of these: about 60-90 s here
+def test_online_refits_label_the_global_pairs_and_ranks_refit_the_same_reward(runs):
+    r0, r1 = _load(runs, "online")
+    for name, value in r0["weights"].items():
+        torch.testing.assert_close(value, r1["weights"][name], rtol=0, atol=0)
+    np.testing.assert_array_equal(r0["coef"], r1["coef"])
+    assert not np.array_equal(r0["coef"], r0["start_coef"])  # the reward was refitted
+    assert r0["log"] == r1["log"] and len(r0["log"]) == 2
+    # batch 8 = 4 prompts x k=2: each rank pairs its 2 prompts' samples; the refit labels
+    # rank 0's pairs then rank 1's (ties dropped), the global batch's order.
+    for step, record in enumerate(r0["log"]):
+        pairs = [
+            (p, a, b)
+            for share in (r0["local_pairs"][step], r1["local_pairs"][step])
+            for p, a, b in zip(*share)
+            if a != b
+        ]
+        assert len(r0["local_pairs"][step][0]) == len(r1["local_pairs"][step][0]) == 2
+        assert pairs == list(zip(record["prompts"], record["a"], record["b"]))
+        assert len(record["labels"]) == len(pairs)
+    assert r0["history"][-1]["reward/refits"] == 2

@@ -106,3 +106,70 @@ def full_state_dict(module: torch.nn.Module) -> dict | None:
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     state = get_model_state_dict(module, options=options)
     return state if group.is_main() else None
+
+
+# ----- checkpoints of sharded modules: torch.distributed.checkpoint's full state dicts -----
+def _container(modules: dict) -> torch.nn.Module:
+    """The trained modules under one root, so optimiser state is keyed by ``name.param``."""
+    return torch.nn.ModuleDict({k: m for k, m in modules.items() if m is not None})
+
+
+def _param_names(root: torch.nn.Module, optimizer) -> list:
+    """The name of each optimiser parameter, in ``optimizer.state_dict()``'s index order."""
+    names = {id(p): n for n, p in root.named_parameters()}
+    return [names[id(p)] for g in optimizer.param_groups for p in g["params"]]
+
+
+def full_optimizer_state(modules: dict, optimizer) -> dict | None:
+    """The optimiser's full (gathered) state on rank 0, in ``optimizer.state_dict()``'s layout.
+
+    A collective: every rank calls it. Gathered by ``get_optimizer_state_dict``
+    (``full_state_dict=True``), then keyed by parameter index again, so a
+    checkpoint of a sharded run has the format of an unsharded one.
+
+    Parameters
+    ----------
+    modules : dict of str to torch.nn.Module
+        The modules whose parameters the optimiser trains, by name.
+    optimizer : torch.optim.Optimizer
+
+    Returns
+    -------
+    state : dict or None
+        ``None`` on every rank but 0.
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    root = _container(modules)
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    state = get_optimizer_state_dict(root, optimizer, options=options)
+    if not group.is_main():
+        return None
+    index = {name: i for i, name in enumerate(_param_names(root, optimizer))}
+    return {
+        "state": {index[name]: value for name, value in state["state"].items()},
+        "param_groups": [
+            {**g, "params": [index[name] for name in g["params"]]} for g in state["param_groups"]
+        ],
+    }
+
+
+def load_full_optimizer_state(modules: dict, optimizer, state: dict) -> None:
+    """Load a full optimiser state (every rank holds it) into an optimiser of sharded modules.
+
+    A collective: every rank calls it. ``state`` is in ``optimizer.state_dict()``'s
+    layout (parameter indices), as :func:`full_optimizer_state` returns and as an
+    unsharded optimiser holds it; ``set_optimizer_state_dict`` keeps each rank's shard.
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    root = _container(modules)
+    names = _param_names(root, optimizer)
+    keyed = {
+        "state": {names[int(i)]: value for i, value in state["state"].items()},
+        "param_groups": [
+            {**g, "params": [names[int(i)] for i in g["params"]]} for g in state["param_groups"]
+        ],
+    }
+    options = StateDictOptions(full_state_dict=True)
+    set_optimizer_state_dict(root, optimizer, keyed, options=options)

@@ -39,6 +39,7 @@ __all__ = [
     "any_rank",
     "barrier",
     "gather",
+    "gather_objects",
     "global_statistics",
     "init_from_env",
     "is_main",
@@ -432,6 +433,32 @@ def reduce_row(row: dict, elapsed: float | None = None, n_local: int | None = No
     return out
 
 
+def gather_objects(obj) -> list:
+    """Every rank's ``obj`` (picklable) in rank order: ``[obj]`` outside a process group.
+
+    A collective (``all_gather_object``): every rank calls it.
+
+    Parameters
+    ----------
+    obj : object
+        This rank's value.
+
+    Returns
+    -------
+    objects : list
+
+    Examples
+    --------
+    >>> gather_objects({"a": 1})
+    [{'a': 1}]
+    """
+    if world_size() == 1:
+        return [obj]
+    objects = [None] * world_size()
+    dist.all_gather_object(objects, obj)
+    return objects
+
+
 def barrier() -> None:
     """Wait for every rank (nothing outside a process group)."""
     if world_size() > 1:
@@ -446,8 +473,10 @@ def all_finite(loss: torch.Tensor) -> bool:
 
 # The engines (DistributedDataParallel, fully_shard) live in _engines.py.
 from ._engines import (  # noqa: E402, F401 (re-exported: distributed.training_view, ...)
+    full_optimizer_state,
     full_state_dict,
     is_sharded,
+    load_full_optimizer_state,
     prepare,
     training_view,
 )

@@ -215,22 +215,41 @@ def _is_json(value) -> bool:
 
 
 # ----- writing and reading ---------------------------------------------------------------
-def fitted_state(estimator, skip=NOT_STORED) -> tuple[dict, dict]:
+def _stored(estimator, skip=NOT_STORED):
+    """The fitted attributes a checkpoint or ``save`` holds, as ``(name, value)`` pairs."""
+    for key, value in vars(estimator).items():
+        if key.endswith("_") and not key.startswith("_") and key not in skip:
+            yield key, value
+
+
+def gathered_weights(estimator) -> dict:
+    """The full weights of the estimator's FSDP-sharded modules (rank 0; ``{}`` elsewhere).
+
+    A collective: every rank calls it, in the same order of attributes.
+    """
+    weights = {}
+    for key, value in _stored(estimator):
+        if isinstance(value, nn.Module) and distributed.is_sharded(value):
+            weights[key] = distributed.full_state_dict(value)
+    return weights
+
+
+def fitted_state(estimator, skip=NOT_STORED, weights=None) -> tuple[dict, dict]:
     """The fitted attributes as data (weights, nested estimators' and objects' states, numbers).
 
     Returns ``(state, others)``: ``others`` maps the attributes JSON and tensors
     cannot hold (a function, a tokenizer, a module's structure) to their values,
     for the caller to handle (checkpoints rebuild them in ``fit``; ``save``
-    records their types).
+    records their types). ``weights`` gives gathered state dicts of sharded
+    modules by name (:func:`gathered_weights`), written instead of their shards.
     """
     from ..backend.serialization import _qualname
 
     state, others = {}, {}
-    for key, value in vars(estimator).items():
-        if not key.endswith("_") or key.startswith("_") or key in skip:
-            continue
+    weights = weights or {}
+    for key, value in _stored(estimator, skip):
         if isinstance(value, nn.Module):
-            state[key] = {"__module__": dict(value.state_dict())}
+            state[key] = {"__module__": dict(weights.get(key) or value.state_dict())}
         elif isinstance(value, BaseEstimator):  # a KL controller: its class, parameters, state
             state[key] = {
                 "__estimator__": _qualname(value),
@@ -246,7 +265,7 @@ def fitted_state(estimator, skip=NOT_STORED) -> tuple[dict, dict]:
     return state, others
 
 
-def save(estimator, folder: str, *, header: dict, run_state: dict) -> str:
+def save(estimator, folder: str, *, header: dict, run_state: dict, weights=None) -> str:
     """Write a checkpoint of ``estimator`` into ``folder``; return the state file's path.
 
     Parameters
@@ -259,6 +278,8 @@ def save(estimator, folder: str, *, header: dict, run_state: dict) -> str:
         ``defining`` parameters, ``data`` and ``model`` fingerprints.
     run_state : dict
         The run state's :meth:`~prefopt.lm.RunState.state_dict`.
+    weights : dict, default=None
+        Gathered weights of sharded modules (:func:`gathered_weights`).
 
     Returns
     -------
@@ -269,7 +290,7 @@ def save(estimator, folder: str, *, header: dict, run_state: dict) -> str:
         "format": FORMAT,
         "class": type(estimator).__name__,
         **header,
-        "fitted": _split(fitted_state(estimator)[0], "fitted", tensors),
+        "fitted": _split(fitted_state(estimator, weights=weights)[0], "fitted", tensors),
         "run": _split(run_state, "run", tensors),
     }
     step = int(getattr(estimator, "n_iter_", 0))
@@ -396,10 +417,15 @@ class Resume:
 
         In a distributed fit every rank calls this and waits until the checkpoint is
         whole, so no rank can read an older one (a resume right after a failure).
+        Under FSDP every rank first takes part in gathering the full weights, which
+        rank 0 writes in the format of an unsharded run.
         """
         path = None
+        weights = gathered_weights(estimator)  # FSDP: a collective; else nothing
         if distributed.is_main():
-            path = save(estimator, self.folder, header=self.header, run_state=run_state)
+            path = save(
+                estimator, self.folder, header=self.header, run_state=run_state, weights=weights
+            )
         distributed.barrier()
         return path
 

@@ -387,17 +387,6 @@ class BasePolicy(GenerativeEstimator):
         """Under a process group: DDP beside the trained modules, or FSDP's fully_shard."""
         if distributed.world_size() == 1:
             return
-        if distributed.sharded() and self.checkpoint_dir is not None:
-            raise ValueError(
-                f"{type(self).__name__}: checkpoint_dir is not supported with "
-                "set_config(distributed='fsdp') yet; use distributed='ddp' to resume runs."
-            )
-        if getattr(self, "refit_every", None) is not None:
-            raise ValueError(
-                f"{type(self).__name__}: online reward refits (refit_every) are not supported "
-                "in a distributed fit yet (each rank would refit the reward on its own samples); "
-                "set refit_every=None, or run the fit in one process."
-            )
         if isinstance(getattr(self, "value_model", None), str):  # "shared"
             raise ValueError(
                 f"{type(self).__name__}: value_model='shared' is not supported in a distributed "
@@ -407,8 +396,18 @@ class BasePolicy(GenerativeEstimator):
         before = [id(p) for p in self._trainable_parameters()]
         for name in ("model_", "value_model_"):
             distributed.prepare(getattr(self, name, None), self.device_)
+        if distributed.sharded() and get_config()["fsdp_frozen"] == "shard":
+            distributed.prepare(getattr(self, "ref_model_", None), self.device_)
         if [id(p) for p in self._trainable_parameters()] != before:  # fully_shard's new ones
-            self._run.optimizer = self._make_optimizer()
+            old, self._run.optimizer = self._run.optimizer, self._make_optimizer()
+            if old.state:  # a resumed run's moments, loaded whole into every rank: shard them
+                distributed.load_full_optimizer_state(
+                    self._trained_modules(), self._run.optimizer, old.state_dict()
+                )
+
+    def _trained_modules(self) -> dict:
+        """The modules the optimiser trains, by attribute name."""
+        return {"model_": self.model_, "value_model_": self.value_model_}
 
     def _make_optimizer(self) -> torch.optim.Optimizer:
         params = self._trainable_parameters()
@@ -512,6 +511,10 @@ class BasePolicy(GenerativeEstimator):
                 self.n_iter_ % self.checkpoint_every == 0 or self.n_iter_ == total
             ):
                 state = run.state_dict()
+                if distributed.is_sharded(self.model_):  # FSDP: gather the moments (collective)
+                    state["optimizer"] = distributed.full_optimizer_state(
+                        self._trained_modules(), run.optimizer
+                    )
                 if self._online is not None:
                     state["online"] = self._online.state_dict()
                 self._checkpoint.save(self, state)

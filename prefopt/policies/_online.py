@@ -6,7 +6,8 @@ the loop pairs its own samples of each prompt of the step ((0, 1), (2, 3), ...
 of the k), asks the labeler which is preferred, and trains a copy of the
 reward further on the pairs so labelled (``partial_fit``: a warm start, then
 the reward's own normalisation again); the reward passed to ``fit`` is never
-changed.
+changed. In a distributed fit every rank's pairs are gathered, and every rank
+refits the same reward on the same global pairs.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import numpy as np
 import torch
 from sklearn.utils import check_random_state
 
+from ..backend import distributed
 from ..data import check_comparisons
 
 
@@ -43,6 +45,15 @@ def start(policy, reward, labeler):
             f"{who}(refit_every={policy.refit_every}) refits the reward on new labels, so the "
             "reward needs partial_fit(comparisons), as a fitted RewardModel has; got "
             f"{type(reward).__name__}."
+        )
+    language_model = isinstance(getattr(reward, "model_", None), torch.nn.Module)
+    if language_model and distributed.world_size() > 1:
+        # Its partial_fit would split the gathered pairs across ranks again, and a count of
+        # pairs (ties dropped) that leaves a rank without a row stops the fit mid-run.
+        raise ValueError(
+            f"{who}(refit_every={policy.refit_every}): online refits of a language-model "
+            "reward are not supported in a distributed fit yet; refit a feature reward "
+            "(RewardModel() on a world's features), or run the fit in one process."
         )
     return OnlineRewards(policy, labeler)
 
@@ -77,7 +88,10 @@ class OnlineRewards:
         step = policy.n_iter_ + 1  # this step's number (the loop counts it after the update)
         if step % policy.refit_every:
             return stats
-        prompts, first, second = _pairs(policy, batch)
+        # Distributed fits: every rank's pairs, in rank order (the global batch's order), so
+        # every rank labels the same pairs with the same seed and refits the same reward.
+        shares = distributed.gather_objects(_pairs(policy, batch))
+        prompts, first, second = ([x for share in shares for x in share[i]] for i in range(3))
         keep = [i for i in range(len(first)) if first[i] != second[i]]  # ties say nothing
         seed = int(np.random.SeedSequence([self._base_seed, step]).generate_state(1)[0])
         record = {
