@@ -12,15 +12,12 @@ epochs, the KL controller, ``history_``, checkpoints and progress live here.
 from __future__ import annotations
 
 import logging
-import time
-import warnings
 
 import numpy as np
 import torch
 from sklearn.base import clone
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
-from tqdm.auto import tqdm
 
 from .._config import get_config
 from ..backend import (
@@ -31,7 +28,7 @@ from ..backend import (
     make_generator,
     maybe_compile,
 )
-from ..data import PreferenceData, check_pretraining_texts, check_prompts
+from ..data import PreferenceData, check_prompts
 from ..kl import FixedKLController
 from ..lm import GenerativeEstimator, RunState
 from ..lm import _checkpoint as ckpt
@@ -39,9 +36,11 @@ from ..lm._run import one_fit_at_a_time
 from ..rewards import check_rewards
 from . import _online as online
 from ._batch import Minibatch, RolloutBatch
-from ._health import check_health, check_temperature
+from ._health import check_temperature
+from ._inputs import check_ptx, starting_policy
 from ._params import COMMON_CONSTRAINTS, store_params  # noqa: F401 (store_params re-exported)
 from ._rollout import sample_and_score, update
+from ._steps import train_steps
 from ._value import build_value_model
 
 logger = logging.getLogger("prefopt")
@@ -272,7 +271,7 @@ class BasePolicy(GenerativeEstimator):
         prompts = check_prompts(X)
         reward = reward_model if reward_model is not None else y
         if start_model is None and reward is not None:
-            start_model = _starting_policy(reward, type(self).__name__)
+            start_model = starting_policy(reward, type(self).__name__)
         if reward is None:
             raise ValueError(
                 f"{type(self).__name__}.fit needs a reward: fit(prompts, "
@@ -291,7 +290,7 @@ class BasePolicy(GenerativeEstimator):
             )
         distributed.check_batch(self.batch_size, k, type(self).__name__)  # distributed fits
         online_state = online.start(self, reward, labeler)  # refused before any work
-        ptx_texts = self._check_ptx(ptx_data)
+        ptx_texts = check_ptx(self, ptx_data)
         # The pretraining texts define the run too: a resume with other ones is refused.
         data_key = ckpt.fingerprint(
             prompts if ptx_texts is None else {"prompts": prompts, "ptx_data": ptx_texts}
@@ -332,24 +331,6 @@ class BasePolicy(GenerativeEstimator):
                 self._train_steps(self._run.start_step + self.n_steps - self.n_iter_, callback)
             self._checkpoint = None  # the folder's lock ends with this block
         return self
-
-    def _check_ptx(self, ptx_data) -> list | None:
-        """The pretraining texts of PPO-ptx, or ``None`` when the run mixes none in."""
-        if self.ptx_coef > 0 and ptx_data is None:
-            raise ValueError(
-                f"{type(self).__name__}(ptx_coef={self.ptx_coef}) mixes a next-token loss on "
-                "pretraining text into the policy loss; pass the texts: fit(prompts, reward, "
-                "ptx_data=texts), or set ptx_coef=0."
-            )
-        if ptx_data is not None and self.ptx_coef == 0:
-            warnings.warn(
-                f"ptx_data was given but {type(self).__name__} has ptx_coef=0, so it is "
-                "ignored; set ptx_coef > 0 to mix in the pretraining loss.",
-                UserWarning,
-                stacklevel=3,
-            )
-            return None
-        return None if ptx_data is None else check_pretraining_texts(ptx_data)
 
     def _setup(self, reward, start_model) -> None:
         rng = check_random_state(self.random_state)
@@ -451,77 +432,7 @@ class BasePolicy(GenerativeEstimator):
 
     # ----- one step -------------------------------------------------------------------
     def _train_steps(self, n_steps: int, callback=None) -> None:
-        run = self._run
-        total = self.n_iter_ + max(n_steps, 0)
-        k = self._samples_per_prompt()
-        show = get_config()["show_progress_bar"] and distributed.is_main()  # rank 0 alone
-        bar = tqdm(range(max(n_steps, 0)), desc=type(self).__name__, disable=not show, leave=False)
-        for _ in bar:
-            self._set_learning_rate()
-            start = time.perf_counter()
-            # Distributed fits: every rank draws the same global rows and takes its share.
-            rows = distributed.shard(run.next_rows(self.batch_size // k, len(self._prompts)))
-            batch = self._rollout(rows)
-            advantages = self.compute_advantages(batch)
-            if isinstance(advantages, tuple):
-                batch.advantages, batch.returns = advantages
-            else:
-                batch.advantages = advantages
-            stats = self._update(batch)
-            self.after_update(batch)
-            if self._online is not None:
-                stats.update(self._online.after_step(self, batch))
-            mean_kl = float(distributed.mean(batch.kl.sum(1)))  # over all ranks
-            n_episodes = len(batch) * distributed.world_size()  # the global batch
-            self.beta_ = self.kl_.update(mean_kl, n_episodes=n_episodes)
-            self.n_iter_ += 1
-            self.n_episodes_ += n_episodes
-            elapsed = time.perf_counter() - start
-            row = {
-                "step": self.n_iter_,
-                "episodes": self.n_episodes_,
-                "objective/reward": float(batch.scores.mean()),
-                "objective/kl": mean_kl,
-                "objective/rlhf_reward": float(batch.rlhf_rewards.mean()),
-                "objective/beta": batch.beta,
-                **stats,
-                "response/length": float(batch.response_mask.sum(1).float().mean()),
-                "response/eos_share": float(batch.ended.float().mean()),
-                "charts/learning_rate": run.optimizer.param_groups[0]["lr"],
-                "time/episodes_per_s": len(batch) / elapsed,
-            }
-            row = distributed.reduce_row(row, elapsed, len(batch))  # global figures
-            self.history_.append(row)
-            check_health(self, row)
-            bar.set_postfix(reward=f"{row['objective/reward']:.3f}", kl=f"{mean_kl:.3f}")
-            if (
-                self.verbose
-                and distributed.is_main()
-                and (self.n_iter_ % 10 == 0 or self.n_iter_ == total)
-            ):
-                logger.info(
-                    "%s step %d: reward %.4f kl %.4f beta %.4g",
-                    type(self).__name__,
-                    self.n_iter_,
-                    row["objective/reward"],
-                    mean_kl,
-                    batch.beta,
-                )
-            if getattr(self, "_checkpoint", None) is not None and (
-                self.n_iter_ % self.checkpoint_every == 0 or self.n_iter_ == total
-            ):
-                state = run.state_dict()
-                if distributed.is_sharded(self.model_):  # FSDP: gather the moments (collective)
-                    state["optimizer"] = distributed.full_optimizer_state(
-                        self._trained_modules(), run.optimizer
-                    )
-                if self._online is not None:
-                    state["online"] = self._online.state_dict()
-                self._checkpoint.save(self, state)
-            stop = callback is not None and callback(self, row) is True
-            if distributed.any_rank(stop):  # every rank stops at the same step
-                break
-        bar.close()
+        train_steps(self, n_steps, callback)  # the step loop lives in _steps.py
 
     def _set_learning_rate(self) -> None:
         if self.lr_schedule == "linear":  # annealed linearly to 0, as the original code
@@ -578,20 +489,3 @@ class BasePolicy(GenerativeEstimator):
             )
         completions = self.predict(prompts)
         return float(np.mean(check_rewards(reward(prompts, completions), len(prompts))))
-
-
-def _starting_policy(reward, who: str):
-    """The starting policy a reward knows (see ``RewardModel.starting_policy_``)."""
-    from torch import nn
-
-    start = getattr(reward, "starting_policy_", None)
-    if start is None:
-        raise ValueError(
-            f"{who}.fit has no starting policy: pass model= (a local path, a transformers "
-            "config, a torch module or a fitted SFTPolicy). A RewardModel fitted on an "
-            "SFTPolicy, or on a world's comparisons, knows where the policy starts; this "
-            f"reward ({type(reward).__name__}) does not."
-        )
-    if callable(start) and not isinstance(start, nn.Module) and not hasattr(start, "fit"):
-        start = start()  # a factory of fresh copies, as PreferenceWorld.policy_model
-    return start

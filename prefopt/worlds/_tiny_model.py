@@ -1,4 +1,4 @@
-"""The tiny GPT-2 of TinyLMWorld: a config sized to its response tree, sampling at temperature 1."""
+"""TinyLMWorld's prompts and its tiny GPT-2, sized to the response tree, sampling at T = 1."""
 
 from __future__ import annotations
 
@@ -40,3 +40,10 @@ def tiny_gpt2(tokenizer, n_positions: int, max_len: int, seed: int) -> GPT2LMHea
         pad_token_id=tokenizer.pad_token_id,
     )
     return model
+
+
+def prompt_words(i: int, vocab) -> list[str]:
+    # Alternate one- and two-token prompts so a batch needs left padding; for
+    # i < 2 V the singles and the pairs' first words are all distinct.
+    n, j = len(vocab), i // 2
+    return [vocab[j]] if i % 2 == 0 else [vocab[(j + 1) % n], vocab[(j + 2) % n]]

@@ -36,7 +36,7 @@ from ..backend import response_logprobs
 from ._exact import ExactWorld, _tilt
 from ._per_token import PerTokenMethods
 from ._raters import bradley_terry_labels, check_pairs
-from ._tiny_model import tiny_gpt2
+from ._tiny_model import prompt_words, tiny_gpt2
 from ._tokenizer import EOS, PAD, word_level_tokenizer
 
 __all__ = ["TinyLMWorld"]
@@ -51,13 +51,6 @@ _PRETRAIN_LR = 1e-2
 _TARGET_LOGIT_STD = 1.0
 _TARGET_TOPIC_BONUS = 1.0
 _REFERENCE_WEIGHTS: dict = {}  # (vocab, max_len, n_prompts, seed) -> pre-trained state dict
-
-
-def _prompt_words(i: int, vocab) -> list[str]:
-    # Alternate one- and two-token prompts so a batch needs left padding; for
-    # i < 2 V the singles and the pairs' first words are all distinct.
-    n, j = len(vocab), i // 2
-    return [vocab[j]] if i % 2 == 0 else [vocab[(j + 1) % n], vocab[(j + 2) % n]]
 
 
 class TinyLMWorld(ExactWorld, PerTokenMethods):
@@ -173,7 +166,7 @@ class TinyLMWorld(ExactWorld, PerTokenMethods):
         self.tokenizer = word_level_tokenizer(
             vocab, unk_token=None, eos_token=EOS, split_on_whitespace=True
         )
-        self.prompts = [" ".join(_prompt_words(i, vocab)) for i in range(n_prompts)]
+        self.prompts = [" ".join(prompt_words(i, vocab)) for i in range(n_prompts)]
         self._prompt_ids = [
             self.tokenizer(p, add_special_tokens=False)["input_ids"] for p in self.prompts
         ]
