@@ -184,9 +184,11 @@ def test_optimum_equals_brute_force_tilt(world):
     # J*(x) = beta log Z(x): the objective's closed form.
     log_z = np.log(unnorm.sum(1)).mean()
     assert metrics["objective"] == pytest.approx(BETA * log_z, rel=1e-10)
-    # Pins the seeded world; 40 Adam steps build the reference, so float-level changes in
-    # the forward pass (e.g. computing only the needed logits) move it by ~0.003.
-    assert metrics["objective"] == pytest.approx(0.237, abs=0.01)
+    # Pins the seeded world. 40 Adam steps build the reference, and Adam turns float-level
+    # differences in near-zero gradients into whole steps: computing only the needed logits
+    # moved this by ~0.003; cutting padding columns from every pass (the same log-probs and
+    # gradients to 1e-7) moved it from 0.237 to 0.313 at that commit.
+    assert metrics["objective"] == pytest.approx(0.313, abs=0.01)
     # No other policy does better (Gibbs' variational principle).
     rng = np.random.RandomState(0)
     for _ in range(20):
@@ -206,7 +208,7 @@ def test_objective_share_is_zero_at_reference_and_one_at_optimum(world):
     assert world.objective_share(best, world.reward, BETA) == pytest.approx(1.0, abs=1e-12)
     ref = world.evaluate(world.reference_probs(), world.reward, BETA)
     assert ref["kl"] == 0.0
-    assert ref["objective"] == pytest.approx(-0.36, abs=0.02)  # pinned loosely, see above
+    assert ref["objective"] == pytest.approx(-0.316, abs=0.02)  # pinned loosely, see above
     mixed = 0.5 * world.reference_probs() + 0.5 * best
     assert 0.0 < world.objective_share(mixed, world.reward, BETA) < 1.0
 
