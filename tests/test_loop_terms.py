@@ -298,16 +298,19 @@ def test_prefix_values_satisfy_the_bellman_equation(tiny):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("seed", [0])
 def test_ppo_values_match_the_exact_prefix_values_and_reach_the_optimum(tiny, seed):
     # PPO with GAE on the reward paid along the response, a tabular value model: at the
     # end its value of every prefix is the exact value under the final policy of the
     # KL-shaped per-token reward (gamma = 1, any lambda: the lambda-return's fixed point).
-    # Measured (40 steps of 256; 14 s each on an idle core), seeds 0-3: probability-
-    # weighted mean |error| 0.002-0.003, worst state visited with probability > 5%:
-    # 0.002-0.005; share of the achievable objective 0.992-0.997, total variation to pi*
-    # at most 0.045 per prompt. Tolerances: about 5x the worst seed. (At 20 steps the
-    # value table still trails the policy: weighted error 0.011-0.115, seed 2 worst.)
+    # Measured (40 steps of 256; 8-14 s each on an idle core), seeds 0-2: probability-
+    # weighted mean |error| 0.0031, 0.0033, 0.0012; worst state visited with probability
+    # > 5%: 0.0052, 0.0055, 0.0024; share of the achievable objective 0.996, 0.997, 0.994;
+    # total variation to pi* at most 0.04 per prompt (seeds 0-3 before padding was cut from
+    # every pass, which reseeds TinyLMWorld's reference: 0.002-0.003, 0.002-0.005,
+    # 0.992-0.997, 0.045). Tolerances: about 5x the worst seed. One seed runs here (the run
+    # is deterministic; the others cost suite time). (At 20 steps the value table still
+    # trails the policy: weighted error 0.011-0.115.)
     reward = tiny.token_reward(share=0.5)
     policy = PPOPolicy(
         model=tiny.policy_model(),
