@@ -157,6 +157,7 @@ def main(argv=None):
         samples = [c for row in sft.sample(eval_prompts, n=2, random_state=seed) for c in row]
         start = {  # the SFT policy, step 0 of both runs: its KL is 0 by definition
             "seed": seed,
+            "mode": None,  # set per run below
             "step": 0,
             "gold": float(world.gold_reward(prompts, samples).mean()),
             "proxy_fixed": float(rm.predict(prompts, samples).mean()),
