@@ -346,6 +346,7 @@ def benchmark(args, settings: dict, world, tmp: str) -> None:
                 args.in_process,
             )
             results.setdefault((algorithm, impl), []).append(result)
+            _print_progress(repeat, args.repeats, algorithm, impl, results)
     print(
         f"torch threads {results[next(iter(results))][0]['threads']}, load average "
         f"{os.getloadavg()[0]:.1f} at the end\n"
@@ -368,6 +369,31 @@ def benchmark(args, settings: dict, world, tmp: str) -> None:
                 results[(algorithm, "trl")],
                 memory_label,
             )
+
+
+def _print_progress(repeat: int, repeats: int, algorithm: str, impl: str, results) -> None:
+    """One line per finished run, and the pair's ratio once both halves are in.
+
+    A summarisation-shaped pair takes most of an hour on a CPU; printing as they finish
+    keeps every measured pair when a long invocation is stopped early.
+    """
+    run = results[(algorithm, impl)][-1]
+    print(
+        f"[run {repeat + 1}/{repeats}] {NAMES[algorithm]} {impl}: "
+        f"{run['episodes_per_s']:.3f} episodes/s, {run['seconds_per_step']:.2f} s/step, "
+        f"peak {run['peak_mb']:.0f} MB, reward end {run['final_reward']:.3f}",
+        flush=True,
+    )
+    pair = [results.get((algorithm, side), []) for side in ("prefopt", "trl")]
+    if all(len(runs) == repeat + 1 for runs in pair):
+        ours, theirs = pair[0][-1], pair[1][-1]
+        print(
+            f"[pair {repeat + 1}/{repeats}] {NAMES[algorithm]} prefopt / TRL: episodes/s "
+            f"{ours['episodes_per_s'] / theirs['episodes_per_s']:.2f}x, peak memory "
+            f"{ours['peak_mb'] / theirs['peak_mb']:.2f}x, reward difference "
+            f"{ours['final_reward'] - theirs['final_reward']:+.3f}",
+            flush=True,
+        )
 
 
 def _beta(args, algorithm: str) -> float:

@@ -64,6 +64,8 @@ def test_throughput_prints_the_table():
         assert len(values) == 7 and all(math.isfinite(v) for v in values), match.group(0)
         assert values[0] > 0 and values[2] > 0 and values[3] > 0
         assert -1.0 <= values[5] <= 1.0 and -1.0 <= values[6] <= 1.0  # lexicon reward range
+        # Each run is also reported as it finishes, so an interrupted long run keeps it.
+        assert re.search(rf"^\[run 1/1\] {name} prefopt: [\d.]+ episodes/s", out, re.M), out
 
 
 def test_lexicon_reward_and_padded_tokenizer():
