@@ -77,9 +77,12 @@ def main(argv=None) -> int:
     out = Path(tempfile.mkdtemp(prefix="reproduce-")) if args.quick else HERE / "results"
     failed = []
     for name in [] if args.table else names:
-        command = [sys.executable, str(HERE / f"{name}.py"), "--out", str(out)]
-        print("$", " ".join(command[1:]) + (" --quick" if args.quick else ""), flush=True)
-        if subprocess.run(command + (["--quick"] if args.quick else [])).returncode:
+        # Full runs write to the scripts' default folder, so each summary records the same
+        # command a reader would type; smoke runs go to the temporary folder.
+        command = [sys.executable, str(HERE / f"{name}.py")]
+        command += ["--out", str(out), "--quick"] if args.quick else []
+        print("$", " ".join(command[1:]), flush=True)
+        if subprocess.run(command).returncode:
             failed.append(name)
     if not args.quick:
         rebuild(HERE / "results", HERE.parent / "REPRODUCTION.md")
