@@ -323,11 +323,15 @@ def logprobs_from_outputs(
         lse = torch.logsumexp(logits, dim=-1)
         logps.append(logits.gather(-1, flat_targets[i : i + step]).squeeze(-1) - lse)
         if with_entropy:
-            with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            grad = entropy_grad and torch.is_grad_enabled()
+            with torch.set_grad_enabled(grad):
                 p = torch.exp(logits - lse.unsqueeze(-1))
                 # Suppressed ids: p = 0 and z = -inf; a 0 in their place, not 0 * -inf = nan.
-                finite = torch.where(torch.isfinite(logits), logits, torch.zeros_like(logits))
-                entropies.append(lse - (p * finite).sum(-1))
+                if grad:
+                    finite = torch.where(torch.isfinite(logits), logits, torch.zeros_like(logits))
+                    entropies.append(lse - (p * finite).sum(-1))
+                else:  # the same sum with the nan terms skipped, in one pass fewer
+                    entropies.append(lse - torch.nansum(p * logits, dim=-1))
     logp = torch.cat(logps).view(n, length)
     return logp, (torch.cat(entropies).view(n, length) if with_entropy else None)
 

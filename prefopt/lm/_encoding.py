@@ -345,7 +345,10 @@ class TokenEncoding:
     def _decode(self, response_ids, response_mask) -> list[str]:
         """Text of responses: their stop token (special or not) and special tokens left out."""
         stops = set(self._stop_ids())
-        ids = [r[m.bool()].tolist() for r, m in zip(response_ids.cpu(), response_mask.cpu())]
+        # A response mask is a prefix of ones (truncate_after_eos): cut each row at its
+        # length, from one conversion of the whole batch rather than one per row.
+        lengths = response_mask.sum(1).tolist()
+        ids = [r[:n] for r, n in zip(response_ids.tolist(), lengths)]
         ids = [r[:-1] if r and r[-1] in stops else r for r in ids]
         return self.tokenizer_.batch_decode(ids, skip_special_tokens=True)
 
