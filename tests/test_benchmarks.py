@@ -2,6 +2,7 @@
 
 import importlib.util
 import math
+import os
 import re
 import subprocess
 import sys
@@ -115,3 +116,39 @@ def test_trl_settings_match_rloo_policy(tmp_path):
     assert config.max_steps == 12 * ours["n_minibatches"] * ours["n_epochs"]
     assert (config.max_completion_length, config.temperature, config.beta) == (27, 0.7, 0.05)
     assert not config.gradient_checkpointing and not config.bf16
+
+
+def test_concurrent_needs_one_thread_and_two_cores():
+    # Refused before any model is built: a pair's runs need a core each.
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--concurrent", "--threads", "2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 2 and "--concurrent" in proc.stderr and "--threads 1" in proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
+    reason="--concurrent pins each run of a pair to its own core",
+)
+def test_concurrent_runs_are_pinned_and_reported():
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--concurrent", "--algorithms", "rloo"]
+        + "--steps 1 --warmup 1 --batch-size 8 --max-new-tokens 8 --eval-episodes 8".split()
+        + "--n-reviews 200 --threads 1 --repeats 2".split(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert "the two of a pair at the same time, on cores" in out, out
+    for name in ("RLOO",):
+        runs = re.findall(rf"^\[run [12]/2\] {name} prefopt: [\d.]+ episodes/s", out, re.M)
+        assert len(runs) == 2, out
+        assert re.search(rf"^{name} +prefopt +\d+x\d+ ", out, flags=re.MULTILINE), out
