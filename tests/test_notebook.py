@@ -24,6 +24,9 @@ def test_compare_algorithms_notebook_runs(monkeypatch):
     client.execute()
     outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
+    # import prefopt in a kernel without ipywidgets: tqdm's text bar, and no warning about it.
+    warnings = [str(o.get("text", "")) for o in outputs if o.get("name") == "stderr"]
+    assert not [w for w in warnings if "IProgress" in w], warnings
     text = "".join(
         str(o.get("text", "")) + str(o.get("data", {}).get("text/plain", "")) for o in outputs
     )

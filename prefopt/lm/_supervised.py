@@ -11,9 +11,9 @@ import math
 import time
 
 import torch
-from tqdm.auto import tqdm
 
 from .._config import get_config
+from .._progress import tqdm
 from ..backend import adamw, distributed, gradient_step
 
 __all__ = ["schedule_scale", "train_minibatches"]

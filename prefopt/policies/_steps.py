@@ -9,9 +9,8 @@ from __future__ import annotations
 import logging
 import time
 
-from tqdm.auto import tqdm
-
 from .._config import get_config
+from .._progress import tqdm
 from ..backend import distributed
 from ._health import check_health
 
