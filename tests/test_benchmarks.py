@@ -20,36 +20,25 @@ def load_throughput():
     return module
 
 
-@pytest.mark.slow
-def test_throughput_prints_the_table():
-    # The smallest run: tiny model, 1 warm-up + 2 measured steps, no peer, one process.
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(SCRIPT),
-            "--size",
-            "tiny",
-            "--steps",
-            "2",
-            "--warmup",
-            "1",
-            "--batch-size",
-            "8",
-            "--max-new-tokens",
-            "8",
-            "--eval-episodes",
-            "8",
-            "--n-reviews",
-            "200",
-            "--threads",
-            "1",
-            "--in-process",
-        ],
+# The smallest run: tiny model, short responses, a small corpus, one thread.
+SMALLEST = "--size tiny --batch-size 8 --max-new-tokens 8 --eval-episodes 8 --n-reviews 200 "
+SMALLEST += "--threads 1"
+
+
+def run_throughput(arguments: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *arguments.split()],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=timeout,
         check=False,
     )
+
+
+@pytest.mark.slow
+def test_throughput_prints_the_table():
+    # 1 warm-up + 2 measured steps, no peer, one process.
+    proc = run_throughput(f"{SMALLEST} --steps 2 --warmup 1 --in-process")
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
     assert re.search(
@@ -120,13 +109,7 @@ def test_trl_settings_match_rloo_policy(tmp_path):
 
 def test_concurrent_needs_one_thread_and_two_cores():
     # Refused before any model is built: a pair's runs need a core each.
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--concurrent", "--threads", "2"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    proc = run_throughput("--concurrent --threads 2", timeout=120)
     assert proc.returncode == 2 and "--concurrent" in proc.stderr and "--threads 1" in proc.stderr
 
 
@@ -136,19 +119,11 @@ def test_concurrent_needs_one_thread_and_two_cores():
     reason="--concurrent pins each run of a pair to its own core",
 )
 def test_concurrent_runs_are_pinned_and_reported():
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--concurrent", "--algorithms", "rloo"]
-        + "--steps 1 --warmup 1 --batch-size 8 --max-new-tokens 8 --eval-episodes 8".split()
-        + "--n-reviews 200 --threads 1 --repeats 2".split(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
+    proc = run_throughput(
+        f"{SMALLEST} --steps 1 --warmup 1 --algorithms rloo --repeats 2 --concurrent"
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
     assert "the two of a pair at the same time, on cores" in out, out
-    for name in ("RLOO",):
-        runs = re.findall(rf"^\[run [12]/2\] {name} prefopt: [\d.]+ episodes/s", out, re.M)
-        assert len(runs) == 2, out
-        assert re.search(rf"^{name} +prefopt +\d+x\d+ ", out, flags=re.MULTILINE), out
+    assert len(re.findall(r"^\[run [12]/2\] RLOO prefopt: [\d.]+ episodes/s", out, re.M)) == 2, out
+    assert re.search(r"^RLOO +prefopt +\d+x\d+ ", out, flags=re.MULTILINE), out
