@@ -1,16 +1,23 @@
 """The data-parallel engines: DistributedDataParallel beside a module, or FSDP's fully_shard.
 
-Part of :mod:`prefopt.backend.distributed` (re-exported there); the process group,
-shares and reductions are that module's.
+Part of :mod:`prefopt.backend.distributed` (re-exported there). This module keeps
+which modules it wrapped and sharded; who this process is comes from
+:mod:`._process_group`, and the shares and reductions are ``distributed``'s.
 """
 
 from __future__ import annotations
 
+import weakref
 from contextlib import contextmanager
 
 import torch
 
-from . import distributed as group
+from ._process_group import is_main, sharded, world_size
+
+# The DistributedDataParallel wrapper of each trained module (weakly keyed: it goes with it).
+_WRAPPED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# Modules that fully_shard has sharded in place.
+_SHARDED: weakref.WeakSet = weakref.WeakSet()
 
 
 def prepare(
@@ -38,19 +45,19 @@ def prepare(
     module : torch.nn.Module or None
         The same module.
     """
-    if module is None or group.world_size() == 1:
+    if module is None or world_size() == 1:
         return module
-    if group.sharded() and shard:
-        if module not in group._SHARDED:
+    if sharded() and shard:
+        if module not in _SHARDED:
             _fully_shard(module)
-            group._SHARDED.add(module)
+            _SHARDED.add(module)
         return module
-    if module not in group._WRAPPED:
+    if module not in _WRAPPED:
         from torch.nn.parallel import DistributedDataParallel
 
         cuda = device is not None and device.type == "cuda"
         ids = [device.index if device.index is not None else 0] if cuda else None
-        group._WRAPPED[module] = DistributedDataParallel(module, device_ids=ids)
+        _WRAPPED[module] = DistributedDataParallel(module, device_ids=ids)
     return module
 
 
@@ -79,12 +86,12 @@ def training_view(estimator, names=("model_", "value_model_")):
     outside a process group or under FSDP (``fully_shard`` works in place).
     """
     swapped = {}
-    if group.world_size() > 1:
+    if world_size() > 1:
         for name in names:
             module = estimator.__dict__.get(name)
-            if module is not None and module in group._WRAPPED:
+            if module is not None and module in _WRAPPED:
                 swapped[name] = module
-                estimator.__dict__[name] = group._WRAPPED[module]
+                estimator.__dict__[name] = _WRAPPED[module]
     try:
         yield
     finally:
@@ -93,7 +100,7 @@ def training_view(estimator, names=("model_", "value_model_")):
 
 def is_sharded(module) -> bool:
     """Whether ``module`` was sharded in place by :func:`prepare`."""
-    return module is not None and module in group._SHARDED
+    return module is not None and module in _SHARDED
 
 
 def full_state_dict(module: torch.nn.Module) -> dict | None:
@@ -105,7 +112,7 @@ def full_state_dict(module: torch.nn.Module) -> dict | None:
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     state = get_model_state_dict(module, options=options)
-    return state if group.is_main() else None
+    return state if is_main() else None
 
 
 # ----- checkpoints of sharded modules: torch.distributed.checkpoint's full state dicts -----
@@ -143,7 +150,7 @@ def full_optimizer_state(modules: dict, optimizer) -> dict | None:
     root = _container(modules)
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     state = get_optimizer_state_dict(root, optimizer, options=options)
-    if not group.is_main():
+    if not is_main():
         return None
     index = {name: i for i, name in enumerate(_param_names(root, optimizer))}
     return {

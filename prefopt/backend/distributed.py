@@ -24,16 +24,23 @@ Outside a process group every helper is the plain single-process computation.
 
 from __future__ import annotations
 
-import os
 import threading
-import weakref
 from contextlib import contextmanager
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from .._config import get_config
+# The engines, re-exported (distributed.prepare, distributed.training_view, ...).
+from ._engines import (  # noqa: F401
+    full_optimizer_state,
+    full_state_dict,
+    is_sharded,
+    load_full_optimizer_state,
+    prepare,
+    training_view,
+)
+from ._process_group import init_from_env, is_main, local_rank, rank, sharded, world_size
 
 __all__ = [
     "any_rank",
@@ -57,80 +64,11 @@ __all__ = [
 ]
 
 _local = threading.local()
-# The DistributedDataParallel wrapper of each trained module (weakly keyed: it goes with it).
-_WRAPPED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-# Modules that fully_shard has sharded in place.
-_SHARDED: weakref.WeakSet = weakref.WeakSet()
 # history_ keys that add up over ranks (a count), not average.
 SUMMED = frozenset({"data/tokens", "data/rows"})
 
 
-# ----- who am I ----------------------------------------------------------------------
-def init_from_env() -> bool:
-    """Start the default process group when a launcher's environment asks for one.
-
-    ``torchrun`` (and Ray Train) set ``WORLD_SIZE``, ``RANK``, ``MASTER_ADDR`` and
-    ``MASTER_PORT``; with ``WORLD_SIZE`` above 1 and no group yet, this starts one
-    (NCCL when the configured device is CUDA, else gloo). Ray Train starts its own.
-
-    Returns
-    -------
-    started : bool
-        Whether a process group of more than one rank is up.
-    """
-    if not dist.is_available():
-        return False
-    if dist.is_initialized():
-        return dist.get_world_size() > 1
-    if get_config()["distributed"] == "none" or int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        return False
-    if "MASTER_ADDR" not in os.environ or "RANK" not in os.environ:
-        return False
-    cuda = torch.cuda.is_available() and get_config()["device"] in ("auto", "cuda")
-    if cuda:
-        torch.cuda.set_device(local_rank())
-    dist.init_process_group(backend="nccl" if cuda else "gloo")
-    return dist.get_world_size() > 1
-
-
-def world_size() -> int:
-    """Ranks taking part in a fit: 1 outside a process group or under ``distributed="none"``.
-
-    Examples
-    --------
-    >>> world_size()
-    1
-    """
-    if get_config()["distributed"] == "none":
-        return 1
-    if not (dist.is_available() and dist.is_initialized()):
-        return 1
-    return dist.get_world_size()
-
-
-def rank() -> int:
-    """This process's rank (0 outside a process group)."""
-    return dist.get_rank() if world_size() > 1 else 0
-
-
-def is_main() -> bool:
-    """Whether this process writes checkpoints and shows progress (rank 0, or alone)."""
-    return rank() == 0
-
-
-def local_rank() -> int:
-    """This process's rank on its machine: ``LOCAL_RANK``, as torchrun and Ray Train set it."""
-    if "LOCAL_RANK" in os.environ:
-        return int(os.environ["LOCAL_RANK"])
-    n = torch.cuda.device_count() if torch.cuda.is_available() else 1
-    return (dist.get_rank() if dist.is_available() and dist.is_initialized() else 0) % max(n, 1)
-
-
-def sharded() -> bool:
-    """Whether the policy is sharded with FSDP's ``fully_shard`` (``distributed="fsdp"``)."""
-    return world_size() > 1 and get_config()["distributed"] == "fsdp"
-
-
+# ----- who am I (the rest is _process_group's) ----------------------------------------------
 def rank_seed(seed: int) -> int:
     """The seed of this rank's random stream: ``seed`` on rank 0, a derived one on the others.
 
@@ -469,14 +407,3 @@ def all_finite(loss: torch.Tensor) -> bool:
     """Whether the loss is finite on every rank (a NaN on one rank stops them all)."""
     finite = bool(torch.isfinite(loss.detach()).all())
     return not any_rank(not finite) if world_size() > 1 else finite
-
-
-# The engines (DistributedDataParallel, fully_shard) live in _engines.py.
-from ._engines import (  # noqa: E402, F401 (re-exported: distributed.training_view, ...)
-    full_optimizer_state,
-    full_state_dict,
-    is_sharded,
-    load_full_optimizer_state,
-    prepare,
-    training_view,
-)

@@ -1,0 +1,79 @@
+"""Who this process is in a data-parallel fit: the process group, ranks, the engine asked for.
+
+The bottom of :mod:`prefopt.backend.distributed` (re-exported there): the engines
+(:mod:`._engines`) and the reductions both build on it, and it imports neither.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+from .._config import get_config
+
+
+def init_from_env() -> bool:
+    """Start the default process group when a launcher's environment asks for one.
+
+    ``torchrun`` (and Ray Train) set ``WORLD_SIZE``, ``RANK``, ``MASTER_ADDR`` and
+    ``MASTER_PORT``; with ``WORLD_SIZE`` above 1 and no group yet, this starts one
+    (NCCL when the configured device is CUDA, else gloo). Ray Train starts its own.
+
+    Returns
+    -------
+    started : bool
+        Whether a process group of more than one rank is up.
+    """
+    if not dist.is_available():
+        return False
+    if dist.is_initialized():
+        return dist.get_world_size() > 1
+    if get_config()["distributed"] == "none" or int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return False
+    if "MASTER_ADDR" not in os.environ or "RANK" not in os.environ:
+        return False
+    cuda = torch.cuda.is_available() and get_config()["device"] in ("auto", "cuda")
+    if cuda:
+        torch.cuda.set_device(local_rank())
+    dist.init_process_group(backend="nccl" if cuda else "gloo")
+    return dist.get_world_size() > 1
+
+
+def world_size() -> int:
+    """Ranks taking part in a fit: 1 outside a process group or under ``distributed="none"``.
+
+    Examples
+    --------
+    >>> world_size()
+    1
+    """
+    if get_config()["distributed"] == "none":
+        return 1
+    if not (dist.is_available() and dist.is_initialized()):
+        return 1
+    return dist.get_world_size()
+
+
+def rank() -> int:
+    """This process's rank (0 outside a process group)."""
+    return dist.get_rank() if world_size() > 1 else 0
+
+
+def is_main() -> bool:
+    """Whether this process writes checkpoints and shows progress (rank 0, or alone)."""
+    return rank() == 0
+
+
+def local_rank() -> int:
+    """This process's rank on its machine: ``LOCAL_RANK``, as torchrun and Ray Train set it."""
+    if "LOCAL_RANK" in os.environ:
+        return int(os.environ["LOCAL_RANK"])
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 1
+    return (dist.get_rank() if dist.is_available() and dist.is_initialized() else 0) % max(n, 1)
+
+
+def sharded() -> bool:
+    """Whether the policy is sharded with FSDP's ``fully_shard`` (``distributed="fsdp"``)."""
+    return world_size() > 1 and get_config()["distributed"] == "fsdp"
