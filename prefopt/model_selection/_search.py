@@ -1,24 +1,26 @@
 """SeedSearchCV: a grid search that fits every candidate under several seeds.
 
-Re-exported by :mod:`prefopt.model_selection`; see its docstring.
+Re-exported by :mod:`prefopt.model_selection`; see its docstring. Built on
+scikit-learn's public API alone (``cross_validate`` fits and scores one cell,
+``ParameterGrid``, ``check_cv``, ``check_scoring`` and joblib's ``Parallel``
+spread the cells), so a scikit-learn release that reworks ``BaseSearchCV``'s
+internals leaves it as it is.
 """
 
 from __future__ import annotations
 
+import time
 from numbers import Integral, Real
 
 import numpy as np
 from scipy import stats
-from sklearn.base import clone
-from sklearn.model_selection import ParameterGrid
-from sklearn.model_selection._search import (
-    BaseSearchCV,
-    _yield_masked_array_for_each_param,
-)
-from sklearn.utils._param_validation import Interval
+from sklearn.base import BaseEstimator, MetaEstimatorMixin, clone
+from sklearn.model_selection import ParameterGrid, check_cv
+from sklearn.utils.parallel import Parallel, delayed
 from sklearn.utils.validation import check_is_fitted
 
-from .._config import config_context, get_config
+from .._config import get_config
+from ._cells import _AllPrompts, _cell, _param_arrays, _scorers
 from ._stats import _check_seeds, t_interval
 
 __all__ = ["SeedSearchCV"]
@@ -32,84 +34,7 @@ def _rank(means: np.ndarray) -> np.ndarray:
     return stats.rankdata(-filled, method="min").astype(np.int32)
 
 
-class _AllPrompts:
-    """A splitter with one split: train on all prompts, score on the same prompts.
-
-    An RL policy is usually judged on the prompts it was trained on, and seeds,
-    not folds, are the replicates; ``SeedSearchCV(cv=None)`` uses this.
-    """
-
-    def split(self, X, y=None, groups=None):
-        idx = np.arange(len(X))
-        yield idx, idx
-
-    def get_n_splits(self, X=None, y=None, groups=None):
-        return 1
-
-    def __repr__(self) -> str:
-        return "AllPrompts()"
-
-
-class _WithConfig:
-    """An estimator that fits and is scored under the prefopt configuration it carries.
-
-    ``BaseSearchCV`` sends each candidate to its workers (loky processes, Ray
-    actors), which start from prefopt's defaults; wrapped in this, a candidate
-    takes the caller's ``set_config`` settings (device, dtype, progress bars,
-    compile, distributed) with it, as ``compare`` hands them to its tasks. Its
-    parameters, tags and every other attribute are the wrapped estimator's.
-    """
-
-    def __init__(self, estimator, config: dict):
-        self.estimator, self.config = estimator, dict(config)
-
-    def get_params(self, deep=True):
-        return self.estimator.get_params(deep=deep)
-
-    def set_params(self, **params):
-        self.estimator.set_params(**params)
-        return self
-
-    def __sklearn_clone__(self):
-        return _WithConfig(clone(self.estimator), self.config)
-
-    def __sklearn_tags__(self):
-        return self.estimator.__sklearn_tags__()
-
-    def fit(self, X, y=None, **params):
-        with config_context(**self.config):
-            self.estimator.fit(X, y, **params)
-        return self
-
-    def __getattr__(self, name):
-        if name.startswith("__") or name in ("estimator", "config"):
-            raise AttributeError(name)
-        value = getattr(self.estimator, name)
-        if not callable(value) or isinstance(value, type):
-            return value
-
-        def under_config(*args, **kwargs):  # score, sample, predict, ... as the fit ran
-            with config_context(**self.config):
-                return value(*args, **kwargs)
-
-        return under_config
-
-    def __repr__(self) -> str:
-        return repr(self.estimator)
-
-
-class _ScoreUnderConfig:
-    """A scorer that runs under a prefopt configuration (in the worker that scores)."""
-
-    def __init__(self, scorer, config: dict):
-        self.scorer, self.config = scorer, config
-
-    def __call__(self, estimator, *args, **kwargs):
-        with config_context(**self.config):
-            return self.scorer(estimator, *args, **kwargs)
-
-
-class SeedSearchCV(BaseSearchCV):
+class SeedSearchCV(MetaEstimatorMixin, BaseEstimator):
     """Grid search that fits every candidate under several seeds and reports their spread.
 
     Each candidate of ``param_grid`` is fitted once per seed, the seed set as
@@ -215,14 +140,6 @@ class SeedSearchCV(BaseSearchCV):
     0
     """
 
-    _parameter_constraints: dict = {
-        **BaseSearchCV._parameter_constraints,
-        "param_grid": [dict, list],
-        "seeds": [Interval(Integral, 1, None, closed="left"), list, tuple, np.ndarray],
-        "confidence": [Interval(Real, 0, 1, closed="neither")],
-        "seed_param": [str],
-    }
-
     def __init__(
         self,
         estimator,
@@ -240,20 +157,18 @@ class SeedSearchCV(BaseSearchCV):
         return_train_score=False,
         seed_param="random_state",
     ):
-        super().__init__(
-            estimator=estimator,
-            scoring=scoring,
-            n_jobs=n_jobs,
-            refit=refit,
-            cv=cv,
-            verbose=verbose,
-            pre_dispatch=pre_dispatch,
-            error_score=error_score,
-            return_train_score=return_train_score,
-        )
+        self.estimator = estimator
         self.param_grid = param_grid
         self.seeds = seeds
+        self.cv = cv
+        self.scoring = scoring
+        self.n_jobs = n_jobs
+        self.refit = refit
         self.confidence = confidence
+        self.verbose = verbose
+        self.pre_dispatch = pre_dispatch
+        self.error_score = error_score
+        self.return_train_score = return_train_score
         self.seed_param = seed_param
 
     def fit(self, X, y=None, **params):
@@ -267,7 +182,8 @@ class SeedSearchCV(BaseSearchCV):
             The reward, as in a policy's ``fit(prompts, reward_model)``: it is
             passed to every fit as ``reward_model=y``.
         **params : dict
-            Passed to every fit, e.g. ``reward_model=rm``.
+            Passed to every fit, e.g. ``reward_model=rm``; ``groups`` goes to
+            the ``cv`` splitter instead.
 
         Returns
         -------
@@ -293,10 +209,11 @@ class SeedSearchCV(BaseSearchCV):
             if "reward_model" in params:
                 raise ValueError("Give the reward once: as y or as reward_model=, not both.")
             params, y = {**params, "reward_model": y}, None
-        self._validate_params()
+        self._check_params()
         self.seeds_ = _check_seeds(self.seeds)
-        for grid in ParameterGrid(self.param_grid).param_grid:
-            if self.seed_param in grid:
+        grid = ParameterGrid(self.param_grid)
+        for one in grid.param_grid:
+            if self.seed_param in one:
                 raise ValueError(
                     f"param_grid sets {self.seed_param!r}, which SeedSearchCV sets "
                     "to each seed; give the seeds as seeds=[...]."
@@ -306,71 +223,117 @@ class SeedSearchCV(BaseSearchCV):
                 f"{type(self.estimator).__name__} has no parameter "
                 f"{self.seed_param!r} to set the seed on; name it with seed_param=."
             )
-        # BaseSearchCV reads self.estimator (refit) and self.cv: for the duration of the fit
-        # the template carries the first seed, so the refit uses it (every candidate sets its
-        # own), and cv=None becomes the all-prompts split.
-        estimator, cv = self.estimator, self.cv
-        first = clone(estimator).set_params(**{self.seed_param: self.seeds_[0]})
-        # Every candidate carries the caller's set_config settings to its worker.
-        self.estimator = _WithConfig(first, get_config())
-        if cv is None:
-            self.cv = _AllPrompts()
-        try:
-            super().fit(X, y, **params)
-        finally:
-            self.estimator, self.cv = estimator, cv
-        if isinstance(getattr(self, "best_estimator_", None), _WithConfig):
-            self.best_estimator_ = self.best_estimator_.estimator
+        self.scorer_ = _scorers(self.estimator, self.scoring)
+        if isinstance(self.scorer_, dict):
+            self._check_refit(list(self.scorer_))
+        params = dict(params)
+        groups = params.pop("groups", None)
+        cv = _AllPrompts() if self.cv is None else check_cv(self.cv, y)
+        splits = list(cv.split(X, y, groups))
+        self.n_splits_ = len(splits)
+        # Seeds vary fastest: candidate g under seed j is entry g * n_seeds + j.
+        candidates = [(p, seed) for p in grid for seed in self.seeds_]
+        if self.verbose > 0:
+            print(
+                f"Fitting {self.n_splits_} folds for each of {len(grid)} candidates x "
+                f"{len(self.seeds_)} seeds, totalling {len(candidates) * self.n_splits_} fits"
+            )
+        config = get_config()  # every cell carries the caller's set_config settings
+        out = Parallel(n_jobs=self.n_jobs, pre_dispatch=self.pre_dispatch, verbose=self.verbose)(
+            delayed(_cell)(
+                clone(self.estimator).set_params(**clone(p, safe=False), **{self.seed_param: seed}),
+                X,
+                y,
+                split,
+                self.scorer_,
+                params,
+                self.return_train_score,
+                self.error_score,
+                config,
+                f"{p} with {self.seed_param}={seed} on split {i}",
+            )
+            for p, seed in candidates
+            for i, split in enumerate(splits)
+        )
+        self.cv_results_ = self._results(list(grid), out, folds=self.cv is not None)
+        self._select_best()
+        if self.refit:
+            best = {**clone(self.best_params_, safe=False), self.seed_param: self.seeds_[0]}
+            self.best_estimator_ = clone(self.estimator).set_params(**best)
+            start = time.perf_counter()
+            self.best_estimator_.fit(X, y, **params)
+            self.refit_time_ = time.perf_counter() - start
         return self
 
-    def _get_scorers(self):
-        scorers, refit_metric = super()._get_scorers()
-        if not isinstance(self.estimator, _WithConfig):
-            return scorers, refit_metric
-        config = self.estimator.config  # scoring in a worker sees the caller's settings too
-        inner = getattr(scorers, "_scorers", None)  # a multi-metric scorer's own scorers
-        if isinstance(inner, dict):
-            scorers._scorers = {k: _ScoreUnderConfig(v, config) for k, v in inner.items()}
-            return scorers, refit_metric
-        return _ScoreUnderConfig(scorers, config), refit_metric
+    def _check_params(self) -> None:
+        if not hasattr(self.estimator, "fit") or not hasattr(self.estimator, "get_params"):
+            raise TypeError(f"estimator must be a scikit-learn estimator; got {self.estimator!r}.")
+        checks = {
+            "confidence": isinstance(self.confidence, Real)
+            and not isinstance(self.confidence, bool)
+            and 0 < self.confidence < 1,
+            "error_score": self.error_score == "raise"
+            or (isinstance(self.error_score, Real) and not isinstance(self.error_score, bool)),
+            "refit": isinstance(self.refit, (bool, str)) or callable(self.refit),
+            "n_jobs": self.n_jobs is None or isinstance(self.n_jobs, Integral),
+            "verbose": isinstance(self.verbose, Integral),
+            "return_train_score": isinstance(self.return_train_score, bool),
+            "seed_param": isinstance(self.seed_param, str),
+        }
+        expected = {
+            "confidence": "a number strictly between 0 and 1 (0.95 for a 95% interval)",
+            "error_score": "'raise' or a number (np.nan marks a failed fit)",
+            "refit": "True, False, a metric's name or a callable",
+            "n_jobs": "an int or None",
+            "verbose": "an int",
+            "return_train_score": "True or False",
+            "seed_param": "the name of the estimator's seed parameter",
+        }
+        for name, ok in checks.items():
+            if not ok:
+                raise ValueError(
+                    f"SeedSearchCV: {name}={getattr(self, name)!r} must be {expected[name]}."
+                )
 
-    def _run_search(self, evaluate_candidates):
-        # Seeds vary fastest: candidate g under seed j is entry g * n_seeds + j.
-        evaluate_candidates(
-            [
-                {**params, self.seed_param: seed}
-                for params in ParameterGrid(self.param_grid)
-                for seed in self.seeds_
-            ]
-        )
+    def _check_refit(self, metrics: list) -> None:
+        if self.refit is not False and not callable(self.refit) and self.refit not in metrics:
+            raise ValueError(
+                f"SeedSearchCV scores several metrics {metrics}: refit must name the one that "
+                f"picks the best candidate, be a callable, or be False; got refit={self.refit!r}."
+            )
 
-    def _format_results(self, candidate_params, n_splits, out, more_results=None):
-        n_seeds = len(self.seeds_)
-        n_candidates = len(candidate_params) // n_seeds
-        params = [
-            {k: v for k, v in p.items() if k != self.seed_param}
-            for p in candidate_params[::n_seeds]
-        ]
+    def _results(self, candidate_params: list, out: list, folds: bool) -> dict:
+        scored = [o for o in out if len(o) > 2]
+        if not scored:
+            raise ValueError(
+                f"All the {len(out)} fits of SeedSearchCV failed; set error_score='raise' to "
+                "see the error."
+            )
+        names = [k[5:] for k in scored[0] if k.startswith("test_")]
+        self.multimetric_ = isinstance(self.scorer_, dict) or names != ["score"]
+        if self.multimetric_:
+            self._check_refit(names)
+        n_seeds, n_splits = len(self.seeds_), self.n_splits_
 
-        def cells(values):  # (candidate, seed, split)
-            return np.asarray(values, dtype=np.float64).reshape(n_candidates, n_seeds, n_splits)
+        def cells(key):  # (candidate, seed, split); a failed cell scores error_score
+            values = [o.get(key, self.error_score) for o in out]
+            return np.asarray(values, dtype=np.float64).reshape(-1, n_seeds, n_splits)
 
-        results = {key: np.asarray(value) for key, value in (more_results or {}).items()}
+        results = {}
         for key in ("fit_time", "score_time"):
-            times = cells([o[key] for o in out])
+            times = cells(key)
             results[f"mean_{key}"] = times.mean(axis=(1, 2))
             results[f"std_{key}"] = times.std(axis=(1, 2))
-        for name, masked in _yield_masked_array_for_each_param(params):
-            results[name] = masked
-        results["params"] = params
-        sets = ["test"] + (["train"] if self.return_train_score else [])
-        for which in sets:
-            for metric, values in _by_metric([o[f"{which}_scores"] for o in out]).items():
-                self._store(results, f"{which}_{metric}", cells(values), rank=which == "test")
+        results.update(_param_arrays(candidate_params))
+        results["params"] = candidate_params
+        for which in ["test"] + (["train"] if self.return_train_score else []):
+            for name in names:
+                key = f"{which}_{name}"
+                self._store(results, key, cells(key), rank=which == "test", folds=folds)
         return results
 
-    def _store(self, results: dict, key: str, scores: np.ndarray, rank: bool) -> None:
-        if not isinstance(self.cv, _AllPrompts):
+    def _store(self, results: dict, key: str, scores: np.ndarray, rank: bool, folds: bool):
+        if folds:
             for j in range(scores.shape[1]):
                 for i in range(scores.shape[2]):
                     results[f"split{i}_seed{j}_{key}"] = scores[:, j, i]
@@ -384,6 +347,59 @@ class SeedSearchCV(BaseSearchCV):
         results[f"ci_high_{key}"] = high
         if rank:
             results[f"rank_{key}"] = _rank(mean)
+
+    def _select_best(self) -> None:
+        """``best_index_``, ``best_score_`` and ``best_params_``, as ``GridSearchCV`` sets them."""
+        if self.refit is False and self.multimetric_:
+            return
+        results = self.cv_results_
+        if callable(self.refit):
+            best = self.refit(results)
+            if not isinstance(best, Integral) or not 0 <= best < len(results["params"]):
+                raise ValueError(
+                    f"SeedSearchCV: refit returned {best!r}; it must return the index of a "
+                    f"candidate, an int in [0, {len(results['params'])})."
+                )
+        else:
+            metric = self.refit if self.multimetric_ else "score"
+            best = results[f"rank_test_{metric}"].argmin()
+            self.best_score_ = results[f"mean_test_{metric}"][best]
+        self.best_index_ = best
+        self.best_params_ = results["params"][best]
+
+    def score(self, X, y=None):
+        """The score of ``best_estimator_`` on ``X``, by the metric that picked it.
+
+        Parameters
+        ----------
+        X : list of str or table with a ``prompt`` column
+            Prompts.
+        y : object, default=None
+            Passed to the scorer.
+
+        Returns
+        -------
+        score : float
+
+        Examples
+        --------
+        >>> from prefopt import RewardModel, RLOOPolicy
+        >>> from prefopt.model_selection import SeedSearchCV
+        >>> from prefopt.worlds import PreferenceWorld
+        >>> world = PreferenceWorld(random_state=0)
+        >>> rm = RewardModel().fit(world.comparisons(500, random_state=0))
+        >>> policy = RLOOPolicy(model=world.policy_model(), learning_rate=2.0, optimizer="sgd",
+        ...                     n_steps=3, batch_size=16)
+        >>> search = SeedSearchCV(policy, {"beta": [0.1, 1.0]}, seeds=2,
+        ...                       scoring=world.scorer("objective")).fit(world.prompts, rm)
+        >>> bool(search.score(world.prompts) == world.scorer("objective")(
+        ...     search.best_estimator_, world.prompts))
+        True
+        """
+        check_is_fitted(self, "best_estimator_")
+        scorer = self.scorer_[self.refit] if isinstance(self.scorer_, dict) else self.scorer_
+        value = scorer(self.best_estimator_, X, y)
+        return value[self.refit] if isinstance(value, dict) else value
 
     def sample(self, X, n: int = 1, **kwargs):
         """Sample ``n`` completions per prompt from ``best_estimator_``.
@@ -451,10 +467,3 @@ class SeedSearchCV(BaseSearchCV):
         """
         check_is_fitted(self, "best_estimator_")
         return self.best_estimator_.log_prob(prompts, completions, **kwargs)
-
-
-def _by_metric(scores: list) -> dict:
-    """A list of floats or of dicts (one per fit) -> {metric: list of floats}."""
-    if scores and isinstance(scores[0], dict):
-        return {name: [s[name] for s in scores] for name in scores[0]}
-    return {"score": list(scores)}

@@ -1,0 +1,106 @@
+"""The cells of a seed search: one fit and score each, and the layout of their results.
+
+Private to :mod:`prefopt.model_selection`; :class:`~prefopt.model_selection.SeedSearchCV`
+spreads the cells over joblib's workers.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+
+import numpy as np
+from sklearn.metrics import check_scoring
+from sklearn.model_selection import cross_validate
+
+from .._config import config_context
+
+
+class _AllPrompts:
+    """A splitter with one split: train on all prompts, score on the same prompts.
+
+    An RL policy is usually judged on the prompts it was trained on, and seeds,
+    not folds, are the replicates; ``SeedSearchCV(cv=None)`` uses this.
+    """
+
+    def split(self, X, y=None, groups=None):
+        idx = np.arange(len(X))
+        yield idx, idx
+
+    def get_n_splits(self, X=None, y=None, groups=None):
+        return 1
+
+    def __repr__(self) -> str:
+        return "AllPrompts()"
+
+
+def _scorers(estimator, scoring):
+    """One scorer, or ``{name: scorer}`` for a list, tuple or dict ``scoring``."""
+    if isinstance(scoring, (list, tuple, set)):
+        if not all(isinstance(name, str) for name in scoring) or len(set(scoring)) != len(scoring):
+            raise ValueError(
+                f"scoring={scoring!r}: a list of metrics must hold distinct scorer names "
+                "(strings); give callables as a dict {name: scorer}."
+            )
+        return {name: check_scoring(estimator, name) for name in scoring}
+    if isinstance(scoring, dict):
+        return {name: check_scoring(estimator, s) for name, s in scoring.items()}
+    return check_scoring(estimator, scoring)
+
+
+def _cell(estimator, X, y, split, scorers, params, train_score, error_score, config, where):
+    """Fit and score one (candidate, seed, split) under the caller's prefopt configuration.
+
+    Runs in a joblib worker (a thread, a loky process, a Ray actor), which starts
+    from prefopt's defaults: ``config`` carries the caller's ``set_config``
+    settings there, as ``compare`` hands them to its tasks.
+    """
+    start = time.perf_counter()
+    with config_context(**config):
+        try:
+            out = cross_validate(
+                estimator,
+                X,
+                y,
+                cv=[split],
+                scoring=scorers,
+                params=params,
+                return_train_score=train_score,
+                error_score="raise",  # this cell is one fit: its failure is handled here
+            )
+        except Exception as error:
+            if error_score == "raise":
+                raise
+            warnings.warn(
+                f"SeedSearchCV: the fit or score of {where} failed and scores "
+                f"error_score={error_score!r}: {type(error).__name__}: {error}. Set "
+                "error_score='raise' to stop at the error.",
+                UserWarning,
+                stacklevel=2,
+            )
+            return {"fit_time": time.perf_counter() - start, "score_time": 0.0}
+    return {key: float(value[0]) for key, value in out.items()}
+
+
+def _param_arrays(candidate_params: list) -> dict:
+    """``param_<name>`` masked arrays, masked where a candidate lacks the parameter.
+
+    The layout of scikit-learn's ``cv_results_``: a 1-d array of the values' own
+    dtype, or of objects for strings and sequences.
+    """
+    values: dict = {}
+    for i, params in enumerate(candidate_params):
+        for name, value in params.items():
+            values.setdefault(f"param_{name}", {})[i] = value
+    arrays = {}
+    for key, by_index in values.items():
+        try:
+            probe = np.array(list(by_index.values()))
+            dtype = probe.dtype if probe.dtype.kind != "U" and probe.ndim == 1 else object
+        except ValueError:  # sequences of different lengths
+            dtype = np.dtype(object)
+        array = np.ma.MaskedArray(np.empty(len(candidate_params), dtype=dtype), mask=True)
+        for i, value in by_index.items():
+            array[i] = value
+        arrays[key] = array
+    return arrays
