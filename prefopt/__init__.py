@@ -5,8 +5,8 @@ RLOO, GRPO, REINFORCE or RAFT, or fit the policy on the comparisons directly wit
 DPO, and compare algorithms exactly where the answer is known.
 """
 
-# First, so that this is where tqdm.auto is imported: see _progress (no ipywidgets warning).
-from . import _progress  # noqa: F401  # isort: skip
+# First, so that this is where tqdm.auto is imported: see backend.progress (no ipywidgets warning).
+from .backend import progress  # noqa: F401  # isort: skip
 from . import metrics
 from ._config import config_context, get_config, set_config
 from .data import PreferenceData

@@ -1,19 +1,11 @@
-"""The progress bar of prefopt's long loops.
+"""The progress bar's old place; it lives in :mod:`prefopt.backend.progress`.
 
-tqdm's widget in a notebook with ipywidgets, its text bar everywhere else.
-``tqdm.auto`` warns at import in a notebook kernel without ipywidgets
-("IProgress not found") and then falls back to the text bar; the fallback is
-what prefopt wants there, so the warning is not shown on ``import prefopt``.
+Kept only while ``policies/_steps.py`` and ``lm/_supervised.py`` import
+``tqdm`` from here; tests/test_layers.py lists it as the one module allowed
+directly under ``prefopt/`` besides ``_config`` and ``kl``, until they import
+``prefopt.backend.progress``.
 """
 
-from __future__ import annotations
-
-import warnings
-
-from tqdm import TqdmWarning
-
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore", TqdmWarning)
-    from tqdm.auto import tqdm
+from .backend.progress import tqdm
 
 __all__ = ["tqdm"]

@@ -4,6 +4,7 @@ Usage::
 
     python tools/import_graph.py            # prefopt/ next to this folder
     python tools/import_graph.py --edges    # also print every edge
+    python tools/import_graph.py --private  # also private names imported across packages
 
 Every ``import`` and ``from ... import`` counts, at module level or inside a
 function, relative or absolute. ``from pkg import name`` is an edge to the
@@ -44,15 +45,14 @@ def _target(name: str, modules: dict[str, Path]) -> str | None:
     return name or None
 
 
-def imports_of(name: str, modules: dict[str, Path]) -> set[str]:
-    """The package's modules that module ``name`` imports (anywhere in its body)."""
+def _imports(name: str, modules: dict[str, Path]):
+    """``(module imported from, name imported or None, line)`` for each import in ``name``."""
     tree = ast.parse(modules[name].read_text(), filename=str(modules[name]))
     package = name if _is_package(name, modules) else name.rpartition(".")[0]
-    found = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
-                found.add(_target(alias.name, modules))
+                yield alias.name, None, node.lineno
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")
@@ -61,10 +61,41 @@ def imports_of(name: str, modules: dict[str, Path]) -> set[str]:
             else:
                 origin = node.module or ""
             for alias in node.names:
-                full = f"{origin}.{alias.name}"
-                found.add(full if full in modules else _target(origin, modules))
+                yield origin, alias.name, node.lineno
+
+
+def imports_of(name: str, modules: dict[str, Path]) -> set[str]:
+    """The package's modules that module ``name`` imports (anywhere in its body)."""
+    found = set()
+    for origin, imported, _ in _imports(name, modules):
+        full = f"{origin}.{imported}"
+        found.add(full if imported and full in modules else _target(origin, modules))
     found.discard(None)
     return found
+
+
+def _part(name: str) -> str:
+    """The top-level package or module of the package that ``name`` lies in."""
+    pieces = name.split(".")
+    return pieces[1] if len(pieces) > 1 else ""
+
+
+def private_imports(root: Path) -> list[tuple[str, str, str, int]]:
+    """``(module, _name, origin, line)`` where a private ``_name`` crosses a package.
+
+    A private name (a leading underscore: a function, a class, a private module)
+    imported from another of the package's top-level packages or modules.
+    """
+    modules = module_names(root)
+    found = []
+    for name in modules:
+        for origin, imported, line in _imports(name, modules):
+            target = _target(origin, modules)
+            if imported is None or target is None or not imported.startswith("_"):
+                continue
+            if _part(target) != _part(name):
+                found.append((name, imported, origin, line))
+    return sorted(found)
 
 
 def import_graph(root: Path) -> dict[str, set[str]]:
@@ -112,6 +143,9 @@ def main(argv=None) -> int:
     default = Path(__file__).resolve().parent.parent / "prefopt"
     parser.add_argument("package", nargs="?", type=Path, default=default)
     parser.add_argument("--edges", action="store_true", help="print every edge")
+    parser.add_argument(
+        "--private", action="store_true", help="also list private names imported across packages"
+    )
     args = parser.parse_args(argv)
     graph = import_graph(args.package)
     if args.edges:
@@ -123,6 +157,11 @@ def main(argv=None) -> int:
     print(f"{len(graph)} modules, {n_edges} imports, {len(found)} cycles")
     for component in found:
         print("cycle: " + " <-> ".join(component))
+    if args.private:
+        private = private_imports(args.package)
+        print(f"{len(private)} private names imported across packages")
+        for name, imported, origin, line in private:
+            print(f"  {name} (line {line}) imports {imported} from {origin}")
     return 1 if found else 0
 
 

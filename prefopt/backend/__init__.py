@@ -1,5 +1,8 @@
 """The shared torch layer: devices, seeding, models, tokenizers, sampling, log-probs."""
 
+# First: where tqdm.auto is imported, before transformers can (see progress).
+from . import progress  # noqa: F401  # isort: skip
+
 from ._torch import (
     adamw,
     autocast,
