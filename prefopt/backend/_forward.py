@@ -76,11 +76,16 @@ def _accepts(model, name: str) -> bool:
     A DistributedDataParallel wrapper passes every keyword on to the module it
     holds, and a peft model to its base model.
     """
+    return name in _forward_parameters(type(_unwrapped(model)))
+
+
+def _unwrapped(model):
+    """The model inside a DDP wrapper or a peft model (an optional dependency), or itself."""
     if isinstance(model, torch.nn.parallel.DistributedDataParallel):
         model = model.module
     if hasattr(model, "get_base_model") and hasattr(model, "peft_config"):
-        model = model.get_base_model()
-    return name in _forward_parameters(type(model))
+        return model.get_base_model()
+    return model
 
 
 @functools.cache

@@ -2,8 +2,8 @@
 
 A decode step's query is one real token, so its attention mask is the sequence's
 padding mask; handed to a transformers SDPA model ready-made as 4D, the model
-skips building it. Measured on the review world's model: sampling takes 0.83x
-the time (paired, 40 rounds; benchmarks/README.md).
+skips building it, and sampling is faster (benchmarks/README.md, "A ready decode
+mask").
 """
 
 from __future__ import annotations
@@ -43,8 +43,8 @@ def _may_take_ready_mask(model) -> bool:
 
 def _ready_mask(model, mask: torch.Tensor) -> torch.Tensor:
     """The 4D decode mask: additive (0 or the dtype's minimum) in the model's float
-    dtype on the CPU, where SDPA runs about a quarter faster with it than with a
-    boolean mask; boolean elsewhere (under CUDA autocast the query's dtype varies)."""
+    dtype on the CPU, where SDPA is faster with it than with a boolean mask
+    (benchmarks/README.md); boolean elsewhere (under CUDA autocast the query's dtype varies)."""
     keep = mask.bool()[:, None, None, :]
     dtype = next((p.dtype for p in model.parameters()), torch.float32)
     if mask.device.type != "cpu" or not dtype.is_floating_point:

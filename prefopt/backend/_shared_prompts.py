@@ -33,7 +33,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._forward import _accepts, _cache_of, _forward_logits, _valid_ids, position_ids_from_mask
+from ._forward import (
+    _accepts,
+    _cache_of,
+    _forward_logits,
+    _unwrapped,
+    _valid_ids,
+    position_ids_from_mask,
+)
 from ._torch import autocast
 from .heads import ScalarHeadModel
 
@@ -44,8 +51,9 @@ HEAD_CHUNK_ELEMENTS = 2**24
 # A pass shares its prompts when that saves at least this share of the tokens one pass over
 # every row would process. Sharing costs a second model call (the responses on the cached
 # prompts), which on a small model is worth more than a few prompt tokens: on the review
-# world's model (prompts of 3 tokens, responses of 27) it would save 7% of the tokens and add
-# a call of about 3 ms to each pass. Summarisation-shaped prompts save about 60%.
+# world's model (prompts of 3 tokens, responses of 27) it would save 7% of the tokens for a
+# second call in each pass (its cost: benchmarks/README.md). Summarisation-shaped prompts
+# save about 60%.
 SHARE_MIN_SAVING = 0.25
 
 # Causal LMs whose logits are exactly ``lm_head(last hidden state)`` (no soft-capping or
@@ -70,15 +78,6 @@ _PLAIN_HEAD_TYPES = frozenset(
         "gemma",
     }
 )
-
-
-def _unwrapped(model):
-    """The transformers model inside a DDP wrapper or a peft model, or the model itself."""
-    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
-        model = model.module
-    if hasattr(model, "get_base_model") and hasattr(model, "peft_config"):
-        return model.get_base_model()
-    return model
 
 
 def is_transformers_model(model) -> bool:

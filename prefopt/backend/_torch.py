@@ -124,8 +124,9 @@ def local_seed(seed: int):
 def adamw(params, lr: float) -> torch.optim.Optimizer:
     """AdamW as the original code sets it up (eps=1e-5, no weight decay), fused when possible.
 
-    The fused kernel is about 5x faster per step on a 124M model on the CPU and needs no
-    extra memory (benchmarks/README.md); the plain implementation where it is unsupported.
+    The fused kernel is faster per step and needs no extra memory (measured in
+    benchmarks/README.md, "What to change, measured"); the plain implementation where
+    it is unsupported.
 
     Parameters
     ----------

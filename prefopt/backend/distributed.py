@@ -63,7 +63,12 @@ __all__ = [
     "world_size",
 ]
 
-_local = threading.local()
+
+class _State(threading.local):
+    reducing = False  # inside global_statistics, in this thread
+
+
+_local = _State()
 # history_ keys that add up over ranks (a count), not average.
 SUMMED = frozenset({"data/tokens", "data/rows"})
 
@@ -152,7 +157,7 @@ def global_statistics():
     The loops open it around one training step, on every rank at once, so every
     rank runs the same reductions; outside it (``score``, ``predict``) they stay local.
     """
-    old = getattr(_local, "reducing", False)
+    old = _local.reducing
     _local.reducing = world_size() > 1
     try:
         yield
@@ -161,7 +166,7 @@ def global_statistics():
 
 
 def _reducing() -> bool:
-    return getattr(_local, "reducing", False)
+    return _local.reducing
 
 
 def _all_reduce(t: torch.Tensor, op=None) -> torch.Tensor:

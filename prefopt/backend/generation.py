@@ -164,8 +164,8 @@ def draw_tokens(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor
     One uniform number per row, from ``generator`` (on its own device, so a CPU
     generator gives the same draws on any device), is compared with the row's
     cumulative probabilities in float64. This is an exact categorical draw, like
-    ``torch.multinomial(probs, 1)``, but about 7x faster on the CPU, where
-    ``multinomial`` draws an exponential number for every entry of the row.
+    ``torch.multinomial(probs, 1)``, but faster on the CPU, where ``multinomial``
+    draws an exponential number for every entry of the row (benchmarks/README.md).
     Tokens of probability 0 are never drawn.
 
     Parameters
@@ -303,8 +303,8 @@ def sample(
     next_position = positions[:, -1:] + 1
     # A decode step's query is one real token, so its attention mask is just the
     # sequence's padding mask: passed ready-made as 4D, the model skips building it.
-    # Measured on the review world's model: sampling takes 0.83x the time (paired, 40
-    # rounds; benchmarks/README.md), so the one-time probe per model pays.
+    # Sampling is faster with it (benchmarks/README.md, "A ready decode mask"), so the
+    # one-time probe per model pays.
     ready = _ready_mask(model, full_mask) if _may_take_ready_mask(model) else None
     for step in range(max_new_tokens):
         logits = out.logits[:, -1].float() / temperature  # a new tensor: safe to edit in place

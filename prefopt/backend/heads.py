@@ -10,9 +10,9 @@ from torch import nn
 
 def _config_width(model: nn.Module) -> int:
     config = getattr(model, "config", None)
-    for attr in ("hidden_size", "n_embd", "d_model"):
-        if config is not None and getattr(config, attr, None):
-            return int(getattr(config, attr))
+    for attr in ("hidden_size", "n_embd", "d_model"):  # the name varies by architecture
+        if width := getattr(config, attr, None):
+            return int(width)
     raise ValueError(f"Cannot read the hidden size of {type(model).__name__}.")
 
 

@@ -39,6 +39,7 @@ def disable_dropout(model: nn.Module) -> nn.Module:
         if isinstance(module, nn.Dropout) or "Dropout" in type(module).__name__:
             if hasattr(module, "p"):
                 module.p = 0.0
+    config = getattr(model, "config", None)  # a transformers model's; any module may come
     for attr in (
         "attn_pdrop",
         "resid_pdrop",
@@ -49,7 +50,6 @@ def disable_dropout(model: nn.Module) -> nn.Module:
         "attention_dropout",
         "summary_first_dropout",
     ):
-        config = getattr(model, "config", None)
         if config is not None and isinstance(getattr(config, attr, None), float):
             setattr(config, attr, 0.0)
     return model

@@ -268,32 +268,25 @@ class SeedSearchCV(MetaEstimatorMixin, BaseEstimator):
     def _check_params(self) -> None:
         if not hasattr(self.estimator, "fit") or not hasattr(self.estimator, "get_params"):
             raise TypeError(f"estimator must be a scikit-learn estimator; got {self.estimator!r}.")
-        checks = {
-            "confidence": isinstance(self.confidence, Real)
-            and not isinstance(self.confidence, bool)
-            and 0 < self.confidence < 1,
-            "error_score": self.error_score == "raise"
-            or (isinstance(self.error_score, Real) and not isinstance(self.error_score, bool)),
-            "refit": isinstance(self.refit, (bool, str)) or callable(self.refit),
-            "n_jobs": self.n_jobs is None or isinstance(self.n_jobs, Integral),
-            "verbose": isinstance(self.verbose, Integral),
-            "return_train_score": isinstance(self.return_train_score, bool),
-            "seed_param": isinstance(self.seed_param, str),
-        }
-        expected = {
-            "confidence": "a number strictly between 0 and 1 (0.95 for a 95% interval)",
-            "error_score": "'raise' or a number (np.nan marks a failed fit)",
-            "refit": "True, False, a metric's name or a callable",
-            "n_jobs": "an int or None",
-            "verbose": "an int",
-            "return_train_score": "True or False",
-            "seed_param": "the name of the estimator's seed parameter",
-        }
-        for name, ok in checks.items():
+
+        def real(value):
+            return isinstance(value, Real) and not isinstance(value, bool)
+
+        c, e, r, n = self.confidence, self.error_score, self.refit, self.n_jobs
+        checks = [  # (name, value, whether it is valid, what it must be)
+            ("confidence", c, real(c) and 0 < c < 1, "a number strictly between 0 and 1"),
+            ("error_score", e, e == "raise" or real(e), "'raise' or a number (np.nan)"),
+            ("refit", r, isinstance(r, (bool, str)) or callable(r), "True, False, a metric's name "
+             "or a callable"),
+            ("n_jobs", n, n is None or isinstance(n, Integral), "an int or None"),
+            ("verbose", self.verbose, isinstance(self.verbose, Integral), "an int"),
+            ("return_train_score", self.return_train_score,
+             isinstance(self.return_train_score, bool), "True or False"),
+            ("seed_param", self.seed_param, isinstance(self.seed_param, str), "a parameter name"),
+        ]  # fmt: skip
+        for name, value, ok, expected in checks:
             if not ok:
-                raise ValueError(
-                    f"SeedSearchCV: {name}={getattr(self, name)!r} must be {expected[name]}."
-                )
+                raise ValueError(f"SeedSearchCV: {name}={value!r} must be {expected}.")
 
     def _check_refit(self, metrics: list) -> None:
         if self.refit is not False and not callable(self.refit) and self.refit not in metrics:
