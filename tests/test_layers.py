@@ -94,6 +94,26 @@ def test_the_cycle_finder_finds_a_cycle_through_three_modules():
     assert import_graph.cycles({"a": {"b"}, "b": set()}) == []
 
 
+def test_no_module_writes_another_modules_globals():
+    assert import_graph.foreign_writes(PACKAGE) == []
+
+
+def test_a_write_to_another_modules_global_is_found(tmp_path):
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "state.py").write_text("CACHE = set()\nLIMIT = 1\n")
+    (package / "user.py").write_text(
+        "from . import state as group\n\n\ndef f(x):\n"
+        "    group.CACHE.add(x)\n    group.LIMIT = 2\n    local = {}\n    local['a'] = 1\n"
+    )
+    assert import_graph.foreign_writes(package) == [
+        ("pkg.user", 5, "group.CACHE"),
+        ("pkg.user", 6, "group.LIMIT"),
+    ]
+    assert import_graph.cycles(import_graph.import_graph(package)) == []
+
+
 def test_every_part_of_prefopt_has_a_layer(graph):
     parts = {part(name) for name in graph}
     assert parts - set(RANK) == set(), "place the new package in LAYERS"

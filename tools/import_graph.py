@@ -12,7 +12,8 @@ module ``pkg.name`` when there is one, else to ``pkg`` (its ``__init__``), as
 import-linter counts it; importing ``a.b.c`` is not counted as importing ``a``
 and ``a.b``, whose ``__init__`` files re-export their submodules by design.
 A cycle is a strongly connected component of more than one module (or a module
-importing itself); the script prints each and exits 1 when there are any.
+importing itself). The script prints each, and each place where a module writes
+another module's globals, and exits 1 when there is either.
 """
 
 from __future__ import annotations
@@ -46,13 +47,17 @@ def _target(name: str, modules: dict[str, Path]) -> str | None:
 
 
 def _imports(name: str, modules: dict[str, Path]):
-    """``(module imported from, name imported or None, line)`` for each import in ``name``."""
+    """``(origin, name or None, bound as, line)`` for each import in module ``name``.
+
+    ``import a.b`` gives ``("a.b", None, "a", line)``; ``from .x import y as z``
+    gives ``("<package>.x", "y", "z", line)``.
+    """
     tree = ast.parse(modules[name].read_text(), filename=str(modules[name]))
     package = name if _is_package(name, modules) else name.rpartition(".")[0]
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
-                yield alias.name, None, node.lineno
+                yield alias.name, None, alias.asname or alias.name.split(".")[0], node.lineno
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")
@@ -61,13 +66,13 @@ def _imports(name: str, modules: dict[str, Path]):
             else:
                 origin = node.module or ""
             for alias in node.names:
-                yield origin, alias.name, node.lineno
+                yield origin, alias.name, alias.asname or alias.name, node.lineno
 
 
 def imports_of(name: str, modules: dict[str, Path]) -> set[str]:
     """The package's modules that module ``name`` imports (anywhere in its body)."""
     found = set()
-    for origin, imported, _ in _imports(name, modules):
+    for origin, imported, _, _ in _imports(name, modules):
         full = f"{origin}.{imported}"
         found.add(full if imported and full in modules else _target(origin, modules))
     found.discard(None)
@@ -89,12 +94,52 @@ def private_imports(root: Path) -> list[tuple[str, str, str, int]]:
     modules = module_names(root)
     found = []
     for name in modules:
-        for origin, imported, line in _imports(name, modules):
+        for origin, imported, _, line in _imports(name, modules):
             target = _target(origin, modules)
             if imported is None or target is None or not imported.startswith("_"):
                 continue
             if _part(target) != _part(name):
                 found.append((name, imported, origin, line))
+    return sorted(found)
+
+
+_MUTATORS = {"add", "append", "clear", "discard", "extend", "pop", "remove", "setdefault", "update"}
+
+
+def foreign_writes(root: Path) -> list[tuple[str, int, str]]:
+    """``(module, line, what)`` where a module writes another module's globals.
+
+    An assignment to an attribute (or an item of one) of a module of the package
+    that it imported, or a mutating call (``add``, ``update``, ...) on such an
+    attribute: ``from . import other; other.X = 1`` or ``other._CACHE.add(x)``.
+    """
+    modules = module_names(root)
+    found = []
+    for name in modules:
+        bound = {}  # a local name -> the module of the package it names
+        for origin, imported, local, _ in _imports(name, modules):
+            full = f"{origin}.{imported}" if imported else origin
+            if full in modules and (imported or local == full):
+                bound[local] = full
+        tree = ast.parse(modules[name].read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            elif (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in _MUTATORS
+            ):
+                targets = [node.func.value]
+            else:
+                continue
+            for target in targets:
+                base = target
+                while isinstance(base, (ast.Attribute, ast.Subscript)):
+                    base = base.value
+                if isinstance(base, ast.Name) and base.id in bound and base is not target:
+                    if bound[base.id] != name:
+                        found.append((name, node.lineno, ast.unparse(target)))
     return sorted(found)
 
 
@@ -157,12 +202,16 @@ def main(argv=None) -> int:
     print(f"{len(graph)} modules, {n_edges} imports, {len(found)} cycles")
     for component in found:
         print("cycle: " + " <-> ".join(component))
+    writes = foreign_writes(args.package)
+    print(f"{len(writes)} writes to another module's globals")
+    for name, line, target in writes:
+        print(f"  {name} (line {line}) writes {target}")
     if args.private:
         private = private_imports(args.package)
         print(f"{len(private)} private names imported across packages")
         for name, imported, origin, line in private:
             print(f"  {name} (line {line}) imports {imported} from {origin}")
-    return 1 if found else 0
+    return 1 if found or writes else 0
 
 
 if __name__ == "__main__":
