@@ -13,6 +13,7 @@ import torch
 from scipy import stats
 from sklearn.base import BaseEstimator
 from sklearn.model_selection import GroupKFold
+from sklearn.utils import get_tags
 
 import prefopt
 from prefopt import RLOOPolicy
@@ -36,6 +37,9 @@ class Toy(BaseEstimator):
 
     def score(self, X, y=None):
         return self.value_
+
+    def predict(self, X):
+        return [self.value_] * len(X)
 
 
 def draw(seed):
@@ -69,6 +73,12 @@ def test_every_cell_is_the_seeds_fit_and_the_best_mean_wins():
     assert type(best) is Toy and best.random_state == 4 and best.n_rows_ == 6
     assert best.reward_model_ == "r" and search.score(PROMPTS) == 1.0 + draw(4)
     assert search.n_splits_ == 1 and search.refit_time_ >= 0
+    assert search.predict(PROMPTS[:2]) == [1.0 + draw(4)] * 2
+
+
+def test_the_search_takes_the_inputs_its_estimator_takes():
+    assert get_tags(SeedSearchCV(RLOOPolicy(), {"beta": [0.1]})).input_tags.string
+    assert not get_tags(SeedSearchCV(Toy(), {"shift": [0.0]})).input_tags.string
 
 
 def test_folds_split_the_prompts_and_groups_go_to_the_splitter():

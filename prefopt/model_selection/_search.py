@@ -9,6 +9,7 @@ internals leaves it as it is.
 
 from __future__ import annotations
 
+import copy
 import time
 from numbers import Integral, Real
 
@@ -16,10 +17,11 @@ import numpy as np
 from scipy import stats
 from sklearn.base import BaseEstimator, MetaEstimatorMixin, clone
 from sklearn.model_selection import ParameterGrid, check_cv
+from sklearn.utils import get_tags
 from sklearn.utils.parallel import Parallel, delayed
-from sklearn.utils.validation import check_is_fitted
 
 from .._config import get_config
+from ._best import _BestEstimatorMethods
 from ._cells import _AllPrompts, _cell, _param_arrays, _scorers
 from ._stats import _check_seeds, t_interval
 
@@ -34,7 +36,7 @@ def _rank(means: np.ndarray) -> np.ndarray:
     return stats.rankdata(-filled, method="min").astype(np.int32)
 
 
-class SeedSearchCV(MetaEstimatorMixin, BaseEstimator):
+class SeedSearchCV(_BestEstimatorMethods, MetaEstimatorMixin, BaseEstimator):
     """Grid search that fits every candidate under several seeds and reports their spread.
 
     Each candidate of ``param_grid`` is fitted once per seed, the seed set as
@@ -170,6 +172,13 @@ class SeedSearchCV(MetaEstimatorMixin, BaseEstimator):
         self.error_score = error_score
         self.return_train_score = return_train_score
         self.seed_param = seed_param
+
+    def __sklearn_tags__(self):
+        # The search takes what its estimator takes (prompts: strings), as GridSearchCV does.
+        tags = super().__sklearn_tags__()
+        inner = get_tags(self.estimator)
+        tags.estimator_type, tags.input_tags = inner.estimator_type, copy.copy(inner.input_tags)
+        return tags
 
     def fit(self, X, y=None, **params):
         """Fit every candidate under every seed (and fold), then refit the best.
@@ -359,104 +368,3 @@ class SeedSearchCV(MetaEstimatorMixin, BaseEstimator):
             self.best_score_ = results[f"mean_test_{metric}"][best]
         self.best_index_ = best
         self.best_params_ = results["params"][best]
-
-    def score(self, X, y=None):
-        """The score of ``best_estimator_`` on ``X``, by the metric that picked it.
-
-        Parameters
-        ----------
-        X : list of str or table with a ``prompt`` column
-            Prompts.
-        y : object, default=None
-            Passed to the scorer.
-
-        Returns
-        -------
-        score : float
-
-        Examples
-        --------
-        >>> from prefopt import RewardModel, RLOOPolicy
-        >>> from prefopt.model_selection import SeedSearchCV
-        >>> from prefopt.worlds import PreferenceWorld
-        >>> world = PreferenceWorld(random_state=0)
-        >>> rm = RewardModel().fit(world.comparisons(500, random_state=0))
-        >>> policy = RLOOPolicy(model=world.policy_model(), learning_rate=2.0, optimizer="sgd",
-        ...                     n_steps=3, batch_size=16)
-        >>> search = SeedSearchCV(policy, {"beta": [0.1, 1.0]}, seeds=2,
-        ...                       scoring=world.scorer("objective")).fit(world.prompts, rm)
-        >>> bool(search.score(world.prompts) == world.scorer("objective")(
-        ...     search.best_estimator_, world.prompts))
-        True
-        """
-        check_is_fitted(self, "best_estimator_")
-        scorer = self.scorer_[self.refit] if isinstance(self.scorer_, dict) else self.scorer_
-        value = scorer(self.best_estimator_, X, y)
-        return value[self.refit] if isinstance(value, dict) else value
-
-    def sample(self, X, n: int = 1, **kwargs):
-        """Sample ``n`` completions per prompt from ``best_estimator_``.
-
-        Parameters
-        ----------
-        X : list of str or table with a ``prompt`` column
-            Prompts.
-        n : int, default=1
-            Completions per prompt.
-        **kwargs : dict
-            Passed to ``best_estimator_.sample`` (e.g. ``random_state``).
-
-        Returns
-        -------
-        completions : list of list of str
-            ``n`` completions per prompt.
-
-        Examples
-        --------
-        >>> from prefopt import RewardModel, RLOOPolicy
-        >>> from prefopt.model_selection import SeedSearchCV
-        >>> from prefopt.worlds import PreferenceWorld
-        >>> world = PreferenceWorld(random_state=0)
-        >>> rm = RewardModel().fit(world.comparisons(500, random_state=0))
-        >>> policy = RLOOPolicy(model=world.policy_model(), learning_rate=2.0, optimizer="sgd",
-        ...                     n_steps=3, batch_size=16)
-        >>> search = SeedSearchCV(policy, {"beta": [0.1, 1.0]}, seeds=2).fit(world.prompts, rm)
-        >>> [len(group) for group in search.sample(world.prompts[:2], n=3)]
-        [3, 3]
-        """
-        check_is_fitted(self, "best_estimator_")
-        return self.best_estimator_.sample(X, n, **kwargs)
-
-    def log_prob(self, prompts, completions, **kwargs):
-        """Log-probability of each completion under ``best_estimator_``.
-
-        Parameters
-        ----------
-        prompts : list of str
-            One prompt per completion.
-        completions : list of str
-            The completions to score.
-        **kwargs : dict
-            Passed to ``best_estimator_.log_prob`` (e.g. ``reference=True``).
-
-        Returns
-        -------
-        logprobs : ndarray of shape (n,)
-
-        Examples
-        --------
-        >>> from prefopt import RewardModel, RLOOPolicy
-        >>> from prefopt.model_selection import SeedSearchCV
-        >>> from prefopt.worlds import PreferenceWorld
-        >>> world = PreferenceWorld(random_state=0)
-        >>> rm = RewardModel().fit(world.comparisons(500, random_state=0))
-        >>> policy = RLOOPolicy(model=world.policy_model(), learning_rate=2.0, optimizer="sgd",
-        ...                     n_steps=3, batch_size=16)
-        >>> search = SeedSearchCV(policy, {"beta": [0.1, 1.0]}, seeds=2).fit(world.prompts, rm)
-        >>> prompts = world.prompts[:2]
-        >>> completions = [group[0] for group in search.sample(prompts)]
-        >>> search.log_prob(prompts, completions).shape
-        (2,)
-        """
-        check_is_fitted(self, "best_estimator_")
-        return self.best_estimator_.log_prob(prompts, completions, **kwargs)
