@@ -53,7 +53,9 @@ def _cell(estimator, X, y, split, scorers, params, train_score, error_score, con
 
     Runs in a joblib worker (a thread, a loky process, a Ray actor), which starts
     from prefopt's defaults: ``config`` carries the caller's ``set_config``
-    settings there, as ``compare`` hands them to its tasks.
+    settings there, as ``compare`` hands them to its tasks. Returns the times and
+    ``test_<metric>`` (``train_<metric>``) scores of ``cross_validate``; a failure, when
+    ``error_score`` is not ``"raise"``, warns and returns its fit time and ``failed``.
     """
     start = time.perf_counter()
     with config_context(**config):
@@ -78,7 +80,7 @@ def _cell(estimator, X, y, split, scorers, params, train_score, error_score, con
                 UserWarning,
                 stacklevel=2,
             )
-            return {"fit_time": time.perf_counter() - start, "score_time": 0.0}
+            return {"fit_time": time.perf_counter() - start, "score_time": 0.0, "failed": True}
     return {key: float(value[0]) for key, value in out.items()}
 
 

@@ -15,7 +15,7 @@ from numbers import Integral, Real
 
 import numpy as np
 from scipy import stats
-from sklearn.base import BaseEstimator, MetaEstimatorMixin, clone
+from sklearn.base import BaseEstimator, MetaEstimatorMixin, clone, is_classifier
 from sklearn.model_selection import ParameterGrid, check_cv
 from sklearn.utils import get_tags
 from sklearn.utils.parallel import Parallel, delayed
@@ -237,7 +237,11 @@ class SeedSearchCV(_BestEstimatorMethods, MetaEstimatorMixin, BaseEstimator):
             self._check_refit(list(self.scorer_))
         params = dict(params)
         groups = params.pop("groups", None)
-        cv = _AllPrompts() if self.cv is None else check_cv(self.cv, y)
+        cv = (
+            _AllPrompts()
+            if self.cv is None
+            else check_cv(self.cv, y, classifier=is_classifier(self.estimator))
+        )
         splits = list(cv.split(X, y, groups))
         self.n_splits_ = len(splits)
         # Seeds vary fastest: candidate g under seed j is entry g * n_seeds + j.
@@ -305,7 +309,7 @@ class SeedSearchCV(_BestEstimatorMethods, MetaEstimatorMixin, BaseEstimator):
             )
 
     def _results(self, candidate_params: list, out: list, folds: bool) -> dict:
-        scored = [o for o in out if len(o) > 2]
+        scored = [o for o in out if "failed" not in o]
         if not scored:
             raise ValueError(
                 f"All the {len(out)} fits of SeedSearchCV failed; set error_score='raise' to "
