@@ -76,8 +76,9 @@ def plot_search(
     >>> ax.lines[0].get_ydata().tolist(), ax.get_xscale()
     ([1.0, 2.0], 'log')
     """
-    results = search if isinstance(search, Mapping) else search.cv_results_
-    metric = _search_metric(results, metric, getattr(search, "refit", None))
+    fitted = not isinstance(search, Mapping)  # a SeedSearchCV, or its cv_results_
+    results = search.cv_results_ if fitted else search
+    metric = _search_metric(results, metric, search.refit if fitted else None)
     x = _param_values(results, param)
     varied = {
         k[len("param_") :]
@@ -131,7 +132,7 @@ def plot_search(
     if np.all(x.astype(float) > 0) and x.astype(float).max() >= 10 * x.astype(float).min():
         ax.set_xscale("log")
     ax.set_xlabel(param)
-    confidence = getattr(search, "confidence", None)
+    confidence = search.confidence if fitted else None
     interval = f"{confidence:.0%} CI" if confidence is not None else "CI"
     ax.set_ylabel(f"{metric}: mean of {len(seed_keys)} seeds, {interval}")
     if group is not None:
