@@ -318,6 +318,9 @@ class FixedKLController(KLController):
         return self.beta_
 
 
+_BETA_FLOOR = float(np.finfo(np.float64).tiny)
+
+
 class AdaptiveKLController(KLController):
     """Log-space proportional controller steering beta towards a target KL.
 
@@ -425,6 +428,16 @@ class AdaptiveKLController(KLController):
         else:
             if n_episodes is None:
                 raise ValueError("AdaptiveKLController with horizon=... needs n_episodes.")
+            if isinstance(n_episodes, bool) or not isinstance(n_episodes, Real):
+                raise TypeError(
+                    f"n_episodes must be a number of episodes; got {n_episodes!r} "
+                    f"({type(n_episodes).__name__})."
+                )
+            if not n_episodes >= 0:  # a negative gain would move beta away from the target
+                raise ValueError(
+                    f"n_episodes must be >= 0, the episodes in the batch just collected; got "
+                    f"{n_episodes!r}."
+                )
             gain = n_episodes / self.horizon
         factor = 1.0 + gain * error
         if factor <= 0.0:
@@ -441,7 +454,10 @@ class AdaptiveKLController(KLController):
                 )
                 self.warned_ = True
             factor = float(np.exp(gain * error))
-        self.beta_ *= factor
+        # A huge gain (or a tiny horizon) underflows exp(gain * error) to 0, and a beta of
+        # exactly 0 could never grow again (every later step multiplies it): beta stays at
+        # least the smallest normal float, from which a KL over target raises it again.
+        self.beta_ = max(self.beta_ * factor, _BETA_FLOOR) if self.beta_ > 0 else self.beta_
         self.n_updates_ += 1
         return self.beta_
 
