@@ -1,0 +1,185 @@
+"""Silent failures at the edges: concurrent fits, LoRA seeds, log_prob and sample inputs."""
+
+import threading
+
+import numpy as np
+import pytest
+import torch
+from _tiny import tiny_lm
+from sklearn.base import clone
+
+from prefopt import DPOPolicy, GRPOPolicy, PPOPolicy, RewardModel, RLOOPolicy, SFTPolicy
+from prefopt.worlds import PreferenceWorld
+
+PROMPTS = ["the movie was", "the plot was"]
+DEMOS = [("the movie was", "good ."), ("the plot was", "great .")] * 4
+COMPARISONS = [("the movie was", "good .", "bad ."), ("the plot was", "great .", "awful .")] * 4
+LORA = {"r": 4, "lora_alpha": 8, "target_modules": ["c_attn"]}
+
+
+def reward(prompts, completions):
+    return np.array([c.count("good") - c.count("bad") for c in completions], dtype=float)
+
+
+# ----- one fit at a time -------------------------------------------------------------------
+def _hold_inside_fit(monkeypatch, estimator, method):
+    """Make ``estimator.<method>`` (called early in fit) wait until released."""
+    entered, release = threading.Event(), threading.Event()
+    original = getattr(estimator, method)
+
+    def held(*args, **kwargs):
+        entered.set()
+        assert release.wait(60)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(estimator, method, held)
+    return entered, release
+
+
+def _fit_in_two_threads(estimator, data, entered, release, monkeypatch, method):
+    outcome = {}
+
+    def first():
+        try:
+            estimator.fit(data)
+            outcome["first"] = "fitted"
+        except Exception as error:  # noqa: BLE001 - reported by the assertion below
+            outcome["first"] = repr(error)
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    assert entered.wait(60)
+    with pytest.raises(RuntimeError, match=rf"This {type(estimator).__name__} is already being"):
+        estimator.fit(data)
+    release.set()
+    thread.join(120)
+    assert outcome == {"first": "fitted"}
+    # The guard ends with the first fit: the same object fits again in this thread.
+    monkeypatch.undo()
+    return estimator.fit(data)
+
+
+@pytest.mark.parametrize(
+    "make, data, method",
+    [
+        (lambda: SFTPolicy(model=tiny_lm(), batch_size=4, random_state=0), DEMOS, "_init_model"),
+        (
+            lambda: DPOPolicy(model=tiny_lm(), batch_size=4, max_new_tokens=3, random_state=0),
+            COMPARISONS,
+            "_init_model",
+        ),
+        (
+            lambda: RewardModel(model=tiny_lm(), batch_size=4, normalize=False, random_state=0),
+            COMPARISONS,
+            "_load_lm",
+        ),
+    ],
+    ids=["sft", "dpo", "reward_model"],
+)
+def test_second_thread_fitting_the_same_object_is_refused(monkeypatch, make, data, method):
+    estimator = make()
+    entered, release = _hold_inside_fit(monkeypatch, estimator, method)
+    fitted = _fit_in_two_threads(estimator, data, entered, release, monkeypatch, method)
+    # Nothing mixed: the run is a fresh fit's, step for step.
+    fresh = clone(estimator).fit(data)
+    assert fitted.n_iter_ == fresh.n_iter_ > 0
+    assert _same_losses(fitted.history_, fresh.history_)
+
+
+def _same_losses(a, b):
+    keys = [k for k in a[0] if k.startswith("loss/")]  # not the timings
+    assert keys
+    return [[r[k] for k in keys] for r in a] == [[r[k] for k in keys] for r in b]
+
+
+def test_linear_reward_model_partial_fit_is_guarded_too():
+    world = PreferenceWorld(random_state=0)
+    entered, release = threading.Event(), threading.Event()
+
+    def slow_features(prompts, completions):
+        entered.set()
+        assert release.wait(60)
+        return world.features(prompts, completions)
+
+    rm = RewardModel(features=world.features).fit(world.comparisons(50, random_state=0))
+    rm.featurizer_ = slow_features
+    thread = threading.Thread(target=rm.partial_fit, args=(world.comparisons(50, random_state=1),))
+    thread.start()
+    assert entered.wait(60)
+    with pytest.raises(RuntimeError, match="already being fitted"):
+        rm.fit(world.comparisons(50, random_state=2))
+    release.set()
+    thread.join(60)
+    assert rm.n_comparisons_ == 100
+
+
+# ----- LoRA adapters from random_state -----------------------------------------------------
+def _adapter(policy):
+    return {n: p.detach().clone() for n, p in policy.model_.named_parameters() if "lora_" in n}
+
+
+@pytest.mark.parametrize("cls", [RLOOPolicy, GRPOPolicy, PPOPolicy])
+def test_lora_adapter_follows_random_state_not_the_global_seed(cls):
+    pytest.importorskip("peft")
+    params = dict(
+        model=tiny_lm(), batch_size=4, max_new_tokens=3, n_steps=1, lora=LORA, random_state=3
+    )
+    if cls is not PPOPolicy:
+        params["k"] = 2
+    torch.manual_seed(100)
+    first = _adapter(cls(**params).fit(PROMPTS, reward))
+    torch.manual_seed(200)
+    state = torch.get_rng_state()
+    second = _adapter(cls(**params).fit(PROMPTS, reward))
+    assert torch.equal(torch.get_rng_state(), state)  # the global generator was not drawn
+    assert first.keys() == second.keys() and any("lora_A" in n for n in first)
+    for name in first:
+        torch.testing.assert_close(first[name], second[name], rtol=0, atol=0)
+    other = _adapter(cls(**{**params, "random_state": 4}).fit(PROMPTS, reward))
+    assert not all(torch.equal(first[n], other[n]) for n in first if "lora_A" in n)
+
+
+# ----- log_prob and sample inputs ----------------------------------------------------------
+@pytest.fixture(scope="module")
+def sft():
+    return SFTPolicy(model=tiny_lm(), batch_size=4, random_state=0).fit(DEMOS)
+
+
+@pytest.mark.parametrize("temperature", [0, 0.0, -0.5, float("nan"), float("inf"), "1", True])
+def test_log_prob_refuses_a_temperature_that_is_not_positive_and_finite(sft, temperature):
+    with pytest.raises(
+        ValueError, match=rf"temperature must be a finite number > 0.*{temperature!r}"
+    ):
+        sft.log_prob(["the movie was"], ["good ."], temperature=temperature)
+
+
+def test_log_prob_at_temperature_two_is_the_tempered_softmax(sft):
+    # log softmax(z / 2) over the tokens but pad, summed over the completion, by hand.
+    tok = sft.tokenizer_
+    prompt = tok("the movie was")["input_ids"]
+    completion = tok("good .")["input_ids"] + [tok.eos_token_id]
+    ids = torch.tensor([prompt + completion])
+    with torch.no_grad():
+        logits = sft.model_(ids).logits[0, len(prompt) - 1 : -1] / 2.0
+    logits[:, tok.pad_token_id] = -float("inf")  # never sampled, so outside the distribution
+    by_hand = torch.log_softmax(logits.double(), -1)[range(len(completion)), completion].sum()
+    got = sft.log_prob(["the movie was"], ["good ."], temperature=2.0)
+    assert got[0] == pytest.approx(float(by_hand), abs=1e-5)
+
+
+def test_log_prob_of_a_completion_past_the_context_names_the_row(sft):
+    long = " ".join(["good"] * 40)  # 40 tokens + EOS after a 3-token prompt; context 32
+    with pytest.raises(
+        ValueError, match=r"row 1 have 3 \+ 41 tokens, more than the model's context of 32"
+    ):
+        sft.log_prob(["the plot was"] * 2, ["good .", long])
+    assert sft.log_prob(["the plot was"], [" ".join(["good"] * 28)]).shape == (1,)  # 3 + 29
+
+
+def test_sample_from_non_finite_weights_is_refused_with_the_tensor_named(sft):
+    broken = SFTPolicy(**sft.get_params()).fit(DEMOS)
+    with torch.no_grad():
+        broken.model_.transformer.h[1].mlp.c_fc.weight[0, 0] = float("inf")
+    with pytest.raises(ValueError, match=r"not finite.*'transformer\.h\.1\.mlp\.c_fc\.weight'"):
+        broken.sample(PROMPTS, n=2)
+    assert len(sft.sample(PROMPTS, n=2)[0]) == 2  # the healthy one still samples
