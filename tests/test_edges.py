@@ -183,3 +183,88 @@ def test_sample_from_non_finite_weights_is_refused_with_the_tensor_named(sft):
     with pytest.raises(ValueError, match=r"not finite.*'transformer\.h\.1\.mlp\.c_fc\.weight'"):
         broken.sample(PROMPTS, n=2)
     assert len(sft.sample(PROMPTS, n=2)[0]) == 2  # the healthy one still samples
+
+
+# ----- the reward the loop trains on is the reward model's prediction -----------------------
+CHAT = (
+    "{%- for m in messages -%}"
+    "{%- if m['role'] == 'user' -%}{{ '<u> ' + m['content'] + ' ' }}"
+    "{%- else -%}{{ '<a> ' + m['content'] + ' </s> ' }}{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<a>' }}{%- endif -%}"
+)
+
+
+def _bos_tokenizer(adds_bos):
+    """One vocabulary; the post-processor puts BOS before a text or not (Llama or GPT-2 style)."""
+    from _tiny import WORDS
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"[UNK]": 0, "[PAD]": 1, "<s>": 2, "</s>": 3, "<u>": 4, "<a>": 5}
+    for word in WORDS:
+        vocab[word] = len(vocab)
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    backend.decoder = decoders.WordPiece(prefix="##", cleanup=False)
+    if adds_bos:
+        backend.post_processor = processors.TemplateProcessing(
+            single="<s> $A", special_tokens=[("<s>", 2)]
+        )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        unk_token="[UNK]",
+        pad_token="[PAD]",
+        bos_token="<s>",
+        eos_token="</s>",
+        chat_template=CHAT,
+    )
+
+
+def _lm(tokenizer, seed):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(
+        vocab_size=len(tokenizer), n_positions=32, n_embd=16, n_layer=1, n_head=2,
+        bos_token_id=2, eos_token_id=3,
+    )  # fmt: skip
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return GPT2LMHeadModel(config)
+
+
+@pytest.mark.parametrize("policy_bos, reward_bos", [(True, False), (False, True), (True, True)])
+def test_loop_reward_equals_predict_across_bos_rules_and_cut_responses(policy_bos, reward_bos):
+    from prefopt.backend import make_generator
+    from prefopt.policies._rollout import score_responses
+
+    rm_tok, policy_tok = _bos_tokenizer(reward_bos), _bos_tokenizer(policy_bos)
+    rm = RewardModel(
+        model=_lm(rm_tok, 1),
+        tokenizer=rm_tok,
+        batch_size=4,
+        normalize_samples=8,
+        max_new_tokens=4,
+        random_state=0,
+    ).fit(COMPARISONS)
+    chat = [{"role": "user", "content": "the plot was"}]
+    prompts = ["the movie was", chat, "good", chat] * 8
+    policy = RLOOPolicy(
+        model=_lm(policy_tok, 2),
+        tokenizer=policy_tok,
+        k=2,
+        batch_size=4,
+        n_steps=1,
+        max_new_tokens=6,
+        temperature=3.0,  # a flat distribution: some responses end, some are cut
+        missing_eos_reward=None,  # a cut response keeps its own score
+        learning_rate=1e-12,
+        random_state=0,
+    ).fit(prompts[:4], rm)
+    assert policy._scores_tokens  # the loop takes the token-id path: same vocabulary
+    encoded = policy._encode(policy._tokenize_prompts(prompts))
+    ids, mask, ended = policy._generate(encoded, make_generator(11))
+    assert 0 < int(ended.sum()) < len(prompts)  # both ended and cut responses
+    trained_on = score_responses(policy, prompts, encoded, ids, mask, ended).numpy()
+    reported = rm.predict(prompts, policy._decode(ids, mask))
+    np.testing.assert_allclose(trained_on, reported, rtol=0, atol=1e-5)

@@ -17,7 +17,13 @@ from ..backend import unpad
 from ..data import PreferenceData, check_comparisons, check_texts
 from ..lm import LanguageModelEstimator
 from ..lm._run import one_fit_at_a_time
-from ._lm import fit_lm_reward, predict_text, refit_lm_reward, score_token_rows
+from ._lm import (
+    as_text_scores_them,
+    fit_lm_reward,
+    predict_text,
+    refit_lm_reward,
+    score_token_rows,
+)
 
 __all__ = ["RewardModel"]
 
@@ -372,6 +378,11 @@ class RewardModel(LanguageModelEstimator):
     def score_tokens(self, prompts, response_ids, response_mask):
         """Rewards of token-id responses, without decoding (what the RL loop calls).
 
+        Equal to :meth:`predict` on the same prompts and the decoded responses:
+        the ids get this model's BOS and stop-token rules (a response cut at
+        ``max_new_tokens`` ends with the stop token, as its text does in
+        ``predict``), whichever tokenizer of the same vocabulary encoded them.
+
         Parameters
         ----------
         prompts : EncodedPrompts
@@ -383,8 +394,8 @@ class RewardModel(LanguageModelEstimator):
         rewards : torch.Tensor of shape (n,)
         """
         check_is_fitted(self)
-
-        return score_token_rows(self, *unpad(prompts, response_ids, response_mask))
+        rows = as_text_scores_them(self, *unpad(prompts, response_ids, response_mask))
+        return score_token_rows(self, *rows)
 
     def __call__(self, prompts, completions) -> np.ndarray:
         return self.predict(prompts, completions)
