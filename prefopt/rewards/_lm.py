@@ -146,20 +146,17 @@ def _normalize(rm, policy, prompts, rng) -> None:
     rows = rng.randint(len(prompts), size=rm.normalize_samples)
     chosen = [prompts[i] for i in rows]
     responses = rm._sample_token_rows(chosen, make_generator(rng), model=policy)
-    rm.normalization_rows_ = [chosen, responses]
+    # Kept as the RL loop scores a policy's responses (a cut one gets its stop token), so
+    # the rewards it trains on have mean 0 and std 1.
+    rm.normalization_rows_ = list(as_text_scores_them(rm, chosen, responses))
     renormalize(rm)
 
 
 @torch.no_grad()
 def renormalize(rm) -> None:
-    """gain and bias from the stored normalisation samples, after more training.
-
-    The samples are scored as the RL loop scores a policy's responses
-    (:func:`as_text_scores_them`), so the rewards it trains on have mean 0, std 1.
-    """
+    """gain and bias from the stored normalisation samples, after more training."""
     chosen, responses = rm.normalization_rows_
-    rows = as_text_scores_them(rm, chosen, responses)
-    scores = score_token_rows(rm, *rows, normalized=False).cpu().double()
+    scores = score_token_rows(rm, chosen, responses, normalized=False).cpu().double()
     mean, std = float(scores.mean()), float(scores.std(unbiased=False))
     rm.gain_ = 1.0 / max(std, 1e-8)
     rm.bias_ = -rm.gain_ * mean
