@@ -268,3 +268,80 @@ def test_loop_reward_equals_predict_across_bos_rules_and_cut_responses(policy_bo
     trained_on = score_responses(policy, prompts, encoded, ids, mask, ended).numpy()
     reported = rm.predict(prompts, policy._decode(ids, mask))
     np.testing.assert_allclose(trained_on, reported, rtol=0, atol=1e-5)
+
+
+# ----- seeds, scorers and comparisons ------------------------------------------------------
+def _world_rloo():
+    from prefopt.worlds import PreferenceWorld
+
+    world = PreferenceWorld(random_state=0)
+    rm = RewardModel().fit(world.comparisons(200, random_state=0))
+    policy = RLOOPolicy(
+        model=world.policy_model(), learning_rate=1.0, optimizer="sgd", n_steps=2, batch_size=8
+    )
+    return world, rm, policy
+
+
+@pytest.mark.parametrize(
+    "seeds, error, match",
+    [
+        ([3, 2**32], ValueError, r"seeds must be in \[0, 2\*\*32\).*4294967296"),
+        ([-1, 4], ValueError, r"seeds must be in \[0, 2\*\*32\).*-1"),
+        ([0, 2.0], TypeError, r"seeds must be integers; got 2.0 \(float\)"),
+        ([np.float64(7.5)], TypeError, r"got np.float64\(7.5\)|got 7.5"),
+        ([True, 1], TypeError, "seeds must be integers; got True"),
+    ],
+)
+def test_seed_lists_are_checked_before_any_fit(seeds, error, match):
+    from prefopt.model_selection import SeedSearchCV, compare
+
+    world, rm, policy = _world_rloo()
+    with pytest.raises(error, match=match):
+        SeedSearchCV(policy, {"beta": [0.1]}, seeds=seeds).fit(world.prompts, rm)
+    with pytest.raises(error, match=match):
+        compare({"a": policy}, world.prompts, reward_model=rm, seeds=seeds)
+    assert not hasattr(policy, "model_")
+
+
+def test_seed_search_scorer_sees_the_fitted_models_not_wrappers():
+    from prefopt.model_selection import SeedSearchCV
+
+    world, rm, policy = _world_rloo()
+    seen = []
+
+    def scorer(estimator, X, y=None):
+        seen.append((type(estimator.model_), type(estimator.reward_model_), estimator.n_iter_))
+        return float(estimator.score(X, rm))  # methods still run under the caller's config
+
+    SeedSearchCV(policy, {"beta": [0.1]}, seeds=[5, 6], scoring=scorer, refit=False).fit(
+        world.prompts, rm
+    )
+    assert seen and all(
+        issubclass(model, torch.nn.Module) and reward is RewardModel and n == 2
+        for model, reward, n in seen
+    )
+
+
+def test_compare_with_a_metric_nan_on_every_seed_reports_nan_and_warns():
+    from prefopt.model_selection import compare
+
+    world, rm, policy = _world_rloo()
+    scoring = {"reward": lambda est, X, y=None: est.score(X, rm), "broken": lambda *a: np.nan}
+    with pytest.warns(
+        RuntimeWarning, match=r"'broken' of 'rloo' is NaN on every seed \(\[0, 1\]\)"
+    ):
+        out = compare(
+            {"rloo": policy, "again": clone(policy)},
+            world.prompts,
+            reward_model=rm,
+            seeds=2,
+            scoring=scoring,
+            baseline="rloo",
+        )
+    summary = out.summary.set_index(["algorithm", "metric"])
+    assert summary.loc[("rloo", "broken"), "n_seeds"] == 2
+    assert np.isnan(summary.loc[("rloo", "broken"), "mean"])
+    assert np.isnan(summary.loc[("again", "broken"), "p_value"])
+    # The finite metric is summarised as before: the same runs, so a zero difference.
+    assert np.isfinite(summary.loc[("rloo", "reward"), "mean"])
+    assert summary.loc[("again", "reward"), "diff_mean"] == 0.0

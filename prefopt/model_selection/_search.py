@@ -5,6 +5,7 @@ Re-exported by :mod:`prefopt.model_selection`; see its docstring.
 
 from __future__ import annotations
 
+import inspect
 from numbers import Integral, Real
 
 import numpy as np
@@ -85,7 +86,7 @@ class _WithConfig:
         if name.startswith("__") or name in ("estimator", "config"):
             raise AttributeError(name)
         value = getattr(self.estimator, name)
-        if not callable(value) or isinstance(value, type):
+        if not inspect.ismethod(value):  # data, and callables it holds (model_, a reward)
             return value
 
         def under_config(*args, **kwargs):  # score, sample, predict, ... as the fit ran
