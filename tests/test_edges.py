@@ -345,3 +345,45 @@ def test_compare_with_a_metric_nan_on_every_seed_reports_nan_and_warns():
     # The finite metric is summarised as before: the same runs, so a zero difference.
     assert np.isfinite(summary.loc[("rloo", "reward"), "mean"])
     assert summary.loc[("again", "reward"), "diff_mean"] == 0.0
+
+
+# ----- a chat template whose end of turn the model's config does not list ------------------
+def test_template_end_of_turn_missing_from_the_eos_ids_becomes_a_stop_token():
+    from _tiny import WORDS
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+
+    vocab = {"[UNK]": 0, "[PAD]": 1, "</s>": 2, "<|user|>": 3, "<|assistant|>": 4, "<|end|>": 5}
+    for word in WORDS:
+        vocab[word] = len(vocab)
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    backend.decoder = decoders.WordPiece(prefix="##", cleanup=False)
+    template = (
+        "{% for m in messages %}{{ '<|' + m['role'] + '|> ' + m['content'] + ' <|end|> ' }}"
+        "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
+    )
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        unk_token="[UNK]",
+        pad_token="[PAD]",
+        eos_token="</s>",
+        chat_template=template,
+    )
+    tok.add_special_tokens({"additional_special_tokens": ["<|end|>"]})
+    # A base model's config: its only EOS is </s> (id 2), not the template's <|end|> (5).
+    config = GPT2Config(
+        vocab_size=len(tok), n_positions=32, n_embd=16, n_layer=1, n_head=2, eos_token_id=2
+    )
+    demos = [
+        ([{"role": "user", "content": "the movie"}], [{"role": "assistant", "content": "good ."}]),
+        ("the plot", " bad ."),
+    ] * 2
+    sft = SFTPolicy(model=GPT2LMHeadModel(config), tokenizer=tok, max_new_tokens=3, batch_size=4)
+    sft.fit(demos)
+    assert sft.stop_token_ids_ == [2, 5]
+    turn, text = sft._completion_tokens(["good .", "good ."], prompts=[demos[0][0], "x"])
+    assert turn[-1] == 5 and text[-1] == 2  # an assistant turn ends at <|end|>, text at </s>
+    # Given explicitly, the stop ids are the caller's alone.
+    only_eos = SFTPolicy(**{**sft.get_params(), "stop_token_ids": [2]}).fit(demos)
+    assert only_eos.stop_token_ids_ == [2]
