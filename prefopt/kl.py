@@ -417,17 +417,19 @@ class AdaptiveKLController(KLController):
         kl : float
             Mean summed KL of the rollouts just collected.
         n_episodes : int, default=None
-            Episodes in that batch; required when ``horizon`` is set.
+            Episodes in that batch (>= 0); required when ``horizon`` is set.
+
+        Returns
+        -------
+        beta : float
+            The new coefficient; never below the smallest normal float once
+            positive, so a later KL over target can raise it again.
         """
         check_is_fitted(self)
         if not np.isfinite(kl):
             raise ValueError(f"The measured KL is {kl}; the controller needs a finite value.")
         error = float(np.clip((kl - self.target) / self.target, -self.clip, self.clip))
-        if self.horizon is None:
-            gain = self.gain
-        else:
-            if n_episodes is None:
-                raise ValueError("AdaptiveKLController with horizon=... needs n_episodes.")
+        if n_episodes is not None:
             if isinstance(n_episodes, bool) or not isinstance(n_episodes, Real):
                 raise TypeError(
                     f"n_episodes must be a number of episodes; got {n_episodes!r} "
@@ -438,6 +440,11 @@ class AdaptiveKLController(KLController):
                     f"n_episodes must be >= 0, the episodes in the batch just collected; got "
                     f"{n_episodes!r}."
                 )
+        if self.horizon is None:
+            gain = self.gain
+        else:
+            if n_episodes is None:
+                raise ValueError("AdaptiveKLController with horizon=... needs n_episodes.")
             gain = n_episodes / self.horizon
         factor = 1.0 + gain * error
         if factor <= 0.0:

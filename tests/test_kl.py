@@ -367,3 +367,6 @@ def test_negative_n_episodes_refused(n_episodes):
         kl.update(9.0, n_episodes="64")
     # Zero episodes is a legitimate empty batch: K = 0, beta unchanged.
     assert kl.update(9.0, n_episodes=0) == 0.2
+    # Refused with a fixed gain too, where it would not move beta: it is still wrong input.
+    with pytest.raises(ValueError, match="n_episodes must be >= 0"):
+        AdaptiveKLController(beta=0.2).start().update(9.0, n_episodes=-1)
