@@ -29,9 +29,10 @@ class GenerativeEstimator(LanguageModelEstimator):
 
         peft draws a new adapter's weights (LoRA's A matrices, Hu et al. 2021) from
         torch's global generator. Drawn instead under a seed of their own from the
-        fit's ``random_state`` (the fourth of its draws, after those of the model,
-        the sampling stream and the prompt order), they are the same for the same
-        seed in every estimator, and the caller's global torch state is untouched.
+        fit's ``random_state`` (for an int, the fourth number of its stream, after
+        the three the fits draw for the model, the sampling and the data order),
+        they are the same for the same seed in every estimator, and the caller's
+        global torch state is untouched.
         """
         if getattr(self, "lora", None) is None:
             super()._setup_reference()

@@ -194,9 +194,10 @@ def as_text_scores_them(rm, prompt_rows, response_rows):
     or the template's end of turn after a conversation. A response cut at
     ``max_new_tokens`` therefore gets one too, as its text does in ``predict``.
 
-    What remains different is only what decoding and re-encoding change: a text
-    that tokenizes otherwise than the ids it was decoded from, and a text prompt
-    that itself begins with a special token.
+    What remains different is only what decoding and re-encoding change (a text
+    that tokenizes otherwise than the ids it was decoded from, a text prompt that
+    itself begins with a special token), and a conversation under a template with
+    no generation prompt, which cannot be told from text and is read as text.
     """
     tok = rm.tokenizer_
     specials = set(tok.all_special_ids)
