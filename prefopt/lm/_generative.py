@@ -233,9 +233,12 @@ def _one_fit_at_a_time(fit):
 
 def _check_finite_weights(model, name: str) -> None:
     """Refuse to sample from a model with NaN or infinite weights (torch fails obscurely)."""
-    params = list(model.named_parameters())
-    finite = [torch.isfinite(p).all() for _, p in params]
-    if not params or bool(torch.stack(finite).all()):  # one device sync, not one per tensor
+    params = [(k, p) for k, p in model.named_parameters() if p.device.type != "meta"]
+    if not params:
+        return
+    device = params[0][1].device  # one device sync, not one per tensor (nor per device)
+    finite = [torch.isfinite(p).all().to(device) for _, p in params]
+    if bool(torch.stack(finite).all()):
         return
     for (key, _), ok in zip(params, finite):
         if not bool(ok):
