@@ -7,9 +7,13 @@ comparable across machines and searches).
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from numbers import Integral
+
+import numpy as np
 
 _DEFAULTS = {
     "device": "auto",
@@ -129,8 +133,10 @@ def set_config(
         distributed=distributed,
         fsdp_frozen=fsdp_frozen,
     )
-    _set(_get_threadlocal(), **settings)
-    _set(_global_config, **settings)
+    staged = {}
+    _set(staged, **settings)  # every value checked before any setting changes
+    _get_threadlocal().update(staged)
+    _global_config.update(staged)
 
 
 def _set(
@@ -145,10 +151,11 @@ def _set(
 ) -> None:
     if device is not None:
         if not isinstance(device, str) or not (
-            device in ("auto", "cpu", "cuda", "mps") or device.startswith("cuda:")
+            device in ("auto", "cpu", "cuda", "mps") or re.fullmatch(r"cuda:[0-9]+", device)
         ):
             raise ValueError(
-                f"device must be 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'; got {device!r}."
+                "device must be 'auto', 'cpu', 'cuda', 'cuda:N' (N a device index such as 0) "
+                f"or 'mps'; got {device!r}."
             )
         config["device"] = device
     if dtype is not None:
@@ -156,18 +163,33 @@ def _set(
             raise ValueError(f"dtype must be 'auto', 'float32' or 'bfloat16'; got {dtype!r}.")
         config["dtype"] = dtype
     if show_progress_bar is not None:
+        # bool("false") is True: a string is refused rather than read by its truth value.
+        if not isinstance(show_progress_bar, (bool, np.bool_)):
+            raise ValueError(
+                f"show_progress_bar must be True or False; got {show_progress_bar!r} "
+                f"({type(show_progress_bar).__name__})."
+            )
         config["show_progress_bar"] = bool(show_progress_bar)
     if eval_batch_size is not None:
-        if int(eval_batch_size) < 1:
+        if isinstance(eval_batch_size, (bool, np.bool_)) or not isinstance(
+            eval_batch_size, Integral
+        ):
+            raise ValueError(
+                f"eval_batch_size must be an int, rows per forward pass; got {eval_batch_size!r} "
+                f"({type(eval_batch_size).__name__})."
+            )
+        if eval_batch_size < 1:
             raise ValueError(f"eval_batch_size must be >= 1; got {eval_batch_size!r}.")
         config["eval_batch_size"] = int(eval_batch_size)
     if compile is not None:
-        if not isinstance(compile, (bool, str)) or compile == "":
+        if not isinstance(compile, (bool, np.bool_, str)) or compile == "":
             raise ValueError(
                 "compile must be True, False or the name of a torch.compile "
                 f"backend (e.g. 'inductor'); got {compile!r}."
             )
-        config["compile"] = compile
+        if isinstance(compile, str):
+            _check_compile_backend(compile)
+        config["compile"] = compile if isinstance(compile, str) else bool(compile)
     if distributed is not None:
         if distributed not in ("ddp", "fsdp", "none"):
             raise ValueError(f"distributed must be 'ddp', 'fsdp' or 'none'; got {distributed!r}.")
@@ -176,6 +198,18 @@ def _set(
         if fsdp_frozen not in ("replicate", "shard"):
             raise ValueError(f"fsdp_frozen must be 'replicate' or 'shard'; got {fsdp_frozen!r}.")
         config["fsdp_frozen"] = fsdp_frozen
+
+
+def _check_compile_backend(name: str) -> None:
+    """Refuse a ``torch.compile`` backend name that torch does not know, at once, not in fit."""
+    import torch._dynamo  # only for a named backend: importing dynamo takes a second
+
+    known = torch._dynamo.list_backends(exclude_tags=())
+    if name not in known:
+        raise ValueError(
+            f"compile={name!r} is not a torch.compile backend; pass True ('inductor'), False, "
+            f"or one of {known} (register others with torch._dynamo.register_backend)."
+        )
 
 
 @contextmanager
@@ -198,10 +232,13 @@ def config_context(**new_config) -> Iterator[None]:
     ...     prefopt.get_config()["show_progress_bar"]
     False
     """
+    unknown = sorted(set(new_config) - set(_DEFAULTS))
+    if unknown:
+        raise TypeError(f"Unknown configuration keys {unknown}; the keys are {sorted(_DEFAULTS)}.")
+    staged = {}
+    _set(staged, **new_config)  # every value checked before any setting changes
     old = get_config()
-    _set(_get_threadlocal(), **{k: new_config.pop(k, None) for k in list(_DEFAULTS)})
-    if new_config:
-        raise TypeError(f"Unknown configuration keys {sorted(new_config)}.")
+    _get_threadlocal().update(staged)
     try:
         yield
     finally:

@@ -318,6 +318,9 @@ class FixedKLController(KLController):
         return self.beta_
 
 
+_BETA_FLOOR = float(np.finfo(np.float64).tiny)
+
+
 class AdaptiveKLController(KLController):
     """Log-space proportional controller steering beta towards a target KL.
 
@@ -414,12 +417,29 @@ class AdaptiveKLController(KLController):
         kl : float
             Mean summed KL of the rollouts just collected.
         n_episodes : int, default=None
-            Episodes in that batch; required when ``horizon`` is set.
+            Episodes in that batch (>= 0); required when ``horizon`` is set.
+
+        Returns
+        -------
+        beta : float
+            The new coefficient; never below the smallest normal float once
+            positive, so a later KL over target can raise it again.
         """
         check_is_fitted(self)
         if not np.isfinite(kl):
             raise ValueError(f"The measured KL is {kl}; the controller needs a finite value.")
         error = float(np.clip((kl - self.target) / self.target, -self.clip, self.clip))
+        if n_episodes is not None:
+            if isinstance(n_episodes, bool) or not isinstance(n_episodes, Real):
+                raise TypeError(
+                    f"n_episodes must be a number of episodes; got {n_episodes!r} "
+                    f"({type(n_episodes).__name__})."
+                )
+            if not n_episodes >= 0:  # a negative gain would move beta away from the target
+                raise ValueError(
+                    f"n_episodes must be >= 0, the episodes in the batch just collected; got "
+                    f"{n_episodes!r}."
+                )
         if self.horizon is None:
             gain = self.gain
         else:
@@ -441,7 +461,10 @@ class AdaptiveKLController(KLController):
                 )
                 self.warned_ = True
             factor = float(np.exp(gain * error))
-        self.beta_ *= factor
+        # A huge gain (or a tiny horizon) underflows exp(gain * error) to 0, and a beta of
+        # exactly 0 could never grow again (every later step multiplies it): beta stays at
+        # least the smallest normal float, from which a KL over target raises it again.
+        self.beta_ = max(self.beta_ * factor, _BETA_FLOOR) if self.beta_ > 0 else self.beta_
         self.n_updates_ += 1
         return self.beta_
 

@@ -336,3 +336,37 @@ def test_k3_unbiased_on_a_second_pair():
     assert float((q * kl_estimate(q.log(), p.log(), "k2")).sum()) != pytest.approx(
         true_kl, abs=1e-3
     )
+
+
+# ---------------------------------------------------------------------------
+# Extreme gains: beta never reaches exactly 0, and a wrong-signed batch size is refused
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("params", [{"gain": 1e4}, {"horizon": 1e-3}])
+def test_extreme_gain_keeps_beta_positive_and_able_to_recover(params):
+    kl = AdaptiveKLController(beta=0.5, target=2.0, **params).start()
+    with pytest.warns(RuntimeWarning, match="zero or negative"):
+        low = kl.update(0.0, n_episodes=8)  # exp(-2000) or exp(-1600) underflows to 0
+    assert low == np.finfo(np.float64).tiny
+    low_again = kl.update(0.0, n_episodes=8)  # no further down than the floor
+    assert low_again == low
+    # Over target the linear step multiplies by 1 + K * 0.2 > 1: beta grows again.
+    up = kl.update(4.0, n_episodes=8)
+    k = 1e4 if "gain" in params else 8 / 1e-3
+    assert up == pytest.approx(low * (1 + k * 0.2), rel=1e-12) and up > low
+
+
+@pytest.mark.parametrize("n_episodes", [-64, -0.5])
+def test_negative_n_episodes_refused(n_episodes):
+    kl = AdaptiveKLController(beta=0.2, target=6.0, horizon=100).start()
+    with pytest.raises(ValueError, match=rf"n_episodes must be >= 0.*{n_episodes}"):
+        kl.update(9.0, n_episodes=n_episodes)
+    assert kl.beta_ == 0.2 and kl.n_updates_ == 0  # nothing moved
+    with pytest.raises(TypeError, match="n_episodes must be a number.*'64'"):
+        kl.update(9.0, n_episodes="64")
+    # Zero episodes is a legitimate empty batch: K = 0, beta unchanged.
+    assert kl.update(9.0, n_episodes=0) == 0.2
+    # Refused with a fixed gain too, where it would not move beta: it is still wrong input.
+    with pytest.raises(ValueError, match="n_episodes must be >= 0"):
+        AdaptiveKLController(beta=0.2).start().update(9.0, n_episodes=-1)

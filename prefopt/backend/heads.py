@@ -94,10 +94,16 @@ class ScalarHeadModel(nn.Module):
         super().__init__()
         self.backbone = backbone
         d_model = trunk_width(backbone)
-        self.head = nn.Linear(d_model, 1)
+        # Built without nn.Linear's own initialisation, which draws from torch's global
+        # generator: the weights come from ``generator`` alone (a zero head draws nothing).
+        self.head = nn.utils.skip_init(nn.Linear, d_model, 1)
         std = 1.0 / math.sqrt(d_model + 1) if head_std is None else head_std
         with torch.no_grad():
-            self.head.weight.copy_(torch.randn(self.head.weight.shape, generator=generator) * std)
+            if std == 0:
+                self.head.weight.zero_()
+            else:
+                weight = torch.randn(self.head.weight.shape, generator=generator) * std
+                self.head.weight.copy_(weight)
             self.head.bias.zero_()
 
     @property

@@ -6,8 +6,9 @@ chat template with the generation prompt, and the template writes BOS itself. A
 completion ends with a stop token: the EOS after a text prompt, the template's
 end-of-turn token after a conversation. The stop tokens are the tokenizer's EOS
 and every id of the model's ``generation_config.eos_token_id`` (chat models end a
-turn with a token of their own, often several), or the estimator's
-``stop_token_ids``.
+turn with a token of their own, often several) and, when none of these is the
+chat template's end of turn, the special token the template closes an assistant
+turn with; or the estimator's ``stop_token_ids``.
 """
 
 from __future__ import annotations
@@ -94,7 +95,9 @@ class TokenEncoding:
         with a token other than the tokenizer's EOS); the tokenizer's EOS counts
         too. Configured ids the model cannot emit (past its vocabulary, as a
         config's default EOS with a tokenizer of its own) or never samples (the
-        pad token) are left out.
+        pad token) are left out. When none of them is among what the chat template
+        writes after an assistant message, the template's special token there
+        joins them (:meth:`_unlisted_turn_end`).
         """
         tok = self.tokenizer_
         vocab = model_vocab_size(module)
@@ -109,6 +112,9 @@ class TokenEncoding:
                 and (vocab is None or 0 <= i < vocab)
                 and i != tok.pad_token_id
             ]
+            turn_end = self._unlisted_turn_end(ids, vocab)
+            if turn_end is not None:
+                ids.append(turn_end)
         else:
             ids = _id_list(given)
             if not ids:
@@ -126,6 +132,42 @@ class TokenEncoding:
                         "tokenizer.convert_tokens_to_ids('<|eot_id|>')."
                     )
         self.stop_token_ids_ = list(dict.fromkeys(int(i) for i in ids))
+
+    def _template_turn_tail(self) -> list[int]:
+        """Ids the chat template writes after an assistant message's content ([] for none)."""
+        tok = self.tokenizer_
+        if getattr(tok, "chat_template", None) is None:
+            return []
+        marker = "prefopt end of turn probe"
+        try:
+            text = tok.apply_chat_template(
+                [{"role": "user", "content": "x"}, {"role": "assistant", "content": marker}],
+                tokenize=False,
+            )
+            after = text[text.rindex(marker) + len(marker) :]
+            return list(tok(after, add_special_tokens=False)["input_ids"])
+        except Exception:  # noqa: BLE001 - any template or tokenizer failure: no turn end
+            return []
+
+    def _unlisted_turn_end(self, stops, vocab) -> int | None:
+        """The template's end-of-turn token when it is not a stop id yet, else ``None``.
+
+        A chat template closes an assistant turn with a special token of its own
+        (``<|im_end|>``, ``<|eot_id|>``, ``<|end|>``) that a base model's
+        ``generation_config.eos_token_id`` may not list. Left out, an assistant
+        message would be trained to end with the EOS instead and sampling would run
+        past the turn's end; so the first special (or added) token after the
+        assistant's content joins the stop ids, unless one of them is already there.
+        """
+        tail = self._template_turn_tail()
+        if not tail or any(i in stops for i in tail):
+            return None
+        tok = self.tokenizer_
+        marked = set(tok.all_special_ids) | set(getattr(tok, "added_tokens_decoder", {}) or {})
+        for i in tail:
+            if i in marked and i != tok.pad_token_id and (vocab is None or 0 <= i < vocab):
+                return int(i)
+        return None
 
     def _stop_ids(self) -> tuple:
         """The ids that end a response; ``()`` for fixed-length responses."""
@@ -153,16 +195,7 @@ class TokenEncoding:
         cached = self.__dict__.get("_turn_end_cache")
         if cached is not None and cached[0] is key[0] and cached[1:3] == key[1:]:
             return cached[3]
-        marker = "prefopt end of turn probe"
-        try:
-            text = tok.apply_chat_template(
-                [{"role": "user", "content": "x"}, {"role": "assistant", "content": marker}],
-                tokenize=False,
-            )
-            after = text[text.rindex(marker) + len(marker) :]
-            ids = tok(after, add_special_tokens=False)["input_ids"]
-        except Exception:  # noqa: BLE001 - any template or tokenizer failure: no turn end
-            ids = []
+        ids = self._template_turn_tail()
         end = next((i for i in ids if i in stops), self._text_end_id())
         self._turn_end_cache = (*key, end)
         return end

@@ -2,22 +2,44 @@
 
 from __future__ import annotations
 
+import functools
+import math
 from contextlib import nullcontext
-from numbers import Integral
+from numbers import Integral, Real
 
 import numpy as np
 import torch
+from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import validate_parameter_constraints
 from sklearn.utils.validation import check_is_fitted
 
 from .._config import get_config
-from ..backend import make_generator, response_logprobs
+from ..backend import local_seed, make_generator, response_logprobs
 from ..data import PreferenceData, check_prompts, check_texts
 from ._base import LanguageModelEstimator
+from ._encoding import context_length
+from ._run import one_fit_at_a_time
 
 
 class GenerativeEstimator(LanguageModelEstimator):
     """Base of estimators that generate text: ``sample``, ``predict`` and ``log_prob``."""
+
+    def _setup_reference(self) -> None:
+        """The frozen reference; a LoRA adapter's initial weights drawn from ``random_state``.
+
+        peft draws a new adapter's weights (LoRA's A matrices, Hu et al. 2021) from
+        torch's global generator. Drawn instead under a seed of their own from the
+        fit's ``random_state`` (for an int, the fourth number of its stream, after
+        the three the fits draw for the model, the sampling and the data order),
+        they are the same for the same seed in every estimator, and the caller's
+        global torch state is untouched.
+        """
+        if getattr(self, "lora", None) is None:
+            super()._setup_reference()
+            return
+        seeds = check_random_state(self.random_state).randint(np.iinfo(np.int32).max, size=4)
+        with local_seed(int(seeds[3])):
+            super()._setup_reference()
 
     def sample(self, X, n: int = 1, *, random_state=None) -> list[list[str]]:
         """Sample ``n`` completions for each prompt.
@@ -55,6 +77,7 @@ class GenerativeEstimator(LanguageModelEstimator):
             caller_name=f"{type(self).__name__}.sample",
         )
         tokens = self._tokenize_prompts(prompts)
+        _check_finite_weights(self.model_, type(self).__name__)
         generator = make_generator(self.random_state if random_state is None else random_state)
         rows = np.repeat(np.arange(len(prompts)), n)
         out = []
@@ -123,8 +146,26 @@ class GenerativeEstimator(LanguageModelEstimator):
                 f"Got {len(prompts)} prompts and {len(completions)} completions; "
                 "pass one prompt per completion."
             )
+        temperature = self.temperature_ if temperature is None else temperature
+        if (
+            isinstance(temperature, bool)
+            or not isinstance(temperature, Real)
+            or not (math.isfinite(temperature) and temperature > 0)
+        ):
+            raise ValueError(
+                f"temperature must be a finite number > 0 (the logits are divided by it; 1.0 "
+                f"is the model's own distribution); got {temperature!r}."
+            )
         ptoks = self._tokenize_prompts(prompts)
         rtoks = self._completion_tokens(completions, add_eos, prompts=prompts)
+        context = context_length(self.model_)
+        for i, (p, r) in enumerate(zip(ptoks, rtoks)):
+            if context is not None and len(p) + len(r) > context:
+                raise ValueError(
+                    f"The prompt and completion at row {i} have {len(p)} + {len(r)} tokens, "
+                    f"more than the model's context of {context}; shorten the completion to "
+                    f"at most {context - len(p)} tokens."
+                )
         out = []
         size = get_config()["eval_batch_size"]
         with self._reference() if reference else nullcontext(self.model_) as model:
@@ -134,7 +175,7 @@ class GenerativeEstimator(LanguageModelEstimator):
                     model,
                     self._encode(ptoks[sl]),
                     *self._pad_responses(rtoks[sl]),
-                    temperature=self.temperature_ if temperature is None else temperature,
+                    temperature=float(temperature),
                     suppress_ids=self._suppress_ids,
                 )
                 out.append(lp.sum(1).cpu().double().numpy())
@@ -145,7 +186,9 @@ class GenerativeStep(GenerativeEstimator):
     """A generative estimator that can stand before the end of a ``Pipeline`` (SFT, DPO).
 
     Its ``transform`` hands the fitted policy to the next step through a
-    :class:`~prefopt.data.PreferenceData`.
+    :class:`~prefopt.data.PreferenceData`. Every subclass's ``fit`` runs under
+    :class:`~prefopt.lm._run.one_fit_at_a_time`: a second thread fitting the same
+    object gets a clear error instead of mixing its state with the first's.
 
     Examples
     --------
@@ -153,6 +196,12 @@ class GenerativeStep(GenerativeEstimator):
     >>> issubclass(SFTPolicy, GenerativeStep) and issubclass(DPOPolicy, GenerativeStep)
     True
     """
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        fit = cls.__dict__.get("fit")
+        if fit is not None and not getattr(fit, "_one_fit_at_a_time", False):
+            cls.fit = _one_fit_at_a_time(fit)
 
     def transform(self, X):
         """Pass data along a ``Pipeline``: a PreferenceData gets this fitted policy.
@@ -168,3 +217,33 @@ class GenerativeStep(GenerativeEstimator):
         """
         check_is_fitted(self)
         return X.with_(policy=self) if isinstance(X, PreferenceData) else X
+
+
+def _one_fit_at_a_time(fit):
+    """``fit`` wrapped in the guard against a second thread fitting the same object."""
+
+    @functools.wraps(fit)
+    def guarded_fit(self, *args, **kwargs):
+        with one_fit_at_a_time(self):
+            return fit(self, *args, **kwargs)
+
+    guarded_fit._one_fit_at_a_time = True
+    return guarded_fit
+
+
+def _check_finite_weights(model, name: str) -> None:
+    """Refuse to sample from a model with NaN or infinite weights (torch fails obscurely)."""
+    params = [(k, p) for k, p in model.named_parameters() if p.device.type != "meta"]
+    if not params:
+        return
+    device = params[0][1].device  # one device sync, not one per tensor (nor per device)
+    finite = [torch.isfinite(p).all().to(device) for _, p in params]
+    if bool(torch.stack(finite).all()):
+        return
+    for (key, _), ok in zip(params, finite):
+        if not bool(ok):
+            raise ValueError(
+                f"{name} cannot sample: its model's weights are not finite (NaN or inf, first "
+                f"in {key!r}), so every next-token distribution is NaN. The weights were "
+                "changed outside fit, or a fit diverged; fit again, with a lower learning_rate."
+            )

@@ -156,21 +156,52 @@ class RunState:
 
 
 class one_fit_at_a_time:
-    """Refuse a second concurrent ``fit`` of one estimator object (two threads)."""
+    """Refuse a second concurrent ``fit`` of one estimator object (two threads).
+
+    Two threads fitting one object would interleave their writes to its fitted
+    attributes and the torch modules they hold: a crash inside torch, or mixed
+    state returned as if nothing happened. The guard is re-entrant within one
+    thread (a subclass's ``fit`` calling its parent's), and released when the
+    fit ends, normally or by an error.
+
+    Parameters
+    ----------
+    estimator : object
+        The estimator being fitted.
+
+    Examples
+    --------
+    >>> from types import SimpleNamespace
+    >>> est = SimpleNamespace()
+    >>> with one_fit_at_a_time(est):
+    ...     with one_fit_at_a_time(est):  # the same thread: allowed
+    ...         pass
+    >>> est._fitting
+    False
+    """
 
     def __init__(self, estimator):
         self.estimator = estimator
 
     def __enter__(self):
+        state = self.estimator.__dict__
+        me = threading.get_ident()
         with _FITTING:
-            if self.estimator.__dict__.get("_fitting"):
+            owner = state.get("_fitting_thread")
+            if state.get("_fitting") and owner not in (None, me):
                 raise RuntimeError(
                     f"This {type(self.estimator).__name__} is already being fitted (in another "
                     "thread); two fits of one object would corrupt it. Fit a clone "
                     "(sklearn.base.clone) instead."
                 )
-            self.estimator.__dict__["_fitting"] = True
+            state["_fitting_depth"] = state.get("_fitting_depth", 0) + 1 if owner == me else 1
+            state["_fitting"], state["_fitting_thread"] = True, me
+        return self
 
     def __exit__(self, *exc):
-        self.estimator.__dict__["_fitting"] = False
+        state = self.estimator.__dict__
+        with _FITTING:
+            state["_fitting_depth"] = state.get("_fitting_depth", 1) - 1
+            if state["_fitting_depth"] <= 0:
+                state["_fitting"], state["_fitting_thread"] = False, None
         return False

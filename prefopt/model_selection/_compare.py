@@ -236,9 +236,14 @@ def compare(
 
 
 def _summarise(results, names, seeds, baseline, confidence) -> pd.DataFrame:
-    table = results.pivot_table(
-        index=["algorithm", "metric"], columns="seed", values="value", aggfunc="first"
-    )[seeds]
+    # Not pivot_table: it drops a metric that is NaN on every seed (and then has no seed
+    # columns at all); such a metric keeps its rows, with a NaN mean and a warning.
+    table = (
+        results.set_index(["algorithm", "metric", "seed"])["value"]
+        .astype(np.float64)
+        .unstack("seed")
+        .reindex(columns=seeds)
+    )
     metrics = list(dict.fromkeys(results["metric"]))
     rows = []
     for name in names:
@@ -246,6 +251,13 @@ def _summarise(results, names, seeds, baseline, confidence) -> pd.DataFrame:
             if (name, metric) not in table.index:
                 continue
             values = table.loc[(name, metric)].to_numpy(dtype=np.float64)
+            if np.isnan(values).all():
+                warnings.warn(
+                    f"compare: {metric!r} of {name!r} is NaN on every seed ({seeds}); its "
+                    "summary is NaN. Check the scorer, and whether the fits diverged.",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
             mean, std, low, high = t_interval(values, confidence)
             row = {
                 "algorithm": name,

@@ -51,16 +51,38 @@ def t_interval(values, confidence: float = 0.95, axis: int = -1):
 
 
 def _check_seeds(seeds) -> list[int]:
-    if isinstance(seeds, Integral) and not isinstance(seeds, bool):
+    """Seeds as a list of distinct ints in [0, 2**32), the range numpy's RandomState takes."""
+    if isinstance(seeds, Integral) and not isinstance(seeds, (bool, np.bool_)):
         if seeds < 1:
             raise ValueError(f"seeds must be >= 1 or a list of seeds; got {seeds!r}.")
+        if seeds > _N_SEEDS:
+            raise ValueError(
+                f"seeds={seeds!r} asks for more seeds than there are ({_N_SEEDS}); pass a "
+                "smaller number."
+            )
         return list(range(int(seeds)))
-    try:
-        out = [int(s) for s in seeds]
-    except (TypeError, ValueError):
+    if isinstance(seeds, (str, bytes)) or not hasattr(seeds, "__iter__"):
         raise TypeError(
             f"seeds must be an int n (seeds 0..n-1) or a list of int seeds; got {seeds!r}."
-        ) from None
+        )
+    out = list(seeds)
+    for s in out:
+        # int(1.5) would silently be seed 1, and a seed past 2**32 - 1 fails in every fit
+        # (numpy's RandomState), leaving a ranking of NaN scores.
+        if isinstance(s, (bool, np.bool_)) or not isinstance(s, Integral):
+            raise TypeError(
+                f"seeds must be integers; got {s!r} ({type(s).__name__}) in {seeds!r}. "
+                "Pass whole numbers such as [0, 1, 2]."
+            )
+        if not 0 <= s < _N_SEEDS:
+            raise ValueError(
+                f"seeds must be in [0, 2**32) (numpy's RandomState takes no other); got {s!r} "
+                f"in {seeds!r}."
+            )
+    out = [int(s) for s in out]
     if not out or len(set(out)) != len(out):
         raise ValueError(f"seeds must be a non-empty list of distinct seeds; got {seeds!r}.")
     return out
+
+
+_N_SEEDS = 2**32

@@ -146,7 +146,9 @@ def _normalize(rm, policy, prompts, rng) -> None:
     rows = rng.randint(len(prompts), size=rm.normalize_samples)
     chosen = [prompts[i] for i in rows]
     responses = rm._sample_token_rows(chosen, make_generator(rng), model=policy)
-    rm.normalization_rows_ = [chosen, responses]
+    # Kept as the RL loop scores a policy's responses (a cut one gets its stop token), so
+    # the rewards it trains on have mean 0 and std 1.
+    rm.normalization_rows_ = list(as_text_scores_them(rm, chosen, responses))
     renormalize(rm)
 
 
@@ -175,3 +177,66 @@ def predict_text(rm, prompts, completions) -> np.ndarray:
     p = rm._prompt_tokens(prompts)
     c = rm._completion_tokens(completions, add_eos=True, prompts=prompts)
     return score_token_rows(rm, p, c).cpu().double().numpy()
+
+
+def as_text_scores_them(rm, prompt_rows, response_rows):
+    """Token rows of sampled responses made the rows ``rm.predict`` scores for their text.
+
+    The RL loop hands a reward model of the policy's vocabulary the sampled ids
+    directly; the reward must equal what ``predict`` gives for the same prompt
+    and decoded completion, so the text's rules are applied to the ids. A text
+    prompt gets the reward model's own BOS prefix (the policy's tokenizer may add
+    BOS where this one does not, or the other way round): its leading special
+    tokens are replaced by the prefix. A prompt that ends with the chat
+    template's generation prompt is a rendered conversation and is left as the
+    template wrote it. A response loses its stop token and any special token
+    (as decoding does), then ends with the reward model's stop token: the EOS,
+    or the template's end of turn after a conversation. A response cut at
+    ``max_new_tokens`` therefore gets one too, as its text does in ``predict``.
+
+    What remains different is only what decoding and re-encoding change (a text
+    that tokenizes otherwise than the ids it was decoded from, a text prompt that
+    itself begins with a special token), and a conversation under a template with
+    no generation prompt, which cannot be told from text and is read as text.
+    """
+    tok = rm.tokenizer_
+    specials = set(tok.all_special_ids)
+    stops = set(rm._stop_ids())
+    prefix = list(rm._prompt_prefix())
+    suffix = _generation_prompt_ids(rm)
+    ends = {False: rm._text_end_id(), True: rm._turn_end_id() if suffix else None}
+    prompts, responses = [], []
+    for p, r in zip(prompt_rows, response_rows):
+        p, r = list(p), list(r)
+        chat = bool(suffix) and p[-len(suffix) :] == suffix
+        if not chat:
+            start = next((i for i, t in enumerate(p) if t not in specials), len(p))
+            p = prefix + p[start:]
+        if r and r[-1] in stops:
+            r = r[:-1]
+        r = [t for t in r if t not in specials]
+        end = ends[chat]
+        prompts.append(p)
+        responses.append(r if end is None else r + [end])
+    return prompts, responses
+
+
+def _generation_prompt_ids(rm) -> list[int]:
+    """Ids of the chat template's generation prompt (``<|im_start|>assistant``); [] for none."""
+    tok = rm.tokenizer_
+    template = getattr(tok, "chat_template", None)
+    cached = rm.__dict__.get("_generation_prompt_cache")
+    if cached is not None and cached[0] is tok and cached[1] == template:
+        return cached[2]
+    ids = []
+    if template is not None:
+        messages = [{"role": "user", "content": "prefopt generation prompt probe"}]
+        try:
+            plain = tok.apply_chat_template(messages, tokenize=False)
+            prompted = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            if prompted.startswith(plain) and prompted != plain:
+                ids = list(tok(prompted[len(plain) :], add_special_tokens=False)["input_ids"])
+        except Exception:  # noqa: BLE001 - any template failure: no conversation is recognised
+            ids = []
+    rm._generation_prompt_cache = (tok, template, ids)
+    return ids

@@ -16,7 +16,14 @@ from sklearn.utils.validation import check_is_fitted
 from ..backend import unpad
 from ..data import PreferenceData, check_comparisons, check_texts
 from ..lm import LanguageModelEstimator
-from ._lm import fit_lm_reward, predict_text, refit_lm_reward, score_token_rows
+from ..lm._run import one_fit_at_a_time
+from ._lm import (
+    as_text_scores_them,
+    fit_lm_reward,
+    predict_text,
+    refit_lm_reward,
+    score_token_rows,
+)
 
 __all__ = ["RewardModel"]
 
@@ -220,8 +227,14 @@ class RewardModel(LanguageModelEstimator):
         -----
         Given a :class:`~prefopt.data.PreferenceData` (inside a ``Pipeline``),
         the comparisons and references come from it, and ``model=None`` starts
-        from the policy fitted by the previous step.
+        from the policy fitted by the previous step. A second thread fitting the
+        same object while this one runs gets a ``RuntimeError`` (fit a clone).
         """
+        with one_fit_at_a_time(self):
+            self._fit(X, references)
+        return self
+
+    def _fit(self, X, references) -> None:
         self._validate_params()
         model = self.model
         if isinstance(X, PreferenceData):  # a step of a Pipeline
@@ -240,7 +253,6 @@ class RewardModel(LanguageModelEstimator):
         else:
             fit_lm_reward(self, model, data, references)
         self.n_comparisons_ = len(data)
-        return self
 
     def _fit_linear(self, data) -> None:
         featurizer = self.features if self.features is not None else data.featurizer
@@ -308,14 +320,17 @@ class RewardModel(LanguageModelEstimator):
         check_is_fitted(self)
         _warn_y_ignored(y, "RewardModel.partial_fit")
         data = check_comparisons(X)
-        if hasattr(self, "coef_"):
-            new = self._feature_differences(data)
-            self.comparison_features_ = np.vstack([self.comparison_features_, new])
-            self._fit_coef()
-        else:
-            rng = check_random_state(self.random_state if random_state is None else random_state)
-            refit_lm_reward(self, data, int(rng.randint(np.iinfo(np.int32).max)))
-        self.n_comparisons_ += len(data)
+        with one_fit_at_a_time(self):
+            if hasattr(self, "coef_"):
+                new = self._feature_differences(data)
+                self.comparison_features_ = np.vstack([self.comparison_features_, new])
+                self._fit_coef()
+            else:
+                rng = check_random_state(
+                    self.random_state if random_state is None else random_state
+                )
+                refit_lm_reward(self, data, int(rng.randint(np.iinfo(np.int32).max)))
+            self.n_comparisons_ += len(data)
         return self
 
     @staticmethod
@@ -363,6 +378,11 @@ class RewardModel(LanguageModelEstimator):
     def score_tokens(self, prompts, response_ids, response_mask):
         """Rewards of token-id responses, without decoding (what the RL loop calls).
 
+        Equal to :meth:`predict` on the same prompts and the decoded responses:
+        the ids get this model's BOS and stop-token rules (a response cut at
+        ``max_new_tokens`` ends with the stop token, as its text does in
+        ``predict``), whichever tokenizer of the same vocabulary encoded them.
+
         Parameters
         ----------
         prompts : EncodedPrompts
@@ -374,8 +394,8 @@ class RewardModel(LanguageModelEstimator):
         rewards : torch.Tensor of shape (n,)
         """
         check_is_fitted(self)
-
-        return score_token_rows(self, *unpad(prompts, response_ids, response_mask))
+        rows = as_text_scores_them(self, *unpad(prompts, response_ids, response_mask))
+        return score_token_rows(self, *rows)
 
     def __call__(self, prompts, completions) -> np.ndarray:
         return self.predict(prompts, completions)
