@@ -26,8 +26,9 @@ def check_temperature(policy) -> None:
         )
 
 
-def check_health(policy, row: dict) -> None:
-    """After a step: a KL beyond ``max_kl`` warns or stops; too few EOS warns once."""
+def check_health(loop, row: dict) -> None:
+    """After a step of ``loop``: a KL beyond ``max_kl`` warns or stops; too few EOS warns once."""
+    policy = loop.policy
     step, kl, eos = row["step"], row["objective/kl"], row["response/eos_share"]
     if policy.max_kl is not None and kl > policy.max_kl:
         message = (
@@ -43,7 +44,7 @@ def check_health(policy, row: dict) -> None:
         and policy._stop_ids()
         and policy.missing_eos_reward is not None
         and eos < policy.min_eos_share
-        and policy._run.warn_once("eos_share")
+        and loop.run.warn_once("eos_share")
     ):
         warnings.warn(
             f"{type(policy).__name__}: only {eos:.0%} of responses ended with EOS at "

@@ -146,9 +146,10 @@ class ReinforcePolicy(BasePolicy):
     ):
         store_params(self, locals())
 
-    def _setup(self, reward, start_model) -> None:
-        super()._setup(reward, start_model)
+    def _setup(self, reward, start_model, *, seed: int) -> str | None:
+        start_key = super()._setup(reward, start_model, seed=seed)
         self.baseline_ = MovingAverageBaseline()
+        return start_key
 
     def compute_advantages(self, batch):
         """The KL-shaped sequence reward minus the mean of all earlier ones.
