@@ -405,4 +405,4 @@ class PPOPolicy(BasePolicy):
         return pg_loss + self.vf_coef * vf_loss, stats
 
 
-PPOPolicy.__doc__ = fill(PPOPolicy, beta=0.05, learning_rate="None", n_epochs=4, n_minibatches=1)
+PPOPolicy.__doc__ = fill(PPOPolicy)

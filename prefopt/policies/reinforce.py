@@ -197,6 +197,4 @@ class ReinforcePolicy(BasePolicy):
         self.baseline_.add(distributed.gather(batch.sequence_rewards))
 
 
-ReinforcePolicy.__doc__ = fill(
-    ReinforcePolicy, beta=0.05, learning_rate="None", n_epochs=1, n_minibatches=2
-)
+ReinforcePolicy.__doc__ = fill(ReinforcePolicy)
