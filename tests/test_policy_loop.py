@@ -148,3 +148,20 @@ def test_a_controllers_good_beta_is_used(world):
     policy = _rloo(world, kl=Wild(at_start=0.2, after=0.7)).fit(world.prompts, world.true_quality)
     assert [r["objective/beta"] for r in policy.history_] == [0.2, 0.7]
     assert policy.beta_ == 0.7
+
+
+def test_recomputes_old_logprobs_is_the_clearer_name_of_uses_ratio():
+    assert PPOPolicy().recomputes_old_logprobs and not PPOPolicy(use_ratio=False).uses_ratio
+    assert not PPOPolicy(use_ratio=False).recomputes_old_logprobs
+    assert (
+        not GRPOPolicy().recomputes_old_logprobs and GRPOPolicy(n_epochs=2).recomputes_old_logprobs
+    )
+    assert not RLOOPolicy().recomputes_old_logprobs
+
+    class OldName(Few):
+        uses_ratio = True
+
+    class NewName(Few):
+        recomputes_old_logprobs = True
+
+    assert OldName().recomputes_old_logprobs and NewName().recomputes_old_logprobs

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 import torch
 
@@ -192,7 +192,7 @@ class RolloutBatch:
                 return dict(value)
             return value
 
-        return RolloutBatch(**{f.name: copy(getattr(self, f.name)) for f in fields(self)})
+        return RolloutBatch(**{name: copy(value) for name, value in vars(self).items()})
 
     @property
     def sequence_rewards(self) -> torch.Tensor:
