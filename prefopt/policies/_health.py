@@ -22,7 +22,7 @@ def check_temperature(policy) -> None:
             f"about 0, so nothing is learned. Use a temperature of {MIN_TEMPERATURE} or "
             "more (0.7 to 1 is usual).",
             UserWarning,
-            stacklevel=3,
+            stacklevel=3,  # the caller of fit
         )
 
 
@@ -38,7 +38,7 @@ def check_health(loop, row: dict) -> None:
         )
         if policy.max_kl_action == "raise":
             raise RuntimeError(message + " The last checkpoint (if any) is intact.")
-        warnings.warn(message, RuntimeWarning, stacklevel=3)
+        warnings.warn(message, RuntimeWarning, stacklevel=4)  # the caller of fit
     if (
         policy.min_eos_share is not None
         and policy._stop_ids()
@@ -52,5 +52,5 @@ def check_health(loop, row: dict) -> None:
             "then dominates the reward. Raise max_new_tokens or fine-tune the "
             "model to stop (SFTPolicy).",
             RuntimeWarning,
-            stacklevel=3,
+            stacklevel=4,  # the caller of fit
         )
