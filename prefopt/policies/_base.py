@@ -74,8 +74,10 @@ class BasePolicy(Algorithm, GenerativeEstimator):
     **Parameters.** The built-in algorithms list every common parameter (those
     of ``_common_parameters``) in their ``__init__``, so ``get_params``,
     ``set_params``, ``clone`` and the searches see all of them. An algorithm
-    may leave some out: the class-level defaults below then stand in, and
-    ``fit`` warns once per class which ones cannot be searched.
+    may leave some out: ``BasePolicy``'s class-level defaults then stand in,
+    and ``fit`` warns once per class which ones cannot be searched. The beta a
+    KL controller (``kl``, a user's own included) returns must be finite and
+    >= 0; ``fit`` stops with an error naming the controller otherwise.
 
     **Rewards paid per token.** A plain reward ``reward(prompts, completions)``
     returns one number per completion, which the loop puts at the response's
