@@ -22,6 +22,7 @@ from prefopt.backend import (
     score_sequences,
     truncate_after_eos,
 )
+from prefopt.policies._loop import PolicyLoop
 
 PROMPTS = ["the movie was", "the plot was"]
 DEMOS = [
@@ -130,22 +131,20 @@ def test_truncation_after_first_eos_in_rollouts():
 
 
 def _started(policy, reward):
+    """The loop of a fresh run of ``policy`` on PROMPTS, before any step."""
     policy._validate_params()
-    policy._setup(reward, policy.model)
+    run, _ = policy._start_run(reward, policy.model)
     policy.reward_model_ = reward
-    policy._scores_tokens = False
-    policy._prompts = PROMPTS
-    policy._prompt_tokens = policy._tokenize_prompts(PROMPTS)
-    return policy
+    return PolicyLoop(policy, run=run, prompts=PROMPTS, reward=reward)
 
 
 def test_missing_eos_reward_replaces_the_score():
     # An EOS-less response scores -1 whatever the reward says (replaced, not offset).
-    policy = _started(
+    loop = _started(
         RLOOPolicy(model=tiny_lm(), k=2, max_new_tokens=2, batch_size=16, random_state=0),
         lambda p, c: np.full(len(c), 5.0),
     )
-    batch = policy._rollout(np.array([0, 1] * 4))
+    batch = loop.rollout(np.array([0, 1] * 4))
     assert (~batch.ended).any() and batch.ended.any()
     expected = torch.where(batch.ended, torch.tensor(5.0), torch.tensor(-1.0))
     torch.testing.assert_close(batch.scores, expected)
@@ -159,7 +158,7 @@ def test_missing_eos_reward_replaces_the_score():
 
 
 def test_missing_eos_reward_none_keeps_the_score():
-    policy = _started(
+    loop = _started(
         RLOOPolicy(
             model=tiny_lm(),
             k=2,
@@ -170,19 +169,20 @@ def test_missing_eos_reward_none_keeps_the_score():
         ),
         lambda p, c: np.full(len(c), 5.0),
     )
-    batch = policy._rollout(np.array([0, 1] * 4))
+    batch = loop.rollout(np.array([0, 1] * 4))
     assert (batch.scores == 5.0).all()
 
 
 def test_ratio_exactly_one_and_no_clipping_at_first_epoch():
     reward = lambda p, c: np.array([len(x) for x in c], dtype=float)  # noqa: E731
-    policy = _started(
+    loop = _started(
         PPOPolicy(
             model=tiny_lm(), max_new_tokens=5, batch_size=8, learning_rate=1e-2, random_state=0
         ),
         reward,
     )
-    batch = policy._rollout(np.array([0, 1] * 4))
+    batch = loop.rollout(np.array([0, 1] * 4))
+    policy = loop.policy
     again = response_logprobs(
         policy.model_,
         batch.prompts,

@@ -12,7 +12,6 @@ from prefopt import RewardModel, RLOOPolicy, SFTPolicy
 from prefopt.backend import EncodedPrompts, make_generator, sample, truncate_after_eos
 from prefopt.data import check_comparisons, check_prompts
 from prefopt.metrics import make_win_rate_scorer
-from prefopt.policies._rollout import sample_and_score
 from prefopt.worlds import ReviewWorld
 
 
@@ -187,7 +186,7 @@ def test_every_stop_id_counts_for_the_missing_eos_reward_and_the_reward_position
         random_state=0,
     )  # fmt: skip
     policy.fit(["the movie was", "the plot"], lambda p, c: np.full(len(c), 5.0))
-    batch = sample_and_score(policy, np.array([0, 1, 0, 1]))
+    batch = policy._loop.rollout(np.array([0, 1, 0, 1]))  # the fit's loop, one more rollout
     last = batch.response_mask.sum(1) - 1
     last_tokens = batch.response_ids[torch.arange(len(batch)), last]
     contains = torch.isin(batch.response_ids * batch.response_mask, torch.tensor(stops))

@@ -95,12 +95,12 @@ def _world():
 class _RecordingRLOO(RLOOPolicy):
     """RLOO that records the prompt rows and the mean score of each step's rollouts."""
 
-    def _rollout(self, prompt_rows):
-        batch = super()._rollout(prompt_rows)
+    def compute_advantages(self, batch):
+        prompt_rows = batch.prompt_index[:: self.k]  # the k samples of a prompt sit together
         self.__dict__.setdefault("_seen", []).append(
             ([int(i) for i in prompt_rows], float(batch.scores.mean()))
         )
-        return batch
+        return super().compute_advantages(batch)
 
 
 class _RecordingDPO(DPOPolicy):
@@ -143,7 +143,7 @@ def _update_deltas(policy, batch) -> dict:
         batch.advantages, batch.returns = advantages
     else:
         batch.advantages = advantages
-    policy._update(batch)
+    policy._loop.update(batch)
     deltas = {}
     for key, start in before.items():
         after = modules[key].state_dict()
@@ -164,9 +164,9 @@ def _gradients(rank, out):
         with prefopt.config_context(distributed="none"):
             policy = cls(**kw).fit(world.prompts, world.reward)
             # The same whole batch on both ranks: the same generator state, no collective.
-            batch = policy._rollout(np.arange(6) if cls is PPOPolicy else np.arange(4))
+            batch = policy._loop.rollout(np.arange(6) if cls is PPOPolicy else np.arange(4))
             single = _update_deltas(policy, batch)
-        policy._prepare_distributed()  # DistributedDataParallel beside the modules
+        policy._loop.prepare_distributed()  # DistributedDataParallel beside the modules
         half = len(batch) // 2
         share = _take(batch, slice(rank * half, (rank + 1) * half))
         with distributed.global_statistics():
@@ -393,8 +393,8 @@ def _online_refits(rank, out):
     rm = RewardModel().fit(world.comparisons(200, random_state=0))
     local, real = [], _online._pairs
 
-    def recording(policy, batch):  # this rank's own pairs of each step
-        local.append(real(policy, batch))
+    def recording(loop, batch):  # this rank's own pairs of each step
+        local.append(real(loop, batch))
         return local[-1]
 
     _online._pairs = recording
@@ -409,7 +409,7 @@ def _online_refits(rank, out):
             "weights": _weights(policy.model_),
             "coef": policy.reward_model_.coef_.copy(),
             "start_coef": rm.coef_.copy(),
-            "log": policy._online.log,
+            "log": policy._loop.online.log,
             "local_pairs": local,
             "history": policy.history_,
         },

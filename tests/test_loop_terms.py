@@ -9,7 +9,7 @@ import prefopt
 from prefopt import GRPOPolicy, PPOPolicy, RAFTPolicy, ReinforcePolicy, RLOOPolicy
 from prefopt.data import check_pretraining_texts
 from prefopt.policies import BasePolicy, store_params
-from prefopt.policies._rollout import pretraining_loss
+from prefopt.policies._steps import pretraining_loss
 from prefopt.rewards import check_token_rewards
 from prefopt.worlds import PreferenceWorld, TinyLMWorld
 
@@ -137,7 +137,7 @@ def test_ptx_loss_is_the_next_token_cross_entropy_of_the_texts(tiny):
         model=tiny.policy_model(), k=2, n_steps=1, batch_size=4, ptx_coef=1.0, random_state=0
     ).fit(tiny.prompts, tiny.reward, ptx_data=["a b c", "c " * 10])
     assert policy.history_[-1]["loss/ptx"] > 0
-    first, long_ = policy._ptx_tokens
+    first, long_ = policy._loop.ptx_tokens
     ids = tiny.tokenizer("a b c", add_special_tokens=False)["input_ids"] + [1]  # and EOS
     assert first == ([ids[0]], ids[1:])
     # Cut to the model's context (6 positions): the first token, five to predict.
@@ -146,8 +146,7 @@ def test_ptx_loss_is_the_next_token_cross_entropy_of_the_texts(tiny):
         logits = policy.model_(torch.tensor([ids])).logits[0, :-1].double()
         logits[:, tiny.tokenizer.pad_token_id] = -torch.inf
         expected = -torch.log_softmax(logits, -1)[torch.arange(3), torch.tensor(ids[1:])].mean()
-        policy._ptx_tokens = [first]
-        got = pretraining_loss(policy, policy._ptx_tokens, 5)
+        got = pretraining_loss(policy._loop, [first], 5)
     assert got.item() == pytest.approx(expected.item(), rel=1e-5)
 
 
@@ -176,7 +175,8 @@ def test_pretraining_texts_are_not_pickled_with_the_policy(tiny):
     policy = RLOOPolicy(
         model=tiny.policy_model(), k=2, n_steps=1, batch_size=4, ptx_coef=1.0, random_state=0
     ).fit(tiny.prompts, tiny.reward, ptx_data=["a b"] * 50)
-    assert "_ptx_tokens" not in pickle.loads(pickle.dumps(policy)).__dict__
+    assert policy._loop.ptx_tokens is not None  # the fit's loop holds the tokenised corpus
+    assert "_loop" not in pickle.loads(pickle.dumps(policy)).__dict__
 
 
 @pytest.mark.parametrize("cls", [PPOPolicy, RLOOPolicy, ReinforcePolicy, RAFTPolicy, GRPOPolicy])

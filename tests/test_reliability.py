@@ -131,7 +131,7 @@ def test_too_long_prompt_error_and_truncation():
     ).fit(["the movie was", long_prompt], reward)
     # Cut at the paragraph boundary: only the first paragraph is left.
     assert (
-        policy._prompt_tokens[1]
+        policy._loop.prompt_tokens[1]
         == policy.tokenizer_("the movie was good .", add_special_tokens=False)["input_ids"]
     )
 

@@ -1,11 +1,13 @@
-"""Policy estimators: one algorithm per file on the shared loop of ``_base.py``.
+"""Policy estimators: one algorithm per file on the common loop (``_loop.py``).
 
-:class:`BasePolicy` documents the contract a new algorithm implements; it reads
-a :class:`RolloutBatch` and a :class:`Minibatch`.
+:class:`BasePolicy` is the estimator a new algorithm subclasses; :class:`Algorithm`
+documents what it declares and supplies; it reads a :class:`RolloutBatch` and a
+:class:`Minibatch`.
 """
 
 from ._base import BasePolicy, store_params
 from ._batch import Minibatch, RolloutBatch, masked_mean, masked_whiten
+from ._contract import Algorithm
 from .dpo import DPOPolicy
 from .grpo import GRPOPolicy
 from .ppo import PPOPolicy
@@ -15,6 +17,7 @@ from .rloo import RLOOPolicy
 from .sft import SFTPolicy
 
 __all__ = [
+    "Algorithm",
     "BasePolicy",
     "DPOPolicy",
     "GRPOPolicy",

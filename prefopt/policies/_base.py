@@ -1,33 +1,26 @@
-"""The one loop every policy-optimisation algorithm shares, and the contract of an algorithm.
+"""The estimator every policy-optimisation algorithm subclasses: parameters, fit, score.
 
     sample k responses per prompt -> score them -> shape the reward
     (minus beta * KL to the reference) -> advantages (the algorithm's choice)
     -> update the policy -> update beta
 
 An algorithm is a subclass of :class:`BasePolicy` that declares what the loop
-needs and supplies two methods; sampling, scoring, shaping, minibatches,
-epochs, the KL controller, ``history_``, checkpoints and progress live here.
+needs and supplies two methods (``_contract.py``). ``fit`` validates, builds the
+fitted state and hands the steps to one :class:`~prefopt.policies._loop.PolicyLoop`
+per call (``_loop.py``), which owns the run's state.
 """
 
 from __future__ import annotations
 
 import logging
+import warnings
 
 import numpy as np
-import torch
 from sklearn.base import clone
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 
-from .._config import get_config
-from ..backend import (
-    adamw,
-    default_learning_rate,
-    disable_dropout,
-    distributed,
-    make_generator,
-    maybe_compile,
-)
+from ..backend import default_learning_rate, distributed, make_generator, maybe_compile
 from ..data import PreferenceData, check_prompts
 from ..kl import FixedKLController
 from ..lm import GenerativeEstimator, RunState
@@ -35,19 +28,20 @@ from ..lm import _checkpoint as ckpt
 from ..lm._run import one_fit_at_a_time
 from ..rewards import check_rewards
 from . import _online as online
-from ._batch import Minibatch, RolloutBatch
+from ._contract import Algorithm
 from ._health import check_temperature
 from ._inputs import check_ptx, starting_policy
+from ._loop import PolicyLoop, checked_beta, make_optimizer
 from ._params import COMMON_CONSTRAINTS, store_params  # noqa: F401 (store_params re-exported)
-from ._rollout import sample_and_score, update
-from ._steps import train_steps
-from ._value import build_value_model
 
 logger = logging.getLogger("prefopt")
 
+# Classes already told which common parameters their __init__ leaves out.
+_TOLD: set = set()
 
-class BasePolicy(GenerativeEstimator):
-    """Base of policy-optimisation estimators: the shared loop and the algorithm contract.
+
+class BasePolicy(Algorithm, GenerativeEstimator):
+    """Base of policy-optimisation estimators: the common loop and the algorithm contract.
 
     **Writing an algorithm.** Subclass ``BasePolicy``, write an ``__init__``
     that stores its keyword arguments (:func:`store_params`), declare what the
@@ -70,27 +64,20 @@ class BasePolicy(GenerativeEstimator):
     parameters. To the loss ``compute_loss`` returns, the loop adds the entropy
     bonus (``-entropy_coef`` times the minibatch's mean entropy) and the
     pretraining term (``ptx_coef`` times a next-token loss on ``ptx_data``) for
-    every algorithm; an algorithm does not see them. The declarations:
+    every algorithm; an algorithm does not see them. What the loop needs is
+    declared in class attributes, documented in :class:`Algorithm`:
+    ``samples_per_prompt``, ``kl_penalty`` (the KL in the reward or in the
+    loss), ``recomputes_old_logprobs`` (formerly ``uses_ratio``),
+    ``training_temperature``, and whether a value function is trained beside
+    the policy.
 
-    ``samples_per_prompt`` : int or str, default=1
-        Samples drawn per prompt, or the name of the parameter that sets it
-        (``"k"``); the k samples of a prompt sit together in the batch.
-    ``kl_penalty`` : {"reward", "loss"}, default="reward"
-        ``"reward"``: the loop subtracts beta times the per-token KL from the
-        reward (Ziegler et al. 2019). ``"loss"``: the reward is the score alone
-        and the algorithm adds its KL term to the loss (Shao et al. 2024's
-        GRPO), reading ``batch.beta`` and ``minibatch.ref_logprobs``.
-        ``objective/rlhf_reward`` reports score - beta * KL either way.
-    ``uses_ratio`` : bool, default=False
-        The loss uses pi/pi_old: old log-probs then come from a pass identical
-        to the training pass, so the ratio is exactly 1 at the first epoch
-        (Huang et al. 2024); otherwise from the sampling pass.
-    ``training_temperature`` : "sampling" or float, default="sampling"
-        The temperature of ``minibatch.logprobs``: the sampling temperature (a
-        policy gradient of the sampling distribution), or a number (1.0 for a
-        cross-entropy on kept samples, as SFT).
-    ``uses_value_model`` : bool, default=False
-        Build and train a value model (see ``PPOPolicy``'s ``value_model``).
+    **Parameters.** The built-in algorithms list every common parameter (those
+    of ``_common_parameters``) in their ``__init__``, so ``get_params``,
+    ``set_params``, ``clone`` and the searches see all of them. An algorithm
+    may leave some out: ``BasePolicy``'s class-level defaults then stand in,
+    and ``fit`` warns once per class which ones cannot be searched. The beta a
+    KL controller (``kl``, a user's own included) returns must be finite and
+    >= 0; ``fit`` stops with an error naming the controller otherwise.
 
     **Rewards paid per token.** A plain reward ``reward(prompts, completions)``
     returns one number per completion, which the loop puts at the response's
@@ -102,7 +89,7 @@ class BasePolicy(GenerativeEstimator):
     the mask (values outside it are ignored;
     see :func:`~prefopt.rewards.check_token_rewards`). The loop then puts each
     value at its token in ``batch.rewards``, and ``batch.scores`` is their sum,
-    so PPO's GAE uses them as they come and the bandit algorithms (which read
+    so per-token advantages use them as they come and the bandit algorithms (which read
     ``scores`` or ``sequence_rewards``) optimise the total. A response with no
     EOS totals ``missing_eos_reward``: the values paid along it stay and its last
     token gets the difference. Such a reward should also be callable as a plain
@@ -135,12 +122,10 @@ class BasePolicy(GenerativeEstimator):
     """
 
     _parameter_constraints: dict = dict(COMMON_CONSTRAINTS)
-
-    samples_per_prompt: int | str = 1
-    kl_penalty: str = "reward"
-    uses_ratio: bool = False
-    training_temperature: str | float = "sampling"
-    uses_value_model: bool = False
+    # The names of the parameters every policy has; a subclass may omit some from __init__.
+    _common_parameters: tuple[str, ...] = tuple(COMMON_CONSTRAINTS)
+    # The last fit's loop: warm_start continues its random streams and optimiser.
+    _loop: PolicyLoop | None = None
 
     # Defaults of the common parameters, for algorithms whose __init__ omits some.
     model = None
@@ -174,56 +159,6 @@ class BasePolicy(GenerativeEstimator):
     refit_every = None
     lora = None
 
-    # ----- the contract ---------------------------------------------------------------
-    def compute_advantages(self, batch: RolloutBatch):  # pragma: no cover - abstract
-        """Advantages of a step's samples; see the class docstring.
-
-        Parameters
-        ----------
-        batch : RolloutBatch
-            The step's rollouts.
-
-        Returns
-        -------
-        advantages : torch.Tensor or (torch.Tensor, torch.Tensor)
-        """
-        raise NotImplementedError(f"{type(self).__name__} must define compute_advantages.")
-
-    def compute_loss(self, batch: RolloutBatch, minibatch: Minibatch):  # pragma: no cover
-        """Loss of one minibatch and its statistics; see the class docstring.
-
-        Parameters
-        ----------
-        batch : RolloutBatch
-            The step's rollouts, with advantages.
-        minibatch : Minibatch
-            The rows and the current policy's outputs on them.
-
-        Returns
-        -------
-        loss : torch.Tensor
-        stats : dict of str to float
-        """
-        raise NotImplementedError(f"{type(self).__name__} must define compute_loss.")
-
-    def after_update(self, batch: RolloutBatch) -> None:
-        """Called once per step after the update; nothing by default.
-
-        Parameters
-        ----------
-        batch : RolloutBatch
-            The step's rollouts.
-        """
-
-    def _samples_per_prompt(self) -> int:
-        k = self.samples_per_prompt
-        return int(getattr(self, k) if isinstance(k, str) else k)
-
-    def _check_algorithm_params(self) -> None:
-        """Cross-parameter checks of an algorithm; raise ValueError."""
-        if self.kl_penalty not in ("reward", "loss"):
-            raise ValueError(f"kl_penalty must be 'reward' or 'loss'; got {self.kl_penalty!r}.")
-
     # ----- fit ------------------------------------------------------------------------
     def fit(self, X, y=None, *, reward_model=None, labeler=None, ptx_data=None, callback=None):
         """Optimise the policy against a reward on the prompts ``X``.
@@ -242,9 +177,10 @@ class BasePolicy(GenerativeEstimator):
             The same, as a fit parameter (what ``GridSearchCV`` passes).
         labeler : callable, default=None
             With ``refit_every``: ``labeler(prompts, completions_a,
-            completions_b, random_state) -> labels`` (1 where ``a`` is
-            preferred), the signature of a fitted ``RewardModel.sample``; every
-            world provides its raters as one (``world.labeler``).
+            completions_b, random_state) -> labels`` (0 where ``a`` is
+            preferred, 1 where ``b`` is), the signature of a fitted
+            ``RewardModel.sample``; every world provides its raters as one
+            (``world.labeler``).
         ptx_data : list of str, pandas Series or datasets.Dataset, default=None
             With ``ptx_coef``: pretraining texts (a ``text`` column for tables)
             for the next-token loss mixed into the policy loss
@@ -263,6 +199,7 @@ class BasePolicy(GenerativeEstimator):
         """
         self._validate_params()
         self._check_algorithm_params()
+        self._tell_hidden_parameters()
         start_model = self.model
         if isinstance(X, PreferenceData):  # the last step of a Pipeline
             reward_model = reward_model if reward_model is not None else X.reward_model
@@ -296,168 +233,99 @@ class BasePolicy(GenerativeEstimator):
             prompts if ptx_texts is None else {"prompts": prompts, "ptx_data": ptx_texts}
         )
         with one_fit_at_a_time(self), ckpt.resumable(self, data_key) as resume:
+            previous = self._loop
             if (resume is not None and resume.saved is not None) or not (
-                self.warm_start and hasattr(self, "_run")
+                self.warm_start and previous is not None
             ):
-                self._setup(reward, start_model)
+                run, start_key = self._start_run(reward, start_model)
                 online_log = None
             else:  # warm start: n_steps more steps, a fresh pass over the prompts
-                online_log = getattr(getattr(self, "_online", None), "log", None)
-                self._run.start_step = self.n_iter_
-                self._run.stream = np.zeros(0, dtype=np.int64)
-            self._checkpoint = resume
-            self._online = online_state
+                run, start_key = previous.run, previous.start_key
+                online_log = None if previous.online is None else previous.online.log
+                run.start_step = self.n_iter_
+                run.stream = np.zeros(0, dtype=np.int64)
             if resume is not None:
-                saved_run = resume.restore(self, self._start_key)
+                saved_run = resume.restore(self, start_key)
                 if saved_run is not None:
                     online_log = saved_run.pop("online", None)
-                    self._run.load_state_dict(saved_run)
+                    run.load_state_dict(saved_run)
             self.reward_model_ = reward
-            if self._online is not None:
-                self._online.replay(self, online_log)  # the refits so far, redone exactly
-            self._scores_tokens = (
-                hasattr(reward, "score_tokens")
-                and getattr(reward, "tokenizer_", None) is not None
-                and reward.tokenizer_.get_vocab() == self.tokenizer_.get_vocab()
+            if online_state is not None:
+                online_state.replay(self, online_log)  # the refits so far, redone exactly
+            self._loop = loop = PolicyLoop(
+                self,
+                run=run,
+                prompts=prompts,
+                reward=reward,
+                ptx_texts=ptx_texts,
+                checkpoint=resume,
+                online=online_state,
+                start_key=start_key,
             )
-            self._prompts = prompts
-            self._prompt_tokens = self._tokenize_prompts(prompts)
-            self._ptx_tokens = None if ptx_texts is None else self._pretraining_tokens(ptx_texts)
             check_temperature(self)
-            for name in ("model_", "ref_model_", "value_model_"):  # also after a resume
-                maybe_compile(getattr(self, name, None))  # set_config(compile=...); off by default
-            self._prepare_distributed()  # DDP or fully_shard under a launcher; else nothing
+            for module in self._trained_modules().values():  # also after a resume
+                maybe_compile(module)  # set_config(compile=...); off by default
+            maybe_compile(self.ref_model_)
+            loop.prepare_distributed()  # DDP or fully_shard under a launcher; else nothing
             with distributed.global_statistics():  # under a launcher: statistics over all ranks
-                self._train_steps(self._run.start_step + self.n_steps - self.n_iter_, callback)
-            self._checkpoint = None  # the folder's lock ends with this block
+                loop.train(run.start_step + self.n_steps - self.n_iter_, callback)
+            loop.checkpoint = None  # the folder's lock ends with this block
         return self
 
-    def _setup(self, reward, start_model) -> None:
+    def _tell_hidden_parameters(self) -> None:
+        """Warn once per class which common parameters its ``__init__`` leaves out."""
+        cls = type(self)
+        hidden = [n for n in cls._common_parameters if n not in self.get_params(deep=False)]
+        if hidden and cls not in _TOLD:
+            _TOLD.add(cls)
+            warnings.warn(
+                f"{cls.__name__}.__init__ does not take {', '.join(hidden)}: their class-level "
+                "values are used, but get_params, set_params and the searches cannot see or "
+                "change them. Add them to __init__ to tune them.",
+                UserWarning,
+                stacklevel=3,
+            )
+
+    def _start_run(self, reward, start_model) -> tuple[RunState, str | None]:
+        """A fresh run: the fitted state, and the random streams and optimiser of the loop."""
         rng = check_random_state(self.random_state)
         seeds = rng.randint(np.iinfo(np.int32).max, size=3)
-        self._init_model(start_model, self.tokenizer, seed=int(seeds[0]))
-        self._start_key = (
+        start_key = self._setup(reward, start_model, seed=int(seeds[0]))
+        run = RunState(
+            # Distributed fits: each rank its own sampling stream (rank 0 keeps this seed's).
+            generator=make_generator(distributed.rank_seed(int(seeds[1]))),
+            rng=np.random.RandomState(int(seeds[2])),
+            optimizer=make_optimizer(self),
+        )
+        return run, start_key
+
+    def _setup(self, reward, start_model, *, seed: int) -> str | None:
+        """The fitted state of a fresh run; returns the starting model's fingerprint.
+
+        Subclasses add their own fitted state after calling this.
+        """
+        self._init_model(start_model, self.tokenizer, seed=seed)
+        # The checkpoint's same-model check reads the starting weights, before any LoRA.
+        start_key = (
             ckpt.module_fingerprint(self.model_) if self.checkpoint_dir is not None else None
         )
-        value_model = None
-        if self.uses_value_model:
-            spec = getattr(self, "value_model", None)
-            value_model = build_value_model(spec, self.model_, reward, self.tokenizer_)
-        self._setup_reference()  # a frozen copy, or LoRA on model_ with no copy
-        self.value_model_ = (
-            None if value_model is None else disable_dropout(value_model).to(self.device_).eval()
-        )
+        self._setup_modules(reward)  # the reference, and any module trained beside model_
         self.kl_ = clone(self.kl) if self.kl is not None else FixedKLController()
-        self.beta_ = self.kl_.start(self.beta).beta_
+        self.beta_ = checked_beta(self.kl_, self.kl_.start(self.beta).beta_, "at the start")
         self.learning_rate_ = (
             float(self.learning_rate)
             if self.learning_rate is not None
             else default_learning_rate(self.model_, large=3e-6)
         )
-        self._run = RunState(
-            # Distributed fits: each rank its own sampling stream (rank 0 keeps this seed's).
-            generator=make_generator(distributed.rank_seed(int(seeds[1]))),
-            rng=np.random.RandomState(int(seeds[2])),
-            optimizer=self._make_optimizer(),
-        )
         self.history_ = []
         self.n_iter_ = 0
         self.n_episodes_ = 0
-
-    def _prepare_distributed(self) -> None:
-        """Under a process group: DDP beside the trained modules, or FSDP's fully_shard."""
-        if distributed.world_size() == 1:
-            return
-        if isinstance(getattr(self, "value_model", None), str):  # "shared"
-            raise ValueError(
-                f"{type(self).__name__}: value_model='shared' is not supported in a distributed "
-                "fit (the policy's trunk would be trained through two engines); leave "
-                "value_model=None (a copy of the reward model) or give a module."
-            )
-        before = [id(p) for p in self._trainable_parameters()]
-        for name in ("model_", "value_model_"):
-            distributed.prepare(getattr(self, name, None), self.device_)
-        if distributed.sharded() and get_config()["fsdp_frozen"] == "shard":
-            distributed.prepare(getattr(self, "ref_model_", None), self.device_)
-        if [id(p) for p in self._trainable_parameters()] != before:  # fully_shard's new ones
-            old, self._run.optimizer = self._run.optimizer, self._make_optimizer()
-            if old.state:  # a resumed run's moments, loaded whole into every rank: shard them
-                distributed.load_full_optimizer_state(
-                    self._trained_modules(), self._run.optimizer, old.state_dict()
-                )
-
-    def _trained_modules(self) -> dict:
-        """The modules the optimiser trains, by attribute name."""
-        return {"model_": self.model_, "value_model_": self.value_model_}
-
-    def _make_optimizer(self) -> torch.optim.Optimizer:
-        params = self._trainable_parameters()
-        if self.optimizer == "adam":
-            return adamw(params, self.learning_rate_)  # eps=1e-5, as the original code
-        return torch.optim.SGD(params, lr=self.learning_rate_)
+        return start_key
 
     def __getstate__(self):
         state = super().__getstate__()
-        state.pop("_run", None)  # a saved policy is for using; warm_start then starts a new run
-        state.pop("_checkpoint", None)
-        state.pop("_ptx_tokens", None)  # a corpus, tokenised again by the next fit
-        state.pop("_online", None)
-        value = getattr(self, "value_model_", None)
-        if getattr(self, "value_model", None) == "shared" and value is not None:
-            # The shared trunk is the policy's: store only the value head.
-            state["value_model_"] = None
-            state["_shared_value_head"] = {
-                k: v.detach().cpu().clone() for k, v in value.head.state_dict().items()
-            }
+        state.pop("_loop", None)  # a saved policy is for using; warm_start then starts anew
         return state
-
-    def __setstate__(self, state):
-        head = state.pop("_shared_value_head", None)
-        super().__setstate__(state)
-        if head is not None:
-            from ..backend.heads import shared_value_model
-
-            self.value_model_ = shared_value_model(self.model_).to(self.device_)
-            self.value_model_.head.load_state_dict(head)
-
-    def _trainable_parameters(self) -> list:
-        """Parameters of the policy and the value model, each once (a trunk may be shared)."""
-        seen, params = set(), []
-        for module in (self.model_, self.value_model_):
-            for p in [] if module is None else module.parameters():
-                if p.requires_grad and id(p) not in seen:
-                    seen.add(id(p))
-                    params.append(p)
-        return params
-
-    # ----- one step -------------------------------------------------------------------
-    def _train_steps(self, n_steps: int, callback=None) -> None:
-        train_steps(self, n_steps, callback)  # the step loop lives in _steps.py
-
-    def _set_learning_rate(self) -> None:
-        if self.lr_schedule == "linear":  # annealed linearly to 0, as the original code
-            frac = 1.0 - (self.n_iter_ - self._run.start_step) / self.n_steps
-        else:
-            frac = 1.0
-        for group in self._run.optimizer.param_groups:
-            group["lr"] = frac * self.learning_rate_
-
-    def _training_temperature(self) -> float:
-        t = self.training_temperature
-        return self.temperature_ if t == "sampling" else float(t)
-
-    def _rollout(self, prompt_rows: np.ndarray) -> RolloutBatch:
-        # Sampling, the reference, the value model and the reward run once per batch under
-        # inference_mode; the batch is then cloned into ordinary tensors for the update.
-        # FSDP reuses its gathered-weight buffers in training, which inference tensors forbid.
-        sharded = distributed.is_sharded(self.model_)
-        with torch.no_grad() if sharded else torch.inference_mode():
-            batch = sample_and_score(self, prompt_rows)
-        return batch.clone()
-
-    def _update(self, batch: RolloutBatch) -> dict:
-        with distributed.training_view(self):  # distributed fits: through the DDP wrappers
-            return update(self, batch)
 
     def score(self, X, y=None) -> float:
         """Mean reward of one sampled completion per prompt (larger is better).

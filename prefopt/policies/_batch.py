@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field
 
 import torch
 
@@ -150,6 +150,10 @@ class RolloutBatch:
         V(s_t) under the value model at sampling time (PPO).
     advantages, returns : torch.Tensor or None
         What the algorithm's ``compute_advantages`` returned.
+    timings : dict of str to float
+        Seconds of the rollout's phases (``time/generation``, ``time/logprobs``:
+        the old, reference and value passes, ``time/reward``), which the step's
+        ``history_`` row reports.
     """
 
     prompts: EncodedPrompts
@@ -167,6 +171,7 @@ class RolloutBatch:
     values: torch.Tensor | None = None
     advantages: torch.Tensor | None = None
     returns: torch.Tensor | None = None
+    timings: dict = field(default_factory=dict)
 
     def __len__(self) -> int:
         return self.response_ids.shape[0]
@@ -183,9 +188,11 @@ class RolloutBatch:
                 return value.clone()
             if isinstance(value, EncodedPrompts):
                 return EncodedPrompts(value.input_ids.clone(), value.attention_mask.clone())
+            if isinstance(value, dict):
+                return dict(value)
             return value
 
-        return RolloutBatch(**{f.name: copy(getattr(self, f.name)) for f in fields(self)})
+        return RolloutBatch(**{name: copy(value) for name, value in vars(self).items()})
 
     @property
     def sequence_rewards(self) -> torch.Tensor:

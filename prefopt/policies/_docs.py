@@ -3,60 +3,60 @@
 import inspect
 import re
 
-COMMON_PARAMETERS = """model : str, transformers config, torch module or fitted policy, default=None
+COMMON_PARAMETERS = """model : str, transformers config, torch module or fitted policy
         The starting policy, copied before training (``fit`` never mutates it):
         a local path, a config (a fresh model, seeded by ``random_state``), a
         module called like a causal LM, or a fitted :class:`SFTPolicy`.
-    tokenizer : str or tokenizer, default=None
+    tokenizer : str or tokenizer
         ``None`` takes the fitted policy's, the module's ``tokenizer`` attribute
         or the path's. A pad token distinct from EOS is added when missing.
-    beta : float, default={beta}
+    beta : float
         KL coefficient: the reward is shaped with -beta * log(pi/pi_ref).
-    kl : FixedKLController or AdaptiveKLController, default=None
+    kl : FixedKLController or AdaptiveKLController
         How beta changes; ``None`` keeps it fixed. A controller with
         ``beta=None`` starts from this estimator's ``beta``.
-    kl_estimator : {{"k1", "k2", "k3"}}, default="k1"
+    kl_estimator : {"k1", "k2", "k3"}
         Per-token KL estimator (Schulman 2020); k1 in the reward, as Ziegler et al. 2019.
-    learning_rate : float, default=None
+    learning_rate : float
         ``None`` means 1e-3 for models under 10M parameters (tiny models built
         from a config) and 3e-6 otherwise (Huang et al.'s PPO value).
-    optimizer : {{"adam", "sgd"}}, default="adam"
+    optimizer : {"adam", "sgd"}
         Adam uses eps=1e-5 and no weight decay, as the original code.
-    lr_schedule : {{"linear", "constant"}}, default="linear"
+    lr_schedule : {"linear", "constant"}
         "linear" anneals the learning rate to 0 over the run, as the original code.
-    max_grad_norm : float, default=None
+    max_grad_norm : float
         Clip the gradient norm; ``None`` does not clip (the original code).
-    n_steps : int, default=100
+    n_steps : int
         Optimisation steps; each samples ``batch_size`` episodes.
-    batch_size : int, default=64
+    batch_size : int
         Episodes (prompt, response pairs) per step.
-    n_epochs : int, default={n_epochs}
+    n_epochs : int
         Passes over each batch.
-    n_minibatches : int, default={n_minibatches}
+    n_minibatches : int
         Gradient steps per pass.
-    temperature : float, default=None
+    temperature : float
         Sampling temperature, also applied to every log-prob. ``None`` reads the
         model's generation config, else 0.7 (Ziegler et al. 2019).
-    max_new_tokens : int, default=None
+    max_new_tokens : int
         Tokens sampled per response (fixed length, truncated after the first
         EOS). ``None`` reads the model's generation config, else 53 (Huang et al. 2024).
-    missing_eos_reward : float or None, default=-1.0
+    missing_eos_reward : float or None
         A response with no EOS gets this reward, *replacing* its score (the
         EOS trick of Huang et al. 2024; TRL instead subtracts a penalty). ``None`` keeps the score.
-    stop_token_ids : int or list of int, default=None
+    stop_token_ids : int or list of int
         The ids that end a response: sampling stops there, the response is cut
         after the first, and a response without one gets ``missing_eos_reward``.
         ``None`` takes the model's ``generation_config.eos_token_id`` (chat models
         often list several, e.g. an end of turn) and the tokenizer's EOS.
-    random_state : int, RandomState instance or None, default=None
+    random_state : int, RandomState instance or None
         Same seed, same CPU run. No global seed is set.
-    verbose : int, default=0
+    verbose : int
         Log a line every 10 steps through the ``prefopt`` logger.
-    warm_start : bool, default=False
+    warm_start : bool
         Continue from the fitted state (model, reference, optimiser, beta,
         history) for ``n_steps`` more steps instead of starting over; a linear
         schedule anneals again over those steps.
-    checkpoint_dir : str or path, default=None
+    checkpoint_dir : str or path
         Save the run every ``checkpoint_every`` steps (and at the end) to this
         folder, atomically (write, then rename), as JSON and safetensors (no
         pickle). ``fit`` with the same folder, parameters and prompts resumes
@@ -65,32 +65,32 @@ COMMON_PARAMETERS = """model : str, transformers config, torch module or fitted 
         those that only watch the run) or other prompts are refused by name.
         A clone (every candidate and seed of a search) writes to its own
         sub-folder, named from its parameters and prompts.
-    checkpoint_every : int, default=10
+    checkpoint_every : int
         Steps between checkpoints.
-    truncate_prompts : bool, default=False
+    truncate_prompts : bool
         A prompt longer than the context minus ``max_new_tokens`` raises an
         error; with True it is cut at the last paragraph (else sentence)
         boundary that fits, keeping its beginning, as Huang et al. 2024 do.
         Put any instruction that must survive at the start.
-    max_kl : float, default=None
+    max_kl : float
         A step whose mean KL to the reference exceeds this warns or stops the
         run (``max_kl_action``); the last checkpoint stays intact.
-    max_kl_action : {{"warn", "raise"}}, default="warn"
-    min_eos_share : float or None, default=0.5
+    max_kl_action : {"warn", "raise"}
+    min_eos_share : float or None
         Warn when fewer responses than this end with EOS: the fixed
         ``missing_eos_reward`` then dominates the reward.
-    entropy_coef : float, default=0.0
+    entropy_coef : float
         Weight of an entropy bonus in the policy loss: minus this times the
         policy's mean per-token entropy on the minibatch's responses (at the
         training temperature, with gradients) is added to any algorithm's loss.
         Without a KL penalty it is reported not to prevent degeneration.
-    ptx_coef : float, default=0.0
+    ptx_coef : float
         Weight of a next-token loss on pretraining text (``fit(...,
         ptx_data=texts)``) added to the policy loss, as InstructGPT's PPO-ptx
         (Ouyang et al. 2022), against the alignment tax: each update minibatch
         adds this times the mean cross-entropy of as many texts, drawn at
         random, tokenised once per fit and cut to the model's context.
-    refit_every : int, default=None
+    refit_every : int
         Online reward learning (Ziegler et al. 2019): every this many steps,
         the step's samples of each prompt are paired ((0, 1), (2, 3), ... of
         its k; at k = 1 a second sample is drawn), labelled by ``fit(...,
@@ -102,9 +102,9 @@ COMMON_PARAMETERS = """model : str, transformers config, torch module or fitted 
         ``reward/refits``, ``reward/new_labels`` and the accuracy of the
         reward before each refit on its new labels. ``None`` keeps the
         reward fixed (offline, the default).
-    lora : dict or peft.LoraConfig, default=None
+    lora : dict or peft.LoraConfig
         Train a LoRA adapter (peft) instead of all weights, e.g.
-        ``{{"r": 8, "lora_alpha": 16, "target_modules": ["c_attn"]}}``. The
+        ``{"r": 8, "lora_alpha": 16, "target_modules": ["c_attn"]}``. The
         reference is then the frozen base with the adapter disabled, so its
         weights are not copied."""
 
@@ -139,24 +139,69 @@ COMMON_ATTRIBUTES = """model_ : torch.nn.Module
         ``pandas.DataFrame(history_)`` makes a table."""
 
 
-def fill(cls, **defaults) -> str:
-    """``cls``'s docstring with the shared fragments filled in, parameters in signature order."""
-    doc = cls.__doc__.replace("{common_parameters}", COMMON_PARAMETERS.format(**defaults))
+def fill(cls) -> str:
+    r"""``cls``'s docstring with the shared fragments and every default from its signature.
+
+    ``{common_parameters}`` and ``{common_attributes}`` in the docstring are
+    replaced by the shared entries (an entry the class documents itself, such
+    as GRPO's ``beta``, replaces the shared one of that name). Every entry of
+    the Parameters section gets ``default=`` from ``inspect.signature`` of
+    ``cls.__init__``; a default written by hand must agree with it. The
+    entries are then put in signature order.
+
+    Parameters
+    ----------
+    cls : type
+        An estimator class whose docstring holds both placeholders.
+
+    Returns
+    -------
+    doc : str
+
+    Examples
+    --------
+    >>> class Toy:
+    ...     def __init__(self, *, n_steps=3, beta=0.5):
+    ...         pass
+    >>> Toy.__doc__ = "\n    ".join(["A toy.", "", "Parameters", "----------",
+    ...     "{common_parameters}", "", "Attributes", "----------", "{common_attributes}", ""])
+    >>> doc = fill(Toy)
+    >>> "n_steps : int, default=3" in doc and "beta : float, default=0.5" in doc
+    True
+    >>> doc.index("n_steps :") < doc.index("beta :") and "{" + "common" not in doc
+    True
+    """
+    doc = cls.__doc__
+    for placeholder in ("{common_parameters}", "{common_attributes}"):
+        if placeholder not in doc:
+            raise ValueError(f"{cls.__name__}'s docstring has no {placeholder}.")
+    signature = inspect.signature(cls.__init__).parameters
+    own = _entries(doc)
+    shared = {k: v for k, v in _entries("    " + COMMON_PARAMETERS).items() if k not in own}
+    shared_text = "\n".join(line for entry in shared.values() for line in entry).strip()
+    doc = doc.replace("{common_parameters}", shared_text)
     doc = doc.replace("{common_attributes}", COMMON_ATTRIBUTES)
-    return _in_signature_order(doc, list(inspect.signature(cls.__init__).parameters)[1:])
+    return _in_signature_order(doc, signature, cls.__name__)
 
 
-def _in_signature_order(doc: str, names: list) -> str:
-    """Reorder the entries of a numpydoc Parameters section to follow ``names``."""
-    lines = doc.split("\n")
-    start = lines.index("    Parameters") + 2
-    end = next(
-        i
-        for i in range(start, len(lines))
-        if lines[i].strip() and lines[i + 1].strip().startswith("---")
-    )
+def _default(value) -> str:
+    """A default as numpydoc writes it: strings in double quotes, the rest as ``repr``."""
+    return f'"{value}"' if isinstance(value, str) else repr(value)
+
+
+def _entries(section: str) -> dict:
+    """The ``name : type`` entries of a docstring's Parameters section, by name."""
+    lines = section.split("\n")
+    if "    Parameters" in lines:
+        start = lines.index("    Parameters") + 2
+        end = next(
+            i
+            for i in range(start, len(lines))
+            if lines[i].strip() and lines[i + 1].strip().startswith("---")
+        )
+        lines = lines[start:end]
     entries, current = {}, None
-    for line in lines[start:end]:
+    for line in lines:
         match = re.match(r"^    (\w+)(,\s*\w+)* :", line)
         if match:
             current = match.group(1)
@@ -166,6 +211,39 @@ def _in_signature_order(doc: str, names: list) -> str:
     for entry in entries.values():
         while entry and not entry[-1].strip():
             entry.pop()
+    return entries
+
+
+def _with_default(entry: list, parameter, who: str) -> list:
+    """The entry with ``default=`` from the signature (a hand-written one checked)."""
+    if parameter is None or parameter.default is inspect.Parameter.empty:
+        return entry
+    want = _default(parameter.default)
+    header = entry[0]
+    match = re.search(r", default=(.*)$", header)
+    if match is None:
+        return [f"{header}, default={want}", *entry[1:]]
+    if match.group(1) != want:
+        raise ValueError(
+            f"{who}'s docstring says {parameter.name} has default={match.group(1)}, but its "
+            f"signature has {want}; drop the default from the docstring (fill adds it)."
+        )
+    return entry
+
+
+def _in_signature_order(doc: str, signature, who: str) -> str:
+    """Defaults from ``signature`` into the Parameters section, entries in its order."""
+    lines = doc.split("\n")
+    start = lines.index("    Parameters") + 2
+    end = next(
+        i
+        for i in range(start, len(lines))
+        if lines[i].strip() and lines[i + 1].strip().startswith("---")
+    )
+    entries = _entries("\n".join(lines))
+    names = [n for n in signature if n != "self"]
     order = sorted(entries, key=lambda n: names.index(n) if n in names else len(names))
-    body = [line for name in order for line in entries[name]]
+    body = [
+        line for name in order for line in _with_default(entries[name], signature.get(name), who)
+    ]
     return "\n".join(lines[:start] + body + [""] + lines[end:])

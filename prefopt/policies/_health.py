@@ -22,12 +22,13 @@ def check_temperature(policy) -> None:
             f"about 0, so nothing is learned. Use a temperature of {MIN_TEMPERATURE} or "
             "more (0.7 to 1 is usual).",
             UserWarning,
-            stacklevel=3,
+            stacklevel=3,  # the caller of fit
         )
 
 
-def check_health(policy, row: dict) -> None:
-    """After a step: a KL beyond ``max_kl`` warns or stops; too few EOS warns once."""
+def check_health(loop, row: dict) -> None:
+    """After a step of ``loop``: a KL beyond ``max_kl`` warns or stops; too few EOS warns once."""
+    policy = loop.policy
     step, kl, eos = row["step"], row["objective/kl"], row["response/eos_share"]
     if policy.max_kl is not None and kl > policy.max_kl:
         message = (
@@ -37,13 +38,13 @@ def check_health(policy, row: dict) -> None:
         )
         if policy.max_kl_action == "raise":
             raise RuntimeError(message + " The last checkpoint (if any) is intact.")
-        warnings.warn(message, RuntimeWarning, stacklevel=3)
+        warnings.warn(message, RuntimeWarning, stacklevel=4)  # the caller of fit
     if (
         policy.min_eos_share is not None
         and policy._stop_ids()
         and policy.missing_eos_reward is not None
         and eos < policy.min_eos_share
-        and policy._run.warn_once("eos_share")
+        and loop.run.warn_once("eos_share")
     ):
         warnings.warn(
             f"{type(policy).__name__}: only {eos:.0%} of responses ended with EOS at "
@@ -51,5 +52,5 @@ def check_health(policy, row: dict) -> None:
             "then dominates the reward. Raise max_new_tokens or fine-tune the "
             "model to stop (SFTPolicy).",
             RuntimeWarning,
-            stacklevel=3,
+            stacklevel=4,  # the caller of fit
         )

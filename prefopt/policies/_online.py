@@ -82,15 +82,16 @@ class OnlineRewards:
         for record in log or []:
             self._apply(policy, record)
 
-    def after_step(self, policy, batch) -> dict:
-        """On every ``refit_every``-th step: label pairs of this step's samples and refit."""
+    def after_step(self, loop, batch) -> dict:
+        """On every ``refit_every``-th step of ``loop``: label pairs of its samples and refit."""
+        policy = loop.policy
         stats = {"reward/refits": float(len(self.log))}
         step = policy.n_iter_ + 1  # this step's number (the loop counts it after the update)
         if step % policy.refit_every:
             return stats
         # Distributed fits: every rank's pairs, in rank order (the global batch's order), so
         # every rank labels the same pairs with the same seed and refits the same reward.
-        shares = distributed.gather_objects(_pairs(policy, batch))
+        shares = distributed.gather_objects(_pairs(loop, batch))
         prompts, first, second = ([x for share in shares for x in share[i]] for i in range(3))
         keep = [i for i in range(len(first)) if first[i] != second[i]]  # ties say nothing
         seed = int(np.random.SeedSequence([self._base_seed, step]).generate_state(1)[0])
@@ -142,11 +143,12 @@ class OnlineRewards:
         return accuracy
 
 
-def _pairs(policy, batch) -> tuple[list, list, list]:
+def _pairs(loop, batch) -> tuple[list, list, list]:
     """Disjoint pairs of the step's samples of each prompt: (0, 1), (2, 3), ... of its k.
 
     At k = 1 one more sample of each prompt is drawn to pair with it.
     """
+    policy = loop.policy
     k = policy._samples_per_prompt()
     rows = batch.prompt_index.cpu().numpy()
     texts = policy._decode(batch.response_ids, batch.response_mask)
@@ -157,9 +159,9 @@ def _pairs(policy, batch) -> tuple[list, list, list]:
         rows = rows[heads]
     else:
         with torch.inference_mode():
-            ids, mask, _ = policy._generate(batch.prompts, policy._run.generator)
+            ids, mask, _ = policy._generate(batch.prompts, loop.run.generator)
         first, second = texts, policy._decode(ids, mask)
-    return [policy._prompts[i] for i in rows], first, second
+    return [loop.prompts[i] for i in rows], first, second
 
 
 def _check_labels(labels, n: int) -> np.ndarray:

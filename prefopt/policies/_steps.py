@@ -1,95 +1,111 @@
-"""The step loop of every policy: rollout, advantages, update, beta, history, checkpoints.
+"""The gradient passes of one step: ``n_epochs`` x ``n_minibatches`` steps on the loss.
 
-``BasePolicy.fit`` sets the run up and calls :func:`train_steps`; the passes of one
-step are in ``_rollout.py``.
+:meth:`PolicyLoop.update <prefopt.policies._loop.PolicyLoop.update>` calls
+:func:`update` once per step; it calls the algorithm's ``compute_loss`` and adds
+the terms every algorithm gets (the entropy bonus and the pretraining loss).
 """
 
 from __future__ import annotations
 
-import logging
-import time
+import numpy as np
+import torch
 
-from .._config import get_config
-from .._progress import tqdm
-from ..backend import distributed
-from ._health import check_health
-
-logger = logging.getLogger("prefopt")
+from ..backend import gradient_step, response_logprobs, sequence_values
+from ..backend._shared_prompts import is_transformers_model
+from ._batch import Minibatch, RolloutBatch, masked_mean, minibatch_order
+from ._rollout import _now
 
 
-def train_steps(policy, n_steps: int, callback=None) -> None:
-    """``n_steps`` steps of the loop: rollout, advantages, update, beta, ``history_``, checkpoint.
+def update(loop, batch: RolloutBatch) -> dict:
+    """``n_epochs`` passes of ``n_minibatches`` gradient steps on the algorithm's loss.
 
-    ``policy`` is the policy being fitted; ``BasePolicy._train_steps`` calls this.
+    To every minibatch's loss the loop adds, for any algorithm, the entropy
+    bonus ``-entropy_coef * H`` (the masked mean per-token entropy, with
+    gradients) and the pretraining term ``ptx_coef * CE`` (next-token
+    cross-entropy on a minibatch of ``ptx_data``, Ouyang et al. 2022's PPO-ptx).
     """
-    run = policy._run
-    total = policy.n_iter_ + max(n_steps, 0)
-    k = policy._samples_per_prompt()
-    show = get_config()["show_progress_bar"] and distributed.is_main()  # rank 0 alone
-    bar = tqdm(range(max(n_steps, 0)), desc=type(policy).__name__, disable=not show, leave=False)
-    for _ in bar:
-        policy._set_learning_rate()
-        start = time.perf_counter()
-        # Distributed fits: every rank draws the same global rows and takes its share.
-        rows = distributed.shard(run.next_rows(policy.batch_size // k, len(policy._prompts)))
-        batch = policy._rollout(rows)
-        advantages = policy.compute_advantages(batch)
-        if isinstance(advantages, tuple):
-            batch.advantages, batch.returns = advantages
-        else:
-            batch.advantages = advantages
-        stats = policy._update(batch)
-        policy.after_update(batch)
-        if policy._online is not None:
-            stats.update(policy._online.after_step(policy, batch))
-        mean_kl = float(distributed.mean(batch.kl.sum(1)))  # over all ranks
-        n_episodes = len(batch) * distributed.world_size()  # the global batch
-        policy.beta_ = policy.kl_.update(mean_kl, n_episodes=n_episodes)
-        policy.n_iter_ += 1
-        policy.n_episodes_ += n_episodes
-        elapsed = time.perf_counter() - start
-        row = {
-            "step": policy.n_iter_,
-            "episodes": policy.n_episodes_,
-            "objective/reward": float(batch.scores.mean()),
-            "objective/kl": mean_kl,
-            "objective/rlhf_reward": float(batch.rlhf_rewards.mean()),
-            "objective/beta": batch.beta,
-            **stats,
-            "response/length": float(batch.response_mask.sum(1).float().mean()),
-            "response/eos_share": float(batch.ended.float().mean()),
-            "charts/learning_rate": run.optimizer.param_groups[0]["lr"],
-            "time/episodes_per_s": len(batch) / elapsed,
-        }
-        row = distributed.reduce_row(row, elapsed, len(batch))  # global figures
-        policy.history_.append(row)
-        check_health(policy, row)
-        bar.set_postfix(reward=f"{row['objective/reward']:.3f}", kl=f"{mean_kl:.3f}")
-        if (
-            policy.verbose
-            and distributed.is_main()
-            and (policy.n_iter_ % 10 == 0 or policy.n_iter_ == total)
-        ):
-            logger.info(
-                "%s step %d: reward %.4f kl %.4f beta %.4g",
-                type(policy).__name__,
-                policy.n_iter_,
-                row["objective/reward"],
-                mean_kl,
-                batch.beta,
+    policy = loop.policy
+    n = len(batch)
+    size = max(1, n // policy.n_minibatches)
+    temperature = policy._training_temperature()
+    entropy_coef = float(policy.entropy_coef)
+    ptx = loop.ptx_tokens if policy.ptx_coef > 0 else None
+    totals: dict[str, float] = {}
+    count = 0
+    entropies = []
+    started = _now(policy.device_)
+    for _ in range(policy.n_epochs):
+        # Whole groups of a prompt's samples in a minibatch, so that a transformers model
+        # runs each prompt once for its group (one sample a prompt: a shuffle of the rows).
+        perm = minibatch_order(
+            batch.prompt_index, loop.run.generator, is_transformers_model(policy.model_)
+        ).to(policy.device_)
+        for start in range(0, n, size):
+            rows = perm[start : start + size]
+            index = batch.prompt_index[rows.cpu()]
+            logprobs, entropy = response_logprobs(
+                policy.model_,
+                batch.prompts[rows],
+                batch.response_ids[rows],
+                batch.response_mask[rows],
+                temperature=temperature,
+                suppress_ids=policy._suppress_ids,
+                with_entropy=True,
+                entropy_grad=entropy_coef > 0,  # the default pass builds no extra graph
+                prompt_index=index,
             )
-        if getattr(policy, "_checkpoint", None) is not None and (
-            policy.n_iter_ % policy.checkpoint_every == 0 or policy.n_iter_ == total
-        ):
-            state = run.state_dict()
-            if distributed.is_sharded(policy.model_):  # FSDP: gather the moments (collective)
-                state["optimizer"] = distributed.full_optimizer_state(
-                    policy._trained_modules(), run.optimizer
+            values = None
+            if policy.value_model_ is not None:
+                values = sequence_values(
+                    policy.value_model_,
+                    batch.prompts[rows],
+                    batch.response_ids[rows],
+                    batch.response_mask[rows],
+                    prompt_index=index,
                 )
-            if policy._online is not None:
-                state["online"] = policy._online.state_dict()
-            policy._checkpoint.save(policy, state)
-        stop = callback is not None and callback(policy, row) is True
-        if distributed.any_rank(stop):  # every rank stops at the same step
-            break
-    bar.close()
+            minibatch = Minibatch(batch, rows, logprobs, entropy, values)
+            loss, stats = policy.compute_loss(batch, minibatch)
+            stats = dict(stats)
+            mean_entropy = masked_mean(entropy, minibatch.mask)
+            if entropy_coef > 0:
+                bonus = entropy_coef * mean_entropy
+                loss = loss - bonus
+                stats["loss/entropy_bonus"] = bonus.item()
+            if ptx is not None:
+                ptx_loss = pretraining_loss(loop, ptx, len(rows))
+                loss = loss + policy.ptx_coef * ptx_loss
+                stats["loss/ptx"] = ptx_loss.item()
+            gradient_step(
+                loop.run.optimizer,
+                loss,
+                who=type(policy).__name__,
+                step=policy.n_iter_ + 1,
+                max_grad_norm=policy.max_grad_norm,
+            )
+            entropies.append(float(mean_entropy.detach()))
+            for key, value in stats.items():
+                totals[key] = totals.get(key, 0.0) + float(value)
+            count += 1
+    out = {key: value / count for key, value in totals.items()}
+    out["policy/entropy"] = float(np.mean(entropies))
+    out["time/update"] = _now(policy.device_) - started
+    return {**out, **batch.timings}  # the rollout's phases
+
+
+def pretraining_loss(loop, texts, n: int) -> torch.Tensor:
+    """Next-token cross-entropy of the policy on ``n`` pretraining texts drawn at random.
+
+    ``texts`` is what the loop made of ``ptx_data`` once per fit
+    (``loop.ptx_tokens``): ``(context, continuation)`` token lists, the context being the
+    tokenizer's BOS prefix or the text's first token. The rows are drawn with
+    replacement from the run's generator; the loss is the mean over their
+    predicted tokens, at temperature 1 (the pretraining distribution itself).
+    """
+    policy = loop.policy
+    picks = torch.randint(len(texts), (n,), generator=loop.run.generator).tolist()
+    contexts = policy._encode([texts[i][0] for i in picks])
+    ids, mask = policy._pad_responses([texts[i][1] for i in picks])
+    logprobs = response_logprobs(
+        policy.model_, contexts, ids, mask, temperature=1.0, suppress_ids=policy._suppress_ids
+    )
+    return -masked_mean(logprobs, mask)

@@ -160,6 +160,9 @@ class GRPOPolicy(BasePolicy):
     Parameters
     ----------
     {common_parameters}
+    beta : float
+        KL coefficient: weight of the k3 term per token of the loss (DeepSeekMath's 0.04);
+        the reward is not shaped.
     k : int, default=8
         Samples per prompt, a group (``batch_size / k`` prompts per step);
         TRL's ``num_generations``. At least 2.
@@ -393,9 +396,4 @@ class GRPOPolicy(BasePolicy):
         return policy_loss + kl_loss, stats
 
 
-GRPOPolicy.__doc__ = fill(GRPOPolicy, beta=0.04, learning_rate="None", n_epochs=1, n_minibatches=1)
-# The shared text says the reward is shaped; GRPO's beta weighs a loss term instead.
-GRPOPolicy.__doc__ = GRPOPolicy.__doc__.replace(
-    "KL coefficient: the reward is shaped with -beta * log(pi/pi_ref).",
-    "KL coefficient: weight of the k3 term per token of the loss (DeepSeekMath's 0.04).",
-)
+GRPOPolicy.__doc__ = fill(GRPOPolicy)

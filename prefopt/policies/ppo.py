@@ -12,6 +12,8 @@ from numbers import Real
 import torch
 from sklearn.utils._param_validation import Interval
 
+from ..backend import distributed
+from ..backend.heads import shared_value_model
 from ._base import BasePolicy, store_params
 from ._batch import Minibatch, RolloutBatch, masked_mean, masked_whiten
 from ._docs import fill
@@ -300,6 +302,30 @@ class PPOPolicy(BasePolicy):
                 "value_model='shared' puts the value head on the policy's trunk, whose "
                 "dropout the value model turns off; use value_model=None with dropout."
             )
+        if isinstance(self.value_model, str) and distributed.world_size() > 1:
+            raise ValueError(
+                "PPOPolicy: value_model='shared' is not supported in a distributed fit (the "
+                "policy's trunk would be trained through two engines); leave "
+                "value_model=None (a copy of the reward model) or give a module."
+            )
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        value = self.__dict__.get("value_model_")  # fitted or not
+        if isinstance(self.value_model, str) and value is not None:
+            # The shared trunk is the policy's: store only the value head.
+            state["value_model_"] = None
+            state["_shared_value_head"] = {
+                k: v.detach().cpu().clone() for k, v in value.head.state_dict().items()
+            }
+        return state
+
+    def __setstate__(self, state):
+        head = state.pop("_shared_value_head", None)
+        super().__setstate__(state)
+        if head is not None:
+            self.value_model_ = shared_value_model(self.model_).to(self.device_)
+            self.value_model_.head.load_state_dict(head)
 
     def _init_model(self, model, tokenizer, *, seed: int) -> None:
         super()._init_model(model, tokenizer, seed=seed)
@@ -379,4 +405,4 @@ class PPOPolicy(BasePolicy):
         return pg_loss + self.vf_coef * vf_loss, stats
 
 
-PPOPolicy.__doc__ = fill(PPOPolicy, beta=0.05, learning_rate="None", n_epochs=4, n_minibatches=1)
+PPOPolicy.__doc__ = fill(PPOPolicy)

@@ -50,7 +50,7 @@ class RAFTPolicy(BasePolicy):
     {common_parameters}
     k : int, default=4
         Samples per prompt; the best one is kept.
-    rank_by : {{"score", "shaped"}}, default="score"
+    rank_by : {"score", "shaped"}, default="score"
         Rank by the reward-model score, or by the KL-shaped reward
         score - beta * KL (the paper's KL variant, which changes only which
         sample is kept).
@@ -185,4 +185,4 @@ class RAFTPolicy(BasePolicy):
         return loss, {"loss/policy": loss.item()}
 
 
-RAFTPolicy.__doc__ = fill(RAFTPolicy, beta=0.05, learning_rate="None", n_epochs=4, n_minibatches=1)
+RAFTPolicy.__doc__ = fill(RAFTPolicy)

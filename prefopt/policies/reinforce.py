@@ -146,9 +146,10 @@ class ReinforcePolicy(BasePolicy):
     ):
         store_params(self, locals())
 
-    def _setup(self, reward, start_model) -> None:
-        super()._setup(reward, start_model)
+    def _setup(self, reward, start_model, *, seed: int) -> str | None:
+        start_key = super()._setup(reward, start_model, seed=seed)
         self.baseline_ = MovingAverageBaseline()
+        return start_key
 
     def compute_advantages(self, batch):
         """The KL-shaped sequence reward minus the mean of all earlier ones.
@@ -196,6 +197,4 @@ class ReinforcePolicy(BasePolicy):
         self.baseline_.add(distributed.gather(batch.sequence_rewards))
 
 
-ReinforcePolicy.__doc__ = fill(
-    ReinforcePolicy, beta=0.05, learning_rate="None", n_epochs=1, n_minibatches=2
-)
+ReinforcePolicy.__doc__ = fill(ReinforcePolicy)

@@ -196,4 +196,4 @@ class RLOOPolicy(BasePolicy):
         return loss, {"loss/policy": loss.item()}
 
 
-RLOOPolicy.__doc__ = fill(RLOOPolicy, beta=0.05, learning_rate="None", n_epochs=1, n_minibatches=2)
+RLOOPolicy.__doc__ = fill(RLOOPolicy)

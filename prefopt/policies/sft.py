@@ -194,7 +194,7 @@ class SFTPolicy(GenerativeStep):
         prompts, completions = check_demonstrations(X)
         rng = check_random_state(self.random_state)
         seeds = rng.randint(np.iinfo(np.int32).max, size=2)
-        if not (self.warm_start and hasattr(self, "model_")):
+        if not (self.warm_start and self.__sklearn_is_fitted__()):
             self._init_model(self.model, self.tokenizer, seed=int(seeds[0]))
             self.history_ = []
             self.n_iter_ = 0
