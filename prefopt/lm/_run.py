@@ -184,24 +184,23 @@ class one_fit_at_a_time:
         self.estimator = estimator
 
     def __enter__(self):
+        # One attribute: False when idle, (thread id, depth) while a fit runs.
         state = self.estimator.__dict__
         me = threading.get_ident()
         with _FITTING:
-            owner = state.get("_fitting_thread")
-            if state.get("_fitting") and owner not in (None, me):
+            owner, depth = state.get("_fitting") or (None, 0)
+            if owner not in (None, me):
                 raise RuntimeError(
                     f"This {type(self.estimator).__name__} is already being fitted (in another "
                     "thread); two fits of one object would corrupt it. Fit a clone "
                     "(sklearn.base.clone) instead."
                 )
-            state["_fitting_depth"] = state.get("_fitting_depth", 0) + 1 if owner == me else 1
-            state["_fitting"], state["_fitting_thread"] = True, me
+            state["_fitting"] = (me, depth + 1)
         return self
 
     def __exit__(self, *exc):
         state = self.estimator.__dict__
         with _FITTING:
-            state["_fitting_depth"] = state.get("_fitting_depth", 1) - 1
-            if state["_fitting_depth"] <= 0:
-                state["_fitting"], state["_fitting_thread"] = False, None
+            owner, depth = state.get("_fitting") or (None, 1)
+            state["_fitting"] = (owner, depth - 1) if depth > 1 else False
         return False
