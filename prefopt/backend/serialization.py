@@ -10,10 +10,16 @@ read back with ``torch.load(weights_only=True)``.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import errno
+import hashlib
 import importlib
 import io
+import os
 import pickle
+import stat
+import threading
 import warnings
 
 import torch
@@ -27,6 +33,139 @@ FORMAT_VERSION = 1
 _MODULE_KEY = "__prefopt_module__"
 _OPTIMIZER_KEY = "__prefopt_optimizer__"
 _GENERATOR_KEY = "__prefopt_generator__"
+
+
+# ----- reading and writing files of a saved folder ---------------------------------------
+def regular_file(folder: str, name: str, what: str) -> str:
+    """The path of ``folder/name`` when it is a regular file inside ``folder``; else an error.
+
+    A FIFO, a device or a socket would block or never end a read, and a link
+    that leaves the folder would read a file the folder does not hold; each is
+    refused with the name it found.
+
+    Parameters
+    ----------
+    folder : str
+        The saved folder.
+    name : str
+        A file name inside it (no path separators, no ``..``).
+    what : str
+        What the file is, named in the error.
+
+    Returns
+    -------
+    path : str
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> folder = tempfile.mkdtemp()
+    >>> os.mkfifo(os.path.join(folder, "pipe"))
+    >>> regular_file(folder, "pipe", "the tensors file")
+    Traceback (most recent call last):
+    ...
+    ValueError: ...the tensors file ...pipe' is a FIFO, not a regular file...
+    """
+    if (
+        not isinstance(name, str)
+        or not name
+        or name != os.path.basename(name)
+        or name
+        in {
+            ".",
+            "..",
+        }
+    ):
+        raise ValueError(
+            f"{what} in {folder!r} is named {name!r}, which is not a plain file name in the "
+            "folder; the folder was not written by prefopt. Save the estimator again."
+        )
+    path = os.path.join(folder, name)
+    real, inside = os.path.realpath(path), os.path.realpath(folder)
+    if os.path.commonpath([real, inside]) != inside:
+        raise ValueError(
+            f"{what} {path!r} is a link to {real!r}, outside the folder; refusing to read it. "
+            "Save the estimator again, or copy the file itself into the folder."
+        )
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        raise ValueError(f"{what} {path!r} cannot be read ({exc.strerror or exc}).") from None
+    if not stat.S_ISREG(mode):
+        kind = (
+            "a FIFO"
+            if stat.S_ISFIFO(mode)
+            else "a folder"
+            if stat.S_ISDIR(mode)
+            else "a device"
+            if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+            else "a socket"
+            if stat.S_ISSOCK(mode)
+            else "not a file"
+        )
+        raise ValueError(
+            f"{what} {path!r} is {kind}, not a regular file; refusing to read it (a read could "
+            "block for ever). Save the estimator again."
+        )
+    return path
+
+
+def read_regular(folder: str, name: str, what: str) -> bytes:
+    """The bytes of ``folder/name``, refused unless it is a regular file inside ``folder``."""
+    path = regular_file(folder, name, what)
+    # O_NONBLOCK: a file swapped for a FIFO after the check still cannot block the read.
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise ValueError(f"{what} {path!r} is not a regular file; refusing to read it.")
+        return f.read()
+
+
+def sha256(data: bytes) -> str:
+    """The SHA-256 hex digest of ``data`` (ties a folder's JSON to its tensors file)."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def _write(handle, data: bytes) -> None:
+    handle.write(data)
+    handle.flush()
+    os.fsync(handle.fileno())
+
+
+def write_atomic(path: str, data: bytes | str, *, keeps: str) -> None:
+    """Write ``data`` to ``path`` through a temporary file renamed into place.
+
+    When the write fails (a full disk, a quota), the temporary file is removed,
+    ``path`` keeps what it held, and the error says so.
+
+    Parameters
+    ----------
+    path : str
+        The file to write.
+    data : bytes or str
+        Its whole content.
+    keeps : str
+        What stays intact when the write fails, for the error message
+        (e.g. "the last complete checkpoint").
+    """
+    data = data.encode() if isinstance(data, str) else data
+    tmp = os.path.join(
+        os.path.dirname(path),
+        f".{os.path.basename(path)}.tmp-{os.getpid()}-{threading.get_ident()}",
+    )
+    try:
+        with open(tmp, "wb") as handle:
+            _write(handle, data)
+        os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        reason = "the disk is full" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else exc
+        raise OSError(
+            exc.errno,
+            f"Could not write {path!r} ({reason}); {keeps} is kept as it was. Free some space "
+            "(or give a folder on another disk) and try again.",
+        ) from exc
 
 
 def _import(path: str):

@@ -18,96 +18,36 @@ watched and saved may differ (raising ``n_steps`` continues a finished run).
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import threading
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
 from sklearn.base import BaseEstimator
 from torch import nn
 
 from ..backend import distributed
+from ..backend.serialization import read_regular, sha256, write_atomic
+from ._identity import (  # noqa: F401 - fingerprint, module_fingerprint: used as ckpt.*
+    NOT_DEFINING,
+    check_length,
+    check_same_model,
+    check_same_run,
+    defining_params,
+    describe,
+    fingerprint,
+    module_fingerprint,
+    run_folder,
+)
 
-FORMAT = 2
+FORMAT = 3
 STATE = "state.json"
 OLD_CHECKPOINT = "checkpoint.joblib"
-# Parameters that set a run's length or how it is watched and saved; all others define it.
-NOT_DEFINING = frozenset(
-    {
-        "n_steps",
-        "verbose",
-        "checkpoint_dir",
-        "checkpoint_every",
-        "max_kl",
-        "max_kl_action",
-        "min_eos_share",
-    }
-)
 # Fitted attributes rebuilt by ``fit`` from the caller's arguments, never stored.
 NOT_STORED = frozenset({"reward_model_", "starting_policy_", "tokenizer_", "device_", "ref_model_"})
-
-
-# ----- fingerprints and descriptions --------------------------------------------------
-def fingerprint(value) -> str:
-    """A short hash of JSON-describable data (prompts, comparisons, descriptions)."""
-    text = json.dumps(value, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def module_fingerprint(module: nn.Module) -> str:
-    """A hash of a module's class, parameter names, shapes and values."""
-    h = hashlib.sha256(type(module).__qualname__.encode())
-    for name, tensor in sorted(module.state_dict().items()):
-        t = tensor.detach().to("cpu").contiguous()
-        h.update(f"{name}:{tuple(t.shape)}:{t.dtype}".encode())
-        h.update(t.view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    return h.hexdigest()[:16]
-
-
-def describe(value):
-    """A JSON description of a parameter, for comparing a run's settings."""
-    if value is None or isinstance(value, (bool, str)):
-        return value
-    if isinstance(value, (int, float, np.integer, np.floating)):
-        return value.item() if isinstance(value, np.generic) else value
-    if isinstance(value, os.PathLike):
-        return os.fspath(value)
-    if isinstance(value, (list, tuple)):
-        return [describe(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): describe(v) for k, v in value.items()}
-    if isinstance(value, BaseEstimator) and not hasattr(value, "model_"):
-        # An unfitted nested estimator (a KL controller): its own parameters.
-        return {"class": type(value).__name__, "params": describe(value.get_params(deep=False))}
-    # A model, tokenizer, config, fitted estimator or callable: its type; the starting
-    # model's weights are compared through their fingerprint.
-    return {"type": f"{type(value).__module__}.{type(value).__qualname__}"}
-
-
-def defining_params(estimator) -> dict:
-    """The described constructor parameters that define ``estimator``'s run."""
-    params = estimator.get_params(deep=False)
-    return {k: describe(v) for k, v in sorted(params.items()) if k not in NOT_DEFINING}
-
-
-def run_folder(estimator, data_key: str) -> str | None:
-    """The folder of this run: ``checkpoint_dir``, or a sub-folder of it for a clone.
-
-    Estimators made by ``clone`` (every candidate and seed of a search) write to
-    ``checkpoint_dir/<class>-<hash of the defining parameters and the data>``,
-    so no two runs ever share a folder.
-    """
-    root = getattr(estimator, "checkpoint_dir", None)
-    if root is None:
-        return None
-    root = os.fspath(root)
-    if not getattr(estimator, "_checkpoint_subfolder", False):
-        return root
-    key = fingerprint({"params": defining_params(estimator), "data": data_key})
-    return os.path.join(root, f"{type(estimator).__name__}-{key}")
 
 
 def check_folder(path, what: str = "checkpoint_dir") -> str:
@@ -268,6 +208,11 @@ def fitted_state(estimator, skip=NOT_STORED, weights=None) -> tuple[dict, dict]:
 def save(estimator, folder: str, *, header: dict, run_state: dict, weights=None) -> str:
     """Write a checkpoint of ``estimator`` into ``folder``; return the state file's path.
 
+    The tensors file is written first, then ``state.json`` (which names it and
+    records its SHA-256), each through a temporary file renamed into place. A
+    write that fails (a full disk) leaves the last complete checkpoint as it was
+    and raises an ``OSError`` that says so.
+
     Parameters
     ----------
     estimator : estimator
@@ -275,7 +220,8 @@ def save(estimator, folder: str, *, header: dict, run_state: dict, weights=None)
     folder : str
         The run's folder (see :func:`run_folder`).
     header : dict
-        ``defining`` parameters, ``data`` and ``model`` fingerprints.
+        What defines the run: ``defining`` parameters, ``objects``, ``data``,
+        ``model`` and ``tokenizer`` fingerprints.
     run_state : dict
         The run state's :meth:`~prefopt.lm.RunState.state_dict`.
     weights : dict, default=None
@@ -294,30 +240,46 @@ def save(estimator, folder: str, *, header: dict, run_state: dict, weights=None)
         "run": _split(run_state, "run", tensors),
     }
     step = int(getattr(estimator, "n_iter_", 0))
-    unique = f"{os.getpid()}-{threading.get_ident()}"
-    weights = f"tensors-{step:07d}.safetensors"
-    tmp = os.path.join(folder, f".{weights}.tmp-{unique}")
-    save_file(tensors, tmp)
-    os.replace(tmp, os.path.join(folder, weights))
-    state["tensors"] = weights
+    name = f"tensors-{step:07d}.safetensors"
+    data = st_save(tensors)
+    keeps = f"the last complete checkpoint in {folder!r}"
+    write_atomic(os.path.join(folder, name), data, keeps=keeps)
+    state["tensors"] = name
+    state["tensors_sha256"] = sha256(data)
     path = os.path.join(folder, STATE)
-    tmp = f"{path}.tmp-{unique}"
-    with open(tmp, "w") as f:
-        json.dump(state, f)
-    os.replace(tmp, path)  # the commit point: the old checkpoint stays until this is whole
-    for name in os.listdir(folder):  # older weights are no longer named by state.json
-        if name.startswith("tensors-") and name.endswith(".safetensors") and name != weights:
-            with contextlib.suppress(OSError):
+    try:
+        write_atomic(path, json.dumps(state), keeps=keeps)  # the commit point
+    except OSError:
+        with contextlib.suppress(OSError):  # not named by the state.json that stays
+            if _named_tensors(path) != name:
                 os.remove(os.path.join(folder, name))
+        raise
+    for other in os.listdir(folder):  # older weights are no longer named by state.json
+        if other.startswith("tensors-") and other.endswith(".safetensors") and other != name:
+            with contextlib.suppress(OSError):
+                os.remove(os.path.join(folder, other))
     return path
 
 
+def _named_tensors(path: str):
+    try:
+        with open(path) as f:
+            return json.load(f).get("tensors")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def read(folder: str | None, estimator) -> dict | None:
-    """The checkpoint in ``folder`` as data (no code runs), or ``None`` when there is none."""
+    """The checkpoint in ``folder`` as data (no code runs), or ``None`` when there is none.
+
+    Only regular files inside ``folder`` are read (a FIFO named as the tensors
+    file is refused, not waited on), and the tensors file must be the one
+    ``state.json`` recorded (its SHA-256).
+    """
     if folder is None:
         return None
     path = os.path.join(folder, STATE)
-    if not os.path.exists(path):
+    if not os.path.lexists(path):
         if os.path.exists(os.path.join(folder, OLD_CHECKPOINT)):
             raise ValueError(
                 f"{folder!r} holds a checkpoint in the old pickle format ({OLD_CHECKPOINT}). "
@@ -325,15 +287,24 @@ def read(folder: str | None, estimator) -> dict | None:
                 "with the prefopt version that wrote it, or delete it to start over."
             )
         return None
+    advice = (
+        "delete the folder's state.json and tensors files to start over, or use another "
+        "checkpoint_dir."
+    )
     try:
-        with open(path) as f:
-            state = json.load(f)
-        tensors = load_file(os.path.join(folder, os.path.basename(state["tensors"])))
+        state = json.loads(read_regular(folder, STATE, "The checkpoint's state file"))
+        if not isinstance(state, dict):
+            raise ValueError("state.json does not hold a JSON object")
+        name = state["tensors"]
+        data = read_regular(folder, name, "The checkpoint's tensors file")
+        if state.get("tensors_sha256") not in (None, sha256(data)):
+            raise ValueError(
+                f"{name!r} is not the tensors file state.json was written with (another "
+                "save's file beside this state.json?)"
+            )
+        tensors = st_load(data)
     except Exception as exc:  # noqa: BLE001 - any unreadable checkpoint gets the same advice
-        raise ValueError(
-            f"Cannot read the checkpoint in {folder!r} ({exc}); delete the folder's state.json "
-            "and tensors files to start over, or use another checkpoint_dir."
-        ) from None
+        raise ValueError(f"Cannot read the checkpoint in {folder!r} ({exc}); {advice}") from None
     if state.get("format") != FORMAT:
         raise ValueError(
             f"The checkpoint in {folder!r} has format {state.get('format')!r}; this prefopt reads "
@@ -344,41 +315,14 @@ def read(folder: str | None, estimator) -> dict | None:
             f"The checkpoint in {folder!r} was written by a {state.get('class')}, not a "
             f"{type(estimator).__name__}; use another checkpoint_dir."
         )
-    state["fitted"] = _join(state["fitted"], tensors)
-    state["run"] = _join(state["run"], tensors)
+    try:
+        state["fitted"] = _join(state["fitted"], tensors)
+        state["run"] = _join(state["run"], tensors)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ValueError(
+            f"The checkpoint in {folder!r} is malformed ({type(exc).__name__}: {exc}); {advice}"
+        ) from None
     return state
-
-
-def check_same_run(state: dict, folder: str, *, defining: dict, data: str) -> None:
-    """Refuse a checkpoint written with other parameters or data, naming what differs."""
-    way_out = (
-        f"Use another checkpoint_dir for the new settings, or delete {folder!r} "
-        "to overwrite the old run."
-    )
-    saved = state.get("defining", {})
-    for name in sorted(set(saved) | set(defining)):
-        if saved.get(name) != defining.get(name):
-            raise ValueError(
-                f"The checkpoint in {folder!r} was written with {name}={saved.get(name)!r}, but "
-                f"this fit has {name}={defining.get(name)!r}; resuming would continue the old "
-                f"run with the old setting. {way_out}"
-            )
-    if state.get("data") != data:
-        raise ValueError(
-            f"The checkpoint in {folder!r} was written for other data (prompts or ptx_data; "
-            f"fingerprint {state.get('data')}, this fit's {data}); resume with the same data. "
-            f"{way_out}"
-        )
-
-
-def check_same_model(state: dict, folder: str, model_key: str) -> None:
-    """Refuse a checkpoint whose starting model differs from the caller's."""
-    if state.get("model") != model_key:
-        raise ValueError(
-            f"The checkpoint in {folder!r} was written from another starting model (fingerprint "
-            f"{state.get('model')}, this fit's {model_key}); resume with the same model=, use "
-            f"another checkpoint_dir, or delete {folder!r} to overwrite the old run."
-        )
 
 
 def restore(estimator, fitted: dict) -> None:
@@ -399,16 +343,30 @@ def restore(estimator, fitted: dict) -> None:
 class Resume:
     """One fit's view of its checkpoint folder: what was saved, and how to save again."""
 
-    def __init__(self, folder: str, saved: dict | None, defining: dict, data: str):
+    def __init__(
+        self, folder: str, saved: dict | None, defining: dict, data: str, objects=None
+    ) -> None:
         self.folder, self.saved = folder, saved
-        self.header = {"defining": defining, "data": data, "model": None}
+        self.header = {
+            "defining": defining,
+            "objects": objects or {},
+            "data": data,
+            "model": None,
+            "tokenizer": None,
+        }
 
     def restore(self, estimator, model_key: str) -> dict | None:
-        """Check the starting model, load the fitted state; return the saved run state."""
+        """Check the starting model, tokenizer and length; load the fitted state.
+
+        Returns the saved run state, or ``None`` when there is no checkpoint.
+        """
         self.header["model"] = model_key
+        tokenizer = getattr(estimator, "tokenizer_", None)
+        self.header["tokenizer"] = None if tokenizer is None else describe(tokenizer)
         if self.saved is None:
             return None
-        check_same_model(self.saved, self.folder, model_key)
+        check_same_model(self.saved, self.folder, model_key, self.header["tokenizer"])
+        check_length(self.saved, self.folder, estimator)
         restore(estimator, self.saved["fitted"])
         return self.saved["run"]
 
@@ -431,15 +389,17 @@ class Resume:
 
 
 @contextlib.contextmanager
-def resumable(estimator, data_key: str):
+def resumable(estimator, data_key: str, **objects):
     """The checkpoint of this fit, locked for its length, checked against its parameters.
 
     Yields ``None`` when the estimator has no ``checkpoint_dir``; else a
     :class:`Resume` whose ``saved`` is the checkpoint found (or ``None``). A
-    checkpoint written with other defining parameters or other data is refused
-    before any work.
+    checkpoint written with other defining parameters, other ``objects`` (the
+    reward, the labeler: compared by their identity) or other data is refused
+    before any work, naming what differs.
     """
-    folder = run_folder(estimator, data_key)
+    described = {k: describe(v) for k, v in sorted(objects.items())}
+    folder = run_folder(estimator, data_key, objects)
     if folder is None:
         yield None
         return
@@ -449,5 +409,5 @@ def resumable(estimator, data_key: str):
         saved = read(folder, estimator)
         defining = defining_params(estimator)
         if saved is not None:
-            check_same_run(saved, folder, defining=defining, data=data_key)
-        yield Resume(folder, saved, defining, data_key)
+            check_same_run(saved, folder, defining=defining, data=data_key, objects=described)
+        yield Resume(folder, saved, defining, data_key, described)
