@@ -132,40 +132,57 @@ def _write(handle, data: bytes) -> None:
     os.fsync(handle.fileno())
 
 
-def write_atomic(path: str, data: bytes | str, *, keeps: str) -> None:
-    """Write ``data`` to ``path`` through a temporary file renamed into place.
+def _failed_write(path: str, exc: OSError, keeps: str) -> OSError:
+    reason = "the disk is full" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else exc
+    return OSError(
+        exc.errno,
+        f"Could not write {path!r} ({reason}); {keeps} is kept as it was. Free some space "
+        "(or give a folder on another disk) and try again.",
+    )
 
-    When the write fails (a full disk, a quota), the temporary file is removed,
-    ``path`` keeps what it held, and the error says so.
+
+def write_files(folder: str, files: dict, *, keeps: str) -> None:
+    """Write each ``name: bytes`` of ``files`` into ``folder``, all or none.
+
+    Every file is first written whole to a temporary file; only when all are
+    written are they renamed into place, in the order given (the last one is
+    the commit point: a checkpoint's ``state.json``). A write that fails (a full
+    disk, a quota) removes the temporary files, leaves the folder's files as they
+    were, and raises an ``OSError`` that says so.
 
     Parameters
     ----------
-    path : str
-        The file to write.
-    data : bytes or str
-        Its whole content.
+    folder : str
+        The folder to write into.
+    files : dict
+        File names to their whole content (bytes or str).
     keeps : str
-        What stays intact when the write fails, for the error message
+        What stays intact when a write fails, for the error message
         (e.g. "the last complete checkpoint").
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> folder = tempfile.mkdtemp()
+    >>> write_files(folder, {"a.txt": "1", "b.txt": b"2"}, keeps="nothing")
+    >>> sorted(os.listdir(folder))
+    ['a.txt', 'b.txt']
     """
-    data = data.encode() if isinstance(data, str) else data
-    tmp = os.path.join(
-        os.path.dirname(path),
-        f".{os.path.basename(path)}.tmp-{os.getpid()}-{threading.get_ident()}",
-    )
+    unique = f"{os.getpid()}-{threading.get_ident()}"
+    written = []
     try:
-        with open(tmp, "wb") as handle:
-            _write(handle, data)
-        os.replace(tmp, path)
+        for name, data in files.items():
+            tmp = os.path.join(folder, f".{name}.tmp-{unique}")
+            written.append((tmp, os.path.join(folder, name)))
+            with open(tmp, "wb") as handle:
+                _write(handle, data.encode() if isinstance(data, str) else data)
     except OSError as exc:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
-        reason = "the disk is full" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else exc
-        raise OSError(
-            exc.errno,
-            f"Could not write {path!r} ({reason}); {keeps} is kept as it was. Free some space "
-            "(or give a folder on another disk) and try again.",
-        ) from exc
+        for tmp, _ in written:
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
+        raise _failed_write(written[-1][1], exc, keeps) from exc
+    for tmp, path in written:
+        os.replace(tmp, path)
 
 
 def _import(path: str):

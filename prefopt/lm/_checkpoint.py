@@ -30,7 +30,7 @@ from sklearn.base import BaseEstimator
 from torch import nn
 
 from ..backend import distributed
-from ..backend.serialization import read_regular, sha256, write_atomic
+from ..backend.serialization import read_regular, sha256, write_files
 from ._identity import (  # noqa: F401 - fingerprint, module_fingerprint: used as ckpt.*
     NOT_DEFINING,
     check_length,
@@ -242,31 +242,16 @@ def save(estimator, folder: str, *, header: dict, run_state: dict, weights=None)
     step = int(getattr(estimator, "n_iter_", 0))
     name = f"tensors-{step:07d}.safetensors"
     data = st_save(tensors)
-    keeps = f"the last complete checkpoint in {folder!r}"
-    write_atomic(os.path.join(folder, name), data, keeps=keeps)
     state["tensors"] = name
     state["tensors_sha256"] = sha256(data)
     path = os.path.join(folder, STATE)
-    try:
-        write_atomic(path, json.dumps(state), keeps=keeps)  # the commit point
-    except OSError:
-        with contextlib.suppress(OSError):  # not named by the state.json that stays
-            if _named_tensors(path) != name:
-                os.remove(os.path.join(folder, name))
-        raise
+    keeps = f"the last complete checkpoint in {folder!r}"
+    write_files(folder, {name: data, STATE: json.dumps(state)}, keeps=keeps)  # state.json last
     for other in os.listdir(folder):  # older weights are no longer named by state.json
         if other.startswith("tensors-") and other.endswith(".safetensors") and other != name:
             with contextlib.suppress(OSError):
                 os.remove(os.path.join(folder, other))
     return path
-
-
-def _named_tensors(path: str):
-    try:
-        with open(path) as f:
-            return json.load(f).get("tensors")
-    except (OSError, ValueError, AttributeError):
-        return None
 
 
 def read(folder: str | None, estimator) -> dict | None:
