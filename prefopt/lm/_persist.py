@@ -279,11 +279,15 @@ def load(folder, **objects):
     ...
     TypeError: load() got ... 'featuriser_' (did you mean 'featurizer_'?)...
     """
-    taken: set = set()
-    estimator = _load(os.fspath(folder), objects, taken)
+    folder = os.fspath(folder)
+    taken = _accepted(folder)
     unknown = sorted(set(objects) - taken)
     if unknown:
-        hints = {n: difflib.get_close_matches(n, sorted(taken | {REWARD}), n=1) for n in unknown}
+        hints = {
+            # reward_model= (fit's name for it), rewards=...: the reward, by its one name.
+            n: [REWARD] if "reward" in n else difflib.get_close_matches(n, sorted(taken), n=1)
+            for n in unknown
+        }
         said = ", ".join(
             f"{n!r}" + (f" (did you mean {hints[n][0]!r}?)" if hints[n] else "") for n in unknown
         )
@@ -291,7 +295,22 @@ def load(folder, **objects):
             f"load() got keyword arguments this folder does not take: {said}. It takes "
             f"{sorted(taken) or 'none'}; the reward given to fit is passed as {REWARD}=."
         )
-    return estimator
+    return _load(folder, objects)
+
+
+def _accepted(folder: str) -> set:
+    """The keyword arguments ``load`` takes for ``folder`` and its nested estimators."""
+    state = _read_state(folder)
+    names = {k for k, v in state["params"].items() if isinstance(v, dict) and "__object__" in v}
+    for name, spec in state["modules"].items():
+        if isinstance(spec, dict) and spec.get("kind") == "given":
+            names.update({name, "model_"} if name == "ref_model_" else {name})
+    for key, kind in state["objects"].items():
+        if kind == "saved":
+            names |= _accepted(_subfolder(folder, _loadable.check_attribute(key).rstrip("_")))
+        else:
+            names.add(REWARD if key == "reward_model_" else key)
+    return names
 
 
 def _read_state(folder: str) -> dict:
@@ -331,20 +350,20 @@ def _subfolder(folder: str, name: str) -> str:
     return path
 
 
-def _load(folder: str, objects: dict, taken: set):
+def _load(folder: str, objects: dict):
     state = _read_state(folder)
     try:
-        estimator = _rebuild(folder, state, objects, taken)
+        estimator = _rebuild(folder, state, objects)
     except (KeyError, TypeError, AttributeError, IndexError) as exc:
         raise ValueError(
             f"{os.path.join(folder, STATE)!r} is malformed ({type(exc).__name__}: {exc}); save "
             "the estimator again."
         ) from None
-    _restore_objects(folder, state, estimator, objects, taken)
+    _restore_objects(folder, state, estimator, objects)
     return estimator
 
 
-def _rebuild(folder: str, state: dict, objects: dict, taken: set):
+def _rebuild(folder: str, state: dict, objects: dict):
     """The estimator from its class and parameters, then its tokenizer, modules and numbers."""
     from transformers import AutoTokenizer
 
@@ -355,7 +374,6 @@ def _rebuild(folder: str, state: dict, objects: dict, taken: set):
     estimator = _loadable.build_estimator(
         state["class"], {**params, **{k: objects[k] for k in given & set(objects)}}, _decode_param
     )
-    taken.update(given)
     data = read_regular(folder, TENSORS, "The saved tensors file")
     if state.get("tensors_sha256") != sha256(data):
         raise ValueError(
@@ -375,8 +393,6 @@ def _rebuild(folder: str, state: dict, objects: dict, taken: set):
     for name in sorted(state["modules"], key=lambda n: n != "model_"):  # model_ first
         spec = state["modules"][name]
         _loadable.check_attribute(name)
-        if isinstance(spec, dict) and spec.get("kind") == "given":
-            taken.update({name, "model_"} if name == "ref_model_" else {name})
         module = _build(spec, name, objects, built)
         module.load_state_dict(fitted.pop(name)["__module__"])
         module.eval()
@@ -398,22 +414,20 @@ def _rebuild(folder: str, state: dict, objects: dict, taken: set):
     return estimator
 
 
-def _restore_objects(folder: str, state: dict, estimator, objects: dict, taken: set) -> None:
+def _restore_objects(folder: str, state: dict, estimator, objects: dict) -> None:
     """Nested estimators from their sub-folders; what JSON could not hold from ``objects``."""
     for key, kind in state["objects"].items():
         _loadable.check_attribute(key)
         if kind == "saved":
-            setattr(estimator, key, _load(_subfolder(folder, key.rstrip("_")), objects, taken))
+            nested = _load(_subfolder(folder, key.rstrip("_")), objects)
+            setattr(estimator, key, nested)
         elif key == "reward_model_":
-            taken.add(REWARD)
             if REWARD not in objects:
                 raise ValueError(
                     f"This {type(estimator).__name__} was fitted on the reward {kind}, which a "
                     f"saved folder cannot hold; pass it again: load(folder, {REWARD}=...), or "
                     f"load(folder, {REWARD}=None) to sample only (score then needs y=reward)."
                 )
-            setattr(estimator, key, objects[REWARD])
-        else:
-            taken.add(key)
-            if key in objects:
-                setattr(estimator, key, objects[key])
+            setattr(estimator, key, objects.get(REWARD))
+        elif key in objects:
+            setattr(estimator, key, objects[key])
