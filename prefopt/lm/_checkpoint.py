@@ -1,18 +1,21 @@
 """Checkpoints of a run: JSON and safetensors only, written atomically, resumed by ``fit``.
 
-A checkpoint folder holds ``state.json`` (format, class, the run-defining
-parameters and fingerprints of the data and of the starting model, the fitted
-attributes that are numbers, lists or dicts, and the run state's non-tensor
-part) and one ``tensors-<step>.safetensors`` file (the trained weights, the
-optimiser's tensors, the random generator's state). Nothing is unpickled, so a
-planted file cannot run code. ``state.json`` is written last, to a temporary
-file renamed into place, so an interrupted write never replaces the last good
-checkpoint.
+A checkpoint folder holds ``state.json`` (format, class, the run identity, the
+fitted attributes that are numbers, lists or dicts, the run state's non-tensor
+part, and the name and SHA-256 of its tensors file) and one
+``tensors-<step>.safetensors`` file (the trained weights, the optimiser's
+tensors, the random generator's state). Nothing is unpickled, so a planted file
+cannot run code; only regular files inside the folder are read, so a planted
+FIFO cannot block a resume. Both files are written whole to temporary files
+first and renamed into place, ``state.json`` last, so an interrupted write (a
+full disk) never replaces the last good checkpoint.
 
-Resuming never restores a constructor parameter: the caller's parameters that
-define the run are compared with the recorded ones, and a mismatch is an error
-naming the parameter. Parameters that only set the run's length or how it is
-watched and saved may differ (raising ``n_steps`` continues a finished run).
+Resuming never restores a constructor parameter: the run identity
+(``_identity.py``: every parameter by content, the reward and labeler, the data,
+the starting model and tokenizer) is compared with the recorded one, and a
+mismatch is an error naming the item. Parameters that only set the run's length
+or how it is watched and saved may differ (raising ``n_steps`` continues a
+finished run; a smaller one than the checkpoint reached is refused).
 """
 
 from __future__ import annotations
