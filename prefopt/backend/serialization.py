@@ -132,7 +132,7 @@ def _write(handle, data: bytes) -> None:
     os.fsync(handle.fileno())
 
 
-def _failed_write(path: str, exc: OSError, keeps: str) -> OSError:
+def failed_write(path: str, exc: OSError, keeps: str) -> OSError:
     reason = "the disk is full" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else exc
     return OSError(
         exc.errno,
@@ -180,7 +180,7 @@ def write_files(folder: str, files: dict, *, keeps: str) -> None:
         for tmp, _ in written:
             with contextlib.suppress(OSError):
                 os.remove(tmp)
-        raise _failed_write(written[-1][1], exc, keeps) from exc
+        raise failed_write(written[-1][1], exc, keeps) from exc
     for tmp, path in written:
         os.replace(tmp, path)
 
@@ -190,7 +190,8 @@ def _import(path: str):
     return getattr(importlib.import_module(module), name)
 
 
-def _qualname(obj) -> str:
+def qualname(obj) -> str:
+    """``module.QualName`` of a class, or of an object's class."""
     cls = obj if isinstance(obj, type) else type(obj)
     return f"{cls.__module__}.{cls.__qualname__}"
 
@@ -218,8 +219,8 @@ def transformers_spec(module) -> dict:
     generation = getattr(module, "generation_config", None)
     return {
         "kind": "transformers",
-        "class": _qualname(module),
-        "config_class": _qualname(module.config),
+        "class": qualname(module),
+        "config_class": qualname(module.config),
         "config": module.config.to_dict(),
         "generation_config": None if generation is None else generation.to_dict(),
         "fixed_length": bool(getattr(module, "fixed_length", False)),
@@ -333,7 +334,7 @@ def load_module(state: dict, device=None) -> nn.Module:
 def dump_optimizer(optimizer: torch.optim.Optimizer) -> dict:
     buffer = io.BytesIO()
     torch.save(optimizer.state_dict(), buffer)
-    return {"class": _qualname(optimizer), "state": buffer.getvalue()}
+    return {"class": qualname(optimizer), "state": buffer.getvalue()}
 
 
 def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict) -> None:

@@ -33,7 +33,7 @@ from sklearn.base import BaseEstimator
 from torch import nn
 
 from ..backend import distributed
-from ..backend.serialization import read_regular, sha256, write_files
+from ..backend.serialization import qualname, read_regular, sha256, write_files
 from ._identity import (  # noqa: F401 - fingerprint, module_fingerprint: used as ckpt.*
     NOT_DEFINING,
     check_length,
@@ -186,8 +186,6 @@ def fitted_state(estimator, skip=NOT_STORED, weights=None) -> tuple[dict, dict]:
     records their types). ``weights`` gives gathered state dicts of sharded
     modules by name (:func:`gathered_weights`), written instead of their shards.
     """
-    from ..backend.serialization import _qualname
-
     state, others = {}, {}
     weights = weights or {}
     for key, value in _stored(estimator, skip):
@@ -195,12 +193,12 @@ def fitted_state(estimator, skip=NOT_STORED, weights=None) -> tuple[dict, dict]:
             state[key] = {"__module__": dict(weights.get(key) or value.state_dict())}
         elif isinstance(value, BaseEstimator):  # a KL controller: its class, parameters, state
             state[key] = {
-                "__estimator__": _qualname(value),
+                "__estimator__": qualname(value),
                 "params": {k: v for k, v in value.get_params(deep=False).items() if _is_json(v)},
                 "fitted": {k: v for k, v in vars(value).items() if k.endswith("_") and _is_json(v)},
             }
         elif hasattr(value, "state_dict") and hasattr(value, "load_state_dict"):
-            state[key] = {"__state__": value.state_dict(), "class": _qualname(value)}
+            state[key] = {"__state__": value.state_dict(), "class": qualname(value)}
         elif _is_json(value) or isinstance(value, (np.ndarray, torch.Tensor)):
             state[key] = value
         else:

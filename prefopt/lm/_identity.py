@@ -167,13 +167,23 @@ def _describe_tokenizer(tok) -> dict:
     }
 
 
+def is_fitted(value) -> bool:
+    """Whether ``value`` is a fitted estimator (scikit-learn's own test)."""
+    from sklearn.exceptions import NotFittedError
+    from sklearn.utils.validation import check_is_fitted
+
+    if not (hasattr(value, "get_params") and hasattr(value, "fit")):
+        return False
+    try:
+        check_is_fitted(value)
+    except (NotFittedError, TypeError):
+        return False
+    return True
+
+
 def _describe_estimator(est, seen) -> dict:
-    from sklearn.base import BaseEstimator  # noqa: F401 - the caller checked the type
-
-    from ..backend.models import _is_fitted
-
     out = {"class": _qualname(type(est)), "params": describe(est.get_params(deep=False), seen)}
-    if _is_fitted(est):  # a reward model or starting policy: what it learnt
+    if is_fitted(est):  # a reward model or starting policy: what it learnt
         out["fitted"] = {
             k: describe(v, seen)
             for k, v in sorted(vars(est).items())

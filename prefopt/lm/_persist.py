@@ -25,10 +25,9 @@ from safetensors.torch import save as st_save
 from sklearn.base import BaseEstimator
 from torch import nn
 
-from ..backend.models import _is_fitted
 from ..backend.serialization import (
-    _failed_write,
-    _qualname,
+    failed_write,
+    qualname,
     read_regular,
     regular_file,
     sha256,
@@ -37,6 +36,8 @@ from ..backend.serialization import (
 )
 from . import _loadable
 from ._checkpoint import _is_json, _join, _split, check_folder, fitted_state
+from ._encoding import TokenEncoding
+from ._identity import is_fitted
 
 FORMAT = 2  # 2: estimator.json records the tensors file's SHA-256
 STATE = "estimator.json"
@@ -77,7 +78,7 @@ def _module_spec(module: nn.Module, owner) -> dict:
         return {"kind": "scalar_head", "backbone": _module_spec(module.backbone, owner)}
     if isinstance(module, TokenValueTable):
         return {"kind": "token_values", "vocab_size": int(module.values.num_embeddings)}
-    return {"kind": "given", "type": _qualname(module)}
+    return {"kind": "given", "type": qualname(module)}
 
 
 def _build(spec: dict, name: str, given: dict, built: dict) -> nn.Module:
@@ -117,9 +118,7 @@ def _build(spec: dict, name: str, given: dict, built: dict) -> nn.Module:
 
 def _is_fitted_prefopt(value) -> bool:
     """A fitted reward model or policy (saved in a sub-folder), not a KL controller."""
-    from ._base import LanguageModelEstimator
-
-    return isinstance(value, LanguageModelEstimator) and _is_fitted(value)
+    return isinstance(value, TokenEncoding) and is_fitted(value)
 
 
 # ----- parameters and fitted attributes -------------------------------------------------------
@@ -128,12 +127,12 @@ def _encode_param(value):
         return value
     if isinstance(value, BaseEstimator) and not hasattr(value, "model_"):
         return {
-            "__estimator__": _qualname(value),
+            "__estimator__": qualname(value),
             "params": {k: _encode_param(v) for k, v in value.get_params(deep=False).items()},
         }
     if isinstance(value, dict) and _is_json(value):
         return value
-    return {"__object__": _qualname(value)}
+    return {"__object__": qualname(value)}
 
 
 def _decode_param(value):
@@ -189,7 +188,7 @@ def save(estimator, folder) -> str:
     tensors: dict = {}
     state = {
         "format": FORMAT,
-        "class": _qualname(estimator),
+        "class": qualname(estimator),
         "params": {k: _encode_param(v) for k, v in estimator.get_params(deep=False).items()},
         "modules": modules,
         "objects": objects,
@@ -206,7 +205,7 @@ def _name_of(value) -> str:
     """A function or method is named by itself (``module.f``), any other object by its type."""
     if callable(value) and hasattr(value, "__qualname__") and not isinstance(value, type):
         return f"{getattr(value, '__module__', None)}.{value.__qualname__}"
-    return _qualname(value)
+    return qualname(value)
 
 
 def _write_folder(folder: str, state: dict, data: bytes, tokenizer) -> None:
@@ -220,7 +219,7 @@ def _write_folder(folder: str, state: dict, data: bytes, tokenizer) -> None:
             tokenizer.save_pretrained(staged)
         except OSError as exc:
             shutil.rmtree(staged, ignore_errors=True)
-            raise _failed_write(staged, exc, keeps) from exc
+            raise failed_write(staged, exc, keeps) from exc
     try:
         write_files(folder, {TENSORS: data, STATE: json.dumps(state)}, keeps=keeps)
     except OSError:
