@@ -41,6 +41,7 @@ from ._identity import (  # noqa: F401 - fingerprint, module_fingerprint: used a
     check_same_run,
     defining_params,
     describe,
+    described_params,
     fingerprint,
     module_fingerprint,
     run_folder,
@@ -384,16 +385,17 @@ def resumable(estimator, data_key: str, **objects):
     reward, the labeler: compared by their identity) or other data is refused
     before any work, naming what differs.
     """
-    described = {k: describe(v) for k, v in sorted(objects.items())}
-    folder = run_folder(estimator, data_key, objects)
-    if folder is None:
+    if getattr(estimator, "checkpoint_dir", None) is None:
         yield None
         return
+    described = {k: describe(v) for k, v in sorted(objects.items())}
+    params = described_params(estimator)  # a model's weights are hashed once
+    folder = run_folder(estimator, data_key, described, params)
     check_folder(folder)
     # Distributed fits: rank 0 holds the lock and writes; the others only read.
     with locked(folder if distributed.is_main() else None):
         saved = read(folder, estimator)
-        defining = defining_params(estimator)
+        defining = defining_params(estimator, described=params)
         if saved is not None:
             check_same_run(saved, folder, defining=defining, data=data_key, objects=described)
         yield Resume(folder, saved, defining, data_key, described)

@@ -326,32 +326,40 @@ def first_difference(saved, current, path: str = "") -> tuple[str, object, objec
 NOT_NAMING = frozenset({"verbose", "checkpoint_dir", "checkpoint_every"})
 
 
-def defining_params(estimator, *, naming: bool = False) -> dict:
-    """The described parameters that define ``estimator``'s run.
+def described_params(estimator) -> dict:
+    """Every parameter of ``estimator`` described by content, common parameters included.
 
-    Every constructor parameter (objects by their full content, see
-    :func:`~prefopt.lm._identity.describe`) and the effective value of each
-    common parameter the class declares in ``_common_parameters`` that its
-    ``__init__`` leaves out (a class-level default still defines the run).
-    ``naming=True`` also keeps the parameters that set the run's length and its
-    health stops (``n_steps``...): those name a search candidate's folder, while a
-    resume may change them.
+    The constructor's parameters, and the effective value of each common
+    parameter the class declares in ``_common_parameters`` that its ``__init__``
+    leaves out (a class-level default still defines the run).
     """
     params = estimator.get_params(deep=False)
     for name in getattr(type(estimator), "_common_parameters", ()):
         if name not in params:
             params[name] = getattr(estimator, name, None)
+    return {k: describe(v) for k, v in sorted(params.items())}
+
+
+def defining_params(estimator, *, naming: bool = False, described=None) -> dict:
+    """The described parameters that define ``estimator``'s run (see :func:`described_params`).
+
+    ``naming=True`` also keeps the parameters that set the run's length and its
+    health stops (``n_steps``...): those name a search candidate's folder, while a
+    resume may change them. ``described`` reuses :func:`described_params`'s output.
+    """
+    described = described_params(estimator) if described is None else described
     skip = NOT_NAMING if naming else NOT_DEFINING
-    return {k: describe(v) for k, v in sorted(params.items()) if k not in skip}
+    return {k: v for k, v in described.items() if k not in skip}
 
 
-def run_folder(estimator, data_key: str, objects: dict | None = None) -> str | None:
+def run_folder(estimator, data_key: str, objects: dict | None = None, described=None) -> str | None:
     """The folder of this run: ``checkpoint_dir``, or a sub-folder of it for a clone.
 
     Estimators made by ``clone`` (every candidate and seed of a search) write to
     ``checkpoint_dir/<class>-<hash>``, the hash of everything that defines the run:
     every parameter (``n_steps`` included), the data, and the objects given to
-    ``fit`` (the reward, the labeler) by their identity. No two runs share a folder.
+    ``fit`` (the reward, the labeler; ``objects`` holds their descriptions). No
+    two runs share a folder.
     """
     root = getattr(estimator, "checkpoint_dir", None)
     if root is None:
@@ -361,9 +369,9 @@ def run_folder(estimator, data_key: str, objects: dict | None = None) -> str | N
         return root
     key = fingerprint(
         {
-            "params": defining_params(estimator, naming=True),
+            "params": defining_params(estimator, naming=True, described=described),
             "data": data_key,
-            "objects": {k: describe(v) for k, v in sorted((objects or {}).items())},
+            "objects": dict(sorted((objects or {}).items())),
         }
     )
     return os.path.join(root, f"{type(estimator).__name__}-{key}")
