@@ -191,6 +191,9 @@ def test_configs_that_would_load_code_are_refused(hostile):
         "attention implementation": lambda s: s["modules"]["model_"]["base"]["config"].update(
             _attn_implementation=f"kernels-community/{PLANTED}"
         ),
+        "kernel implementation": lambda s: s["modules"]["model_"]["base"]["config"].update(
+            _experts_implementation=f"kernels-community/{PLANTED}"
+        ),
         "LoRA setting megatron_config": lambda s: s["modules"]["model_"]["lora"].update(
             megatron_config={"tensor_model_parallel_size": 1}, megatron_core=PLANTED
         ),

@@ -129,6 +129,9 @@ def _check_config(config, name) -> dict:
     for key in ("attn_implementation", "_attn_implementation", "_attn_implementation_internal"):
         if config.get(key) not in _ATTENTION:
             raise refuse("attention implementation", config.get(key))
+    for key, value in config.items():  # a hub repository's kernel ("org/name") runs its code
+        if "implementation" in key and isinstance(value, str) and "/" in value:
+            raise refuse("kernel implementation", value)
     if config.get("auto_map") or config.get("quantization_config"):
         raise refuse(
             "config entry", "auto_map" if config.get("auto_map") else "quantization_config"
