@@ -216,9 +216,14 @@ def test_another_tokenizer_eos_is_refused(tmp_path):
 # ----- searches: every candidate its own run, scored as a fresh fit --------------------------
 
 
+# Exact scores from the trained weights alone (a policy's own score samples with its seed).
+EXACT = WORLD.scorer("true_quality")
+TINY_EXACT = TINY.scorer("true_quality")
+
+
 def _fresh_score(estimator, params, reward, seed):
     fresh = clone(estimator).set_params(**params, random_state=seed)
-    return fresh.fit(WORLD.prompts, reward).score(WORLD.prompts)
+    return EXACT(fresh.fit(WORLD.prompts, reward), WORLD.prompts)
 
 
 def test_searches_with_checkpoint_dir_score_every_candidate_as_a_fresh_fit(tmp_path, monkeypatch):
@@ -245,7 +250,7 @@ def test_searches_with_checkpoint_dir_score_every_candidate_as_a_fresh_fit(tmp_p
     }
     for name, values in grids.items():  # SeedSearchCV over n_steps and KL controller objects
         est = small_rloo(checkpoint_dir=root)
-        search = SeedSearchCV(est, {name: values}, seeds=[0], refit=False)
+        search = SeedSearchCV(est, {name: values}, seeds=[0], refit=False, scoring=EXACT)
         search.fit(WORLD.prompts, reward_model=reward_a)
         for i, params in enumerate(search.cv_results_["params"]):
             expected = _fresh_score(small_rloo(), params, reward_a, 0)
@@ -257,14 +262,19 @@ def test_searches_with_checkpoint_dir_score_every_candidate_as_a_fresh_fit(tmp_p
         {"random_state": [rs(0), rs(1)]},
         cv=[(everything, everything)],
         refit=False,
+        scoring=EXACT,
     ).fit(WORLD.prompts, reward_model=reward_a)
     for i, seed in enumerate((0, 1)):
         fresh = small_rloo(random_state=rs(seed)).fit(WORLD.prompts, reward_a)
-        assert grid.cv_results_["split0_test_score"][i] == fresh.score(WORLD.prompts)
+        assert grid.cv_results_["split0_test_score"][i] == EXACT(fresh, WORLD.prompts)
     # compare over two rewards in one checkpoint_dir: each its own run.
     for reward in (reward_a, reward_b):
         result = compare(
-            {"rloo": small_rloo(checkpoint_dir=root)}, WORLD.prompts, reward_model=reward, seeds=1
+            {"rloo": small_rloo(checkpoint_dir=root)},
+            WORLD.prompts,
+            reward_model=reward,
+            seeds=1,
+            scoring=EXACT,
         )
         value = result.results["value"].iloc[0]
         assert value == _fresh_score(small_rloo(), {}, reward, 0)
@@ -281,9 +291,9 @@ def test_searches_with_checkpoint_dir_score_every_candidate_as_a_fresh_fit(tmp_p
         est = RLOOPolicy(
             model=TINY.policy_model(), n_steps=1, batch_size=4, learning_rate=1e-2
         ).set_params(checkpoint_dir=os.path.join(root, "lm"))
-        search = SeedSearchCV(est, {name: values}, seeds=[0], refit=False)
+        search = SeedSearchCV(est, {name: values}, seeds=[0], refit=False, scoring=TINY_EXACT)
         search.fit(TINY.prompts, reward_model=TINY.reward)
         for i, params in enumerate(search.cv_results_["params"]):
             fresh = clone(est).set_params(**params, random_state=0, checkpoint_dir=None)
-            expected = fresh.fit(TINY.prompts, TINY.reward).score(TINY.prompts)
+            expected = TINY_EXACT(fresh.fit(TINY.prompts, TINY.reward), TINY.prompts)
             assert search.cv_results_["seed0_test_score"][i] == expected, (name, i)
