@@ -50,6 +50,8 @@ NOT_DEFINING = frozenset(
 _PROVENANCE = frozenset({"_name_or_path", "_commit_hash", "transformers_version"})
 # Fitted attributes that record how a fit went (timings), not what it learnt.
 _NOT_CONTENT = frozenset({"history_", "device_"})
+# Lists longer than this (and texts 20 times longer) are described by a digest.
+_LONG = 64
 
 
 def digest(data: bytes | str) -> str:
@@ -272,8 +274,10 @@ def describe(value, seen=None):
     >>> describe(reward)
     {'declared': 'length v1'}
     """
-    if value is None or isinstance(value, (bool, str)):
+    if value is None or isinstance(value, bool):
         return value
+    if isinstance(value, str):
+        return value if len(value) <= 20 * _LONG else {"text": len(value), "digest": digest(value)}
     if isinstance(value, (int, float, np.integer, np.floating)):
         value = value.item() if isinstance(value, np.generic) else value
         # NaN is not equal to itself, and JSON has no infinity: compare their text.
@@ -288,7 +292,13 @@ def describe(value, seen=None):
     seen.add(id(value))
     try:
         if isinstance(value, (list, tuple)):
-            return [describe(v, seen) for v in value]
+            items = [describe(v, seen) for v in value]
+            # A long list (a closure's corpus) by its digest: state.json stays small.
+            return (
+                items
+                if len(items) <= _LONG
+                else {"items": len(items), "digest": fingerprint(items)}
+            )
         if isinstance(value, (set, frozenset)):
             return sorted((describe(v, seen) for v in value), key=repr)
         if isinstance(value, dict):
