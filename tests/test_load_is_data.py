@@ -395,3 +395,30 @@ def test_every_public_estimator_is_on_the_allow_list():
     }
     assert public <= ESTIMATORS, public - ESTIMATORS
     assert copy.copy(ESTIMATORS) == ESTIMATORS
+
+
+class HalvingKL(prefopt.KLController):
+    """A user's controller: beta halves at every step."""
+
+    def __init__(self, *, beta=None):
+        self.beta = beta
+
+    def update(self, kl, n_episodes=None):
+        self.beta_ /= 2
+        self.n_updates_ += 1
+        return self.beta_
+
+
+def test_a_users_own_controller_is_given_to_load_again(tmp_path):
+    policy = RLOOPolicy(
+        model=WORLD.policy_model(), kl=HalvingKL(), n_steps=2, batch_size=16, random_state=0
+    ).fit(WORLD.prompts, WORLD.true_quality)
+    with pytest.warns(UserWarning):
+        folder = policy.save(tmp_path / "rloo")
+    objects = {"model_": WORLD.policy_model(), "reward": WORLD.true_quality}
+    with pytest.raises(ValueError, match=r"Refusing to load the class .*HalvingKL.*kl=\.\.\."):
+        prefopt.load(folder, **objects)
+    loaded = prefopt.load(folder, kl=HalvingKL(), **objects)
+    assert isinstance(loaded.kl, HalvingKL) and isinstance(loaded.kl_, HalvingKL)
+    assert loaded.kl_ is not loaded.kl
+    assert (loaded.kl_.beta_, loaded.kl_.n_updates_) == (policy.kl_.beta_, policy.kl_.n_updates_)

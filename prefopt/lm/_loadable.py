@@ -69,6 +69,15 @@ def estimator_class(name):
     return cls
 
 
+def is_listed(name) -> bool:
+    """Whether a class name is one of prefopt's estimators or controllers on the list."""
+    try:
+        estimator_class(name)
+    except ValueError:
+        return False
+    return True
+
+
 def check_attribute(name) -> str:
     """A fitted attribute's name as a folder gives it, refused unless it is one."""
     if not isinstance(name, str) or not _ATTRIBUTE.match(name):

@@ -125,7 +125,11 @@ def _is_fitted_prefopt(value) -> bool:
 def _encode_param(value):
     if _is_json(value) and not isinstance(value, dict):
         return value
-    if isinstance(value, BaseEstimator) and not hasattr(value, "model_"):
+    if (
+        isinstance(value, BaseEstimator)
+        and not hasattr(value, "model_")
+        and _loadable.is_listed(qualname(value))
+    ):  # one of prefopt's controllers; a user's own is given to load again, as a module is
         return {
             "__estimator__": qualname(value),
             "params": {k: _encode_param(v) for k, v in value.get_params(deep=False).items()},
@@ -402,7 +406,7 @@ def _rebuild(folder: str, state: dict, objects: dict):
     for key, value in fitted.items():
         _loadable.check_attribute(key)
         if isinstance(value, dict) and "__estimator__" in value:
-            obj = _loadable.build_estimator(value["__estimator__"], value["params"], _decode_param)
+            obj = _fitted_estimator(key, value, objects)
             for k, v in value["fitted"].items():
                 setattr(obj, _loadable.check_attribute(k), v)
             value = obj
@@ -411,6 +415,21 @@ def _rebuild(folder: str, state: dict, objects: dict):
         setattr(estimator, key, value)
     estimator._suppress_ids = tuple(int(i) for i in state["suppress_ids"])
     return estimator
+
+
+def _fitted_estimator(key: str, value: dict, objects: dict):
+    """A fitted controller: prefopt's rebuilt from its parameters, a user's cloned from load's."""
+    from sklearn.base import clone
+
+    name, given = value["__estimator__"], objects.get(key.rstrip("_"))
+    if _loadable.is_listed(name):
+        return _loadable.build_estimator(name, value["params"], _decode_param)
+    if isinstance(given, BaseEstimator) and qualname(given) == name:
+        return clone(given)
+    raise ValueError(
+        f"{_loadable.refuse('class', name)} A controller of your own: pass the one it was "
+        f"fitted with again, load(folder, {key.rstrip('_')}=...)."
+    )
 
 
 def _restore_objects(folder: str, state: dict, estimator, objects: dict) -> None:
