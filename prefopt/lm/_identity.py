@@ -52,6 +52,8 @@ _PROVENANCE = frozenset({"_name_or_path", "_commit_hash", "transformers_version"
 _NOT_CONTENT = frozenset({"history_", "device_"})
 # Lists longer than this (and texts 20 times longer) are described by a digest.
 _LONG = 64
+# Plain objects nested deeper than this are described by their type.
+_DEEP = 12
 
 
 def digest(data: bytes | str) -> str:
@@ -232,12 +234,17 @@ def _describe_object(value, seen):  # noqa: PLR0911, C901 - one rule per kind of
         return _describe_function(value, seen)
     if isinstance(value, (types.BuiltinFunctionType, type)):
         return {"callable": _qualname(value)}
+    if isinstance(value, types.ModuleType):
+        return {"module": value.__name__}
     if dataclasses.is_dataclass(value):
         fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
         return {"dataclass": _qualname(type(value)), "fields": describe(fields, seen)}
     out = {"type": _qualname(type(value))}
+    if len(seen) > _DEEP:  # deep inside other objects: their type only
+        return out
     if callable(value):
-        out["source"] = _source_digest(type(value))
+        code = getattr(vars(type(value)).get("__call__"), "__code__", None)
+        out["source"] = _source_digest(type(value)) or (code and _code_digest(code))
     if hasattr(value, "__dict__"):
         out["state"] = describe(vars(value), seen)
     elif type(value).__repr__ is not object.__repr__:
