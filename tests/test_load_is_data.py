@@ -422,3 +422,21 @@ def test_a_users_own_controller_is_given_to_load_again(tmp_path):
     assert isinstance(loaded.kl, HalvingKL) and isinstance(loaded.kl_, HalvingKL)
     assert loaded.kl_ is not loaded.kl
     assert (loaded.kl_.beta_, loaded.kl_.n_updates_) == (policy.kl_.beta_, policy.kl_.n_updates_)
+
+
+def test_a_checkpoints_tensors_from_another_run_are_refused(tmp_path):
+    def policy(folder, seed):
+        return RLOOPolicy(
+            model=WORLD.policy_model(),
+            n_steps=1,
+            batch_size=16,
+            random_state=seed,
+            checkpoint_dir=str(tmp_path / folder),
+        )
+
+    policy("a", 0).fit(WORLD.prompts, WORLD.true_quality)
+    policy("b", 1).fit(WORLD.prompts, WORLD.true_quality)
+    name = "tensors-0000001.safetensors"
+    shutil.copy(tmp_path / "b" / name, tmp_path / "a" / name)
+    with pytest.raises(ValueError, match="not the tensors file state.json was written with"):
+        policy("a", 0).fit(WORLD.prompts, WORLD.true_quality)
