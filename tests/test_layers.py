@@ -37,11 +37,7 @@ LAYERS = [
 RANK = {part: i for i, layer in enumerate(LAYERS) for part in layer}
 
 # Known cycles, each to be removed by the change that breaks it.
-ALLOWED_CYCLES = [
-    # lm/_base.py <-> lm/_persist.py: the task "trust" breaks it (lm/_persist.py is theirs);
-    # the coordinator deletes this entry after merging that branch.
-    ["prefopt.lm._base", "prefopt.lm._persist"],
-]
+ALLOWED_CYCLES: list[list[str]] = []  # none: every cycle is a failure
 # Top-level modules besides the packages. _progress is the old place of backend/progress.py,
 # re-exporting tqdm while policies/_steps.py and lm/_supervised.py still import it from there;
 # the coordinator deletes it (and this entry) once they import prefopt.backend.progress.

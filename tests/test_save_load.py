@@ -102,9 +102,19 @@ def test_load_never_runs_a_planted_pickle(tmp_path, monkeypatch):
 
 def test_load_refuses_classes_outside_prefopt_and_transformers(tmp_path):
     (tmp_path / "estimator.json").write_text(
-        json.dumps({"format": 1, "class": "os.system", "params": {}, "modules": {}, "fitted": {}})
+        json.dumps(
+            {
+                "format": 2,
+                "class": "os.system",
+                "params": {},
+                "modules": {},
+                "objects": {},
+                "fitted": {},
+                "suppress_ids": [],
+            }
+        )
     )
-    with pytest.raises(ValueError, match="only prefopt's, transformers' and peft's classes"):
+    with pytest.raises(ValueError, match="Refusing to load the class 'os.system'"):
         prefopt.load(tmp_path)
 
 

@@ -10,10 +10,16 @@ read back with ``torch.load(weights_only=True)``.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import errno
+import hashlib
 import importlib
 import io
+import os
 import pickle
+import stat
+import threading
 import warnings
 
 import torch
@@ -29,12 +35,163 @@ _OPTIMIZER_KEY = "__prefopt_optimizer__"
 _GENERATOR_KEY = "__prefopt_generator__"
 
 
+# ----- reading and writing files of a saved folder ---------------------------------------
+def regular_file(folder: str, name: str, what: str) -> str:
+    """The path of ``folder/name`` when it is a regular file inside ``folder``; else an error.
+
+    A FIFO, a device or a socket would block or never end a read, and a link
+    that leaves the folder would read a file the folder does not hold; each is
+    refused with the name it found.
+
+    Parameters
+    ----------
+    folder : str
+        The saved folder.
+    name : str
+        A file name inside it (no path separators, no ``..``).
+    what : str
+        What the file is, named in the error.
+
+    Returns
+    -------
+    path : str
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> folder = tempfile.mkdtemp()
+    >>> os.mkfifo(os.path.join(folder, "pipe"))
+    >>> regular_file(folder, "pipe", "the tensors file")
+    Traceback (most recent call last):
+    ...
+    ValueError: ...the tensors file ...pipe' is a FIFO, not a regular file...
+    """
+    if (
+        not isinstance(name, str)
+        or not name
+        or name != os.path.basename(name)
+        or name
+        in {
+            ".",
+            "..",
+        }
+    ):
+        raise ValueError(
+            f"{what} in {folder!r} is named {name!r}, which is not a plain file name in the "
+            "folder; the folder was not written by prefopt. Save the estimator again."
+        )
+    path = os.path.join(folder, name)
+    real, inside = os.path.realpath(path), os.path.realpath(folder)
+    if os.path.commonpath([real, inside]) != inside:
+        raise ValueError(
+            f"{what} {path!r} is a link to {real!r}, outside the folder; refusing to read it. "
+            "Save the estimator again, or copy the file itself into the folder."
+        )
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        raise ValueError(f"{what} {path!r} cannot be read ({exc.strerror or exc}).") from None
+    if not stat.S_ISREG(mode):
+        kind = (
+            "a FIFO"
+            if stat.S_ISFIFO(mode)
+            else "a folder"
+            if stat.S_ISDIR(mode)
+            else "a device"
+            if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+            else "a socket"
+            if stat.S_ISSOCK(mode)
+            else "not a file"
+        )
+        raise ValueError(
+            f"{what} {path!r} is {kind}, not a regular file; refusing to read it (a read could "
+            "block for ever). Save the estimator again."
+        )
+    return path
+
+
+def read_regular(folder: str, name: str, what: str) -> bytes:
+    """The bytes of ``folder/name``, refused unless it is a regular file inside ``folder``."""
+    path = regular_file(folder, name, what)
+    # O_NONBLOCK: a file swapped for a FIFO after the check still cannot block the read.
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise ValueError(f"{what} {path!r} is not a regular file; refusing to read it.")
+        return f.read()
+
+
+def sha256(data: bytes) -> str:
+    """The SHA-256 hex digest of ``data`` (ties a folder's JSON to its tensors file)."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def _write(handle, data: bytes) -> None:
+    handle.write(data)
+    handle.flush()
+    os.fsync(handle.fileno())
+
+
+def failed_write(path: str, exc: OSError, keeps: str) -> OSError:
+    reason = "the disk is full" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else exc
+    return OSError(
+        exc.errno,
+        f"Could not write {path!r} ({reason}); {keeps} is kept as it was. Free some space "
+        "(or give a folder on another disk) and try again.",
+    )
+
+
+def write_files(folder: str, files: dict, *, keeps: str) -> None:
+    """Write each ``name: bytes`` of ``files`` into ``folder``, all or none.
+
+    Every file is first written whole to a temporary file; only when all are
+    written are they renamed into place, in the order given (the last one is
+    the commit point: a checkpoint's ``state.json``). A write that fails (a full
+    disk, a quota) removes the temporary files, leaves the folder's files as they
+    were, and raises an ``OSError`` that says so.
+
+    Parameters
+    ----------
+    folder : str
+        The folder to write into.
+    files : dict
+        File names to their whole content (bytes or str).
+    keeps : str
+        What stays intact when a write fails, for the error message
+        (e.g. "the last complete checkpoint").
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> folder = tempfile.mkdtemp()
+    >>> write_files(folder, {"a.txt": "1", "b.txt": b"2"}, keeps="nothing")
+    >>> sorted(os.listdir(folder))
+    ['a.txt', 'b.txt']
+    """
+    unique = f"{os.getpid()}-{threading.get_ident()}"
+    written = []
+    try:
+        for name, data in files.items():
+            tmp = os.path.join(folder, f".{name}.tmp-{unique}")
+            written.append((tmp, os.path.join(folder, name)))
+            with open(tmp, "wb") as handle:
+                _write(handle, data.encode() if isinstance(data, str) else data)
+    except OSError as exc:
+        for tmp, _ in written:
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
+        raise failed_write(written[-1][1], exc, keeps) from exc
+    for tmp, path in written:
+        os.replace(tmp, path)
+
+
 def _import(path: str):
     module, _, name = path.rpartition(".")
     return getattr(importlib.import_module(module), name)
 
 
-def _qualname(obj) -> str:
+def qualname(obj) -> str:
+    """``module.QualName`` of a class, or of an object's class."""
     cls = obj if isinstance(obj, type) else type(obj)
     return f"{cls.__module__}.{cls.__qualname__}"
 
@@ -62,8 +219,8 @@ def transformers_spec(module) -> dict:
     generation = getattr(module, "generation_config", None)
     return {
         "kind": "transformers",
-        "class": _qualname(module),
-        "config_class": _qualname(module.config),
+        "class": qualname(module),
+        "config_class": qualname(module.config),
         "config": module.config.to_dict(),
         "generation_config": None if generation is None else generation.to_dict(),
         "fixed_length": bool(getattr(module, "fixed_length", False)),
@@ -177,7 +334,7 @@ def load_module(state: dict, device=None) -> nn.Module:
 def dump_optimizer(optimizer: torch.optim.Optimizer) -> dict:
     buffer = io.BytesIO()
     torch.save(optimizer.state_dict(), buffer)
-    return {"class": _qualname(optimizer), "state": buffer.getvalue()}
+    return {"class": qualname(optimizer), "state": buffer.getvalue()}
 
 
 def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict) -> None:

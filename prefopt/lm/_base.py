@@ -32,6 +32,8 @@ from ..backend import (
 )
 from ..backend.models import clone_keeping_models
 from ..backend.serialization import dump_state, restore_state
+from . import _persist
+from ._checkpoint import check_folder
 from ._encoding import TokenEncoding, context_length
 
 __all__ = ["LanguageModelEstimator", "context_length", "with_lora"]
@@ -117,8 +119,6 @@ class LanguageModelEstimator(TokenEncoding, BaseEstimator):
                 f"save_pretrained needs a transformers model; this estimator's model is "
                 f"a {type(model).__name__}. Use save(folder) for it instead."
             )
-        from ._checkpoint import check_folder
-
         state = None
         if distributed.is_sharded(self.model_):
             # FSDP (a collective, on every rank): gather the full weights; rank 0 writes them.
@@ -161,10 +161,8 @@ class LanguageModelEstimator(TokenEncoding, BaseEstimator):
         >>> folder = rm.save(tempfile.mkdtemp())  # doctest: +SKIP
         >>> again = prefopt.load(folder, featurizer_=world.features)  # doctest: +SKIP
         """
-        from ._persist import save
-
         check_is_fitted(self)
-        return save(self, folder)
+        return _persist.save(self, folder)
 
     # ----- loading ------------------------------------------------------------------
     def _load_lm(self, model, tokenizer, *, seed: int):

@@ -1,113 +1,57 @@
 """Checkpoints of a run: JSON and safetensors only, written atomically, resumed by ``fit``.
 
-A checkpoint folder holds ``state.json`` (format, class, the run-defining
-parameters and fingerprints of the data and of the starting model, the fitted
-attributes that are numbers, lists or dicts, and the run state's non-tensor
-part) and one ``tensors-<step>.safetensors`` file (the trained weights, the
-optimiser's tensors, the random generator's state). Nothing is unpickled, so a
-planted file cannot run code. ``state.json`` is written last, to a temporary
-file renamed into place, so an interrupted write never replaces the last good
-checkpoint.
+A checkpoint folder holds ``state.json`` (format, class, the run identity, the
+fitted attributes that are numbers, lists or dicts, the run state's non-tensor
+part, and the name and SHA-256 of its tensors file) and one
+``tensors-<step>.safetensors`` file (the trained weights, the optimiser's
+tensors, the random generator's state). Nothing is unpickled, so a planted file
+cannot run code; only regular files inside the folder are read, so a planted
+FIFO cannot block a resume. Both files are written whole to temporary files
+first and renamed into place, ``state.json`` last, so an interrupted write (a
+full disk) never replaces the last good checkpoint.
 
-Resuming never restores a constructor parameter: the caller's parameters that
-define the run are compared with the recorded ones, and a mismatch is an error
-naming the parameter. Parameters that only set the run's length or how it is
-watched and saved may differ (raising ``n_steps`` continues a finished run).
+Resuming never restores a constructor parameter: the run identity
+(``_identity.py``: every parameter by content, the reward and labeler, the data,
+the starting model and tokenizer) is compared with the recorded one, and a
+mismatch is an error naming the item. Parameters that only set the run's length
+or how it is watched and saved may differ (raising ``n_steps`` continues a
+finished run; a smaller one than the checkpoint reached is refused).
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import threading
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
 from sklearn.base import BaseEstimator
 from torch import nn
 
 from ..backend import distributed
+from ..backend.serialization import qualname, read_regular, sha256, write_files
+from ._identity import (  # noqa: F401 - fingerprint, module_fingerprint: used as ckpt.*
+    NOT_DEFINING,
+    check_length,
+    check_same_model,
+    check_same_run,
+    defining_params,
+    describe,
+    described_params,
+    fingerprint,
+    module_fingerprint,
+    run_folder,
+)
 
-FORMAT = 2
+FORMAT = 3
 STATE = "state.json"
 OLD_CHECKPOINT = "checkpoint.joblib"
-# Parameters that set a run's length or how it is watched and saved; all others define it.
-NOT_DEFINING = frozenset(
-    {
-        "n_steps",
-        "verbose",
-        "checkpoint_dir",
-        "checkpoint_every",
-        "max_kl",
-        "max_kl_action",
-        "min_eos_share",
-    }
-)
 # Fitted attributes rebuilt by ``fit`` from the caller's arguments, never stored.
 NOT_STORED = frozenset({"reward_model_", "starting_policy_", "tokenizer_", "device_", "ref_model_"})
-
-
-# ----- fingerprints and descriptions --------------------------------------------------
-def fingerprint(value) -> str:
-    """A short hash of JSON-describable data (prompts, comparisons, descriptions)."""
-    text = json.dumps(value, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def module_fingerprint(module: nn.Module) -> str:
-    """A hash of a module's class, parameter names, shapes and values."""
-    h = hashlib.sha256(type(module).__qualname__.encode())
-    for name, tensor in sorted(module.state_dict().items()):
-        t = tensor.detach().to("cpu").contiguous()
-        h.update(f"{name}:{tuple(t.shape)}:{t.dtype}".encode())
-        h.update(t.view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    return h.hexdigest()[:16]
-
-
-def describe(value):
-    """A JSON description of a parameter, for comparing a run's settings."""
-    if value is None or isinstance(value, (bool, str)):
-        return value
-    if isinstance(value, (int, float, np.integer, np.floating)):
-        return value.item() if isinstance(value, np.generic) else value
-    if isinstance(value, os.PathLike):
-        return os.fspath(value)
-    if isinstance(value, (list, tuple)):
-        return [describe(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): describe(v) for k, v in value.items()}
-    if isinstance(value, BaseEstimator) and not hasattr(value, "model_"):
-        # An unfitted nested estimator (a KL controller): its own parameters.
-        return {"class": type(value).__name__, "params": describe(value.get_params(deep=False))}
-    # A model, tokenizer, config, fitted estimator or callable: its type; the starting
-    # model's weights are compared through their fingerprint.
-    return {"type": f"{type(value).__module__}.{type(value).__qualname__}"}
-
-
-def defining_params(estimator) -> dict:
-    """The described constructor parameters that define ``estimator``'s run."""
-    params = estimator.get_params(deep=False)
-    return {k: describe(v) for k, v in sorted(params.items()) if k not in NOT_DEFINING}
-
-
-def run_folder(estimator, data_key: str) -> str | None:
-    """The folder of this run: ``checkpoint_dir``, or a sub-folder of it for a clone.
-
-    Estimators made by ``clone`` (every candidate and seed of a search) write to
-    ``checkpoint_dir/<class>-<hash of the defining parameters and the data>``,
-    so no two runs ever share a folder.
-    """
-    root = getattr(estimator, "checkpoint_dir", None)
-    if root is None:
-        return None
-    root = os.fspath(root)
-    if not getattr(estimator, "_checkpoint_subfolder", False):
-        return root
-    key = fingerprint({"params": defining_params(estimator), "data": data_key})
-    return os.path.join(root, f"{type(estimator).__name__}-{key}")
 
 
 def check_folder(path, what: str = "checkpoint_dir") -> str:
@@ -243,8 +187,6 @@ def fitted_state(estimator, skip=NOT_STORED, weights=None) -> tuple[dict, dict]:
     records their types). ``weights`` gives gathered state dicts of sharded
     modules by name (:func:`gathered_weights`), written instead of their shards.
     """
-    from ..backend.serialization import _qualname
-
     state, others = {}, {}
     weights = weights or {}
     for key, value in _stored(estimator, skip):
@@ -252,12 +194,12 @@ def fitted_state(estimator, skip=NOT_STORED, weights=None) -> tuple[dict, dict]:
             state[key] = {"__module__": dict(weights.get(key) or value.state_dict())}
         elif isinstance(value, BaseEstimator):  # a KL controller: its class, parameters, state
             state[key] = {
-                "__estimator__": _qualname(value),
+                "__estimator__": qualname(value),
                 "params": {k: v for k, v in value.get_params(deep=False).items() if _is_json(v)},
                 "fitted": {k: v for k, v in vars(value).items() if k.endswith("_") and _is_json(v)},
             }
         elif hasattr(value, "state_dict") and hasattr(value, "load_state_dict"):
-            state[key] = {"__state__": value.state_dict(), "class": _qualname(value)}
+            state[key] = {"__state__": value.state_dict(), "class": qualname(value)}
         elif _is_json(value) or isinstance(value, (np.ndarray, torch.Tensor)):
             state[key] = value
         else:
@@ -268,6 +210,11 @@ def fitted_state(estimator, skip=NOT_STORED, weights=None) -> tuple[dict, dict]:
 def save(estimator, folder: str, *, header: dict, run_state: dict, weights=None) -> str:
     """Write a checkpoint of ``estimator`` into ``folder``; return the state file's path.
 
+    The tensors file is written first, then ``state.json`` (which names it and
+    records its SHA-256), each through a temporary file renamed into place. A
+    write that fails (a full disk) leaves the last complete checkpoint as it was
+    and raises an ``OSError`` that says so.
+
     Parameters
     ----------
     estimator : estimator
@@ -275,7 +222,8 @@ def save(estimator, folder: str, *, header: dict, run_state: dict, weights=None)
     folder : str
         The run's folder (see :func:`run_folder`).
     header : dict
-        ``defining`` parameters, ``data`` and ``model`` fingerprints.
+        What defines the run: ``defining`` parameters, ``objects``, ``data``,
+        ``model`` and ``tokenizer`` fingerprints.
     run_state : dict
         The run state's :meth:`~prefopt.lm.RunState.state_dict`.
     weights : dict, default=None
@@ -294,30 +242,31 @@ def save(estimator, folder: str, *, header: dict, run_state: dict, weights=None)
         "run": _split(run_state, "run", tensors),
     }
     step = int(getattr(estimator, "n_iter_", 0))
-    unique = f"{os.getpid()}-{threading.get_ident()}"
-    weights = f"tensors-{step:07d}.safetensors"
-    tmp = os.path.join(folder, f".{weights}.tmp-{unique}")
-    save_file(tensors, tmp)
-    os.replace(tmp, os.path.join(folder, weights))
-    state["tensors"] = weights
+    name = f"tensors-{step:07d}.safetensors"
+    data = st_save(tensors)
+    state["tensors"] = name
+    state["tensors_sha256"] = sha256(data)
     path = os.path.join(folder, STATE)
-    tmp = f"{path}.tmp-{unique}"
-    with open(tmp, "w") as f:
-        json.dump(state, f)
-    os.replace(tmp, path)  # the commit point: the old checkpoint stays until this is whole
-    for name in os.listdir(folder):  # older weights are no longer named by state.json
-        if name.startswith("tensors-") and name.endswith(".safetensors") and name != weights:
+    keeps = f"the last complete checkpoint in {folder!r}"
+    write_files(folder, {name: data, STATE: json.dumps(state)}, keeps=keeps)  # state.json last
+    for other in os.listdir(folder):  # older weights are no longer named by state.json
+        if other.startswith("tensors-") and other.endswith(".safetensors") and other != name:
             with contextlib.suppress(OSError):
-                os.remove(os.path.join(folder, name))
+                os.remove(os.path.join(folder, other))
     return path
 
 
 def read(folder: str | None, estimator) -> dict | None:
-    """The checkpoint in ``folder`` as data (no code runs), or ``None`` when there is none."""
+    """The checkpoint in ``folder`` as data (no code runs), or ``None`` when there is none.
+
+    Only regular files inside ``folder`` are read (a FIFO named as the tensors
+    file is refused, not waited on), and the tensors file must be the one
+    ``state.json`` recorded (its SHA-256).
+    """
     if folder is None:
         return None
     path = os.path.join(folder, STATE)
-    if not os.path.exists(path):
+    if not os.path.lexists(path):
         if os.path.exists(os.path.join(folder, OLD_CHECKPOINT)):
             raise ValueError(
                 f"{folder!r} holds a checkpoint in the old pickle format ({OLD_CHECKPOINT}). "
@@ -325,15 +274,24 @@ def read(folder: str | None, estimator) -> dict | None:
                 "with the prefopt version that wrote it, or delete it to start over."
             )
         return None
+    advice = (
+        "delete the folder's state.json and tensors files to start over, or use another "
+        "checkpoint_dir."
+    )
     try:
-        with open(path) as f:
-            state = json.load(f)
-        tensors = load_file(os.path.join(folder, os.path.basename(state["tensors"])))
+        state = json.loads(read_regular(folder, STATE, "The checkpoint's state file"))
+        if not isinstance(state, dict):
+            raise ValueError("state.json does not hold a JSON object")
+        name = state["tensors"]
+        data = read_regular(folder, name, "The checkpoint's tensors file")
+        if state.get("tensors_sha256") not in (None, sha256(data)):
+            raise ValueError(
+                f"{name!r} is not the tensors file state.json was written with (another "
+                "save's file beside this state.json?)"
+            )
+        tensors = st_load(data)
     except Exception as exc:  # noqa: BLE001 - any unreadable checkpoint gets the same advice
-        raise ValueError(
-            f"Cannot read the checkpoint in {folder!r} ({exc}); delete the folder's state.json "
-            "and tensors files to start over, or use another checkpoint_dir."
-        ) from None
+        raise ValueError(f"Cannot read the checkpoint in {folder!r} ({exc}); {advice}") from None
     if state.get("format") != FORMAT:
         raise ValueError(
             f"The checkpoint in {folder!r} has format {state.get('format')!r}; this prefopt reads "
@@ -344,41 +302,14 @@ def read(folder: str | None, estimator) -> dict | None:
             f"The checkpoint in {folder!r} was written by a {state.get('class')}, not a "
             f"{type(estimator).__name__}; use another checkpoint_dir."
         )
-    state["fitted"] = _join(state["fitted"], tensors)
-    state["run"] = _join(state["run"], tensors)
+    try:
+        state["fitted"] = _join(state["fitted"], tensors)
+        state["run"] = _join(state["run"], tensors)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ValueError(
+            f"The checkpoint in {folder!r} is malformed ({type(exc).__name__}: {exc}); {advice}"
+        ) from None
     return state
-
-
-def check_same_run(state: dict, folder: str, *, defining: dict, data: str) -> None:
-    """Refuse a checkpoint written with other parameters or data, naming what differs."""
-    way_out = (
-        f"Use another checkpoint_dir for the new settings, or delete {folder!r} "
-        "to overwrite the old run."
-    )
-    saved = state.get("defining", {})
-    for name in sorted(set(saved) | set(defining)):
-        if saved.get(name) != defining.get(name):
-            raise ValueError(
-                f"The checkpoint in {folder!r} was written with {name}={saved.get(name)!r}, but "
-                f"this fit has {name}={defining.get(name)!r}; resuming would continue the old "
-                f"run with the old setting. {way_out}"
-            )
-    if state.get("data") != data:
-        raise ValueError(
-            f"The checkpoint in {folder!r} was written for other data (prompts or ptx_data; "
-            f"fingerprint {state.get('data')}, this fit's {data}); resume with the same data. "
-            f"{way_out}"
-        )
-
-
-def check_same_model(state: dict, folder: str, model_key: str) -> None:
-    """Refuse a checkpoint whose starting model differs from the caller's."""
-    if state.get("model") != model_key:
-        raise ValueError(
-            f"The checkpoint in {folder!r} was written from another starting model (fingerprint "
-            f"{state.get('model')}, this fit's {model_key}); resume with the same model=, use "
-            f"another checkpoint_dir, or delete {folder!r} to overwrite the old run."
-        )
 
 
 def restore(estimator, fitted: dict) -> None:
@@ -399,16 +330,30 @@ def restore(estimator, fitted: dict) -> None:
 class Resume:
     """One fit's view of its checkpoint folder: what was saved, and how to save again."""
 
-    def __init__(self, folder: str, saved: dict | None, defining: dict, data: str):
+    def __init__(
+        self, folder: str, saved: dict | None, defining: dict, data: str, objects=None
+    ) -> None:
         self.folder, self.saved = folder, saved
-        self.header = {"defining": defining, "data": data, "model": None}
+        self.header = {
+            "defining": defining,
+            "objects": objects or {},
+            "data": data,
+            "model": None,
+            "tokenizer": None,
+        }
 
     def restore(self, estimator, model_key: str) -> dict | None:
-        """Check the starting model, load the fitted state; return the saved run state."""
+        """Check the starting model, tokenizer and length; load the fitted state.
+
+        Returns the saved run state, or ``None`` when there is no checkpoint.
+        """
         self.header["model"] = model_key
+        tokenizer = getattr(estimator, "tokenizer_", None)
+        self.header["tokenizer"] = None if tokenizer is None else describe(tokenizer)
         if self.saved is None:
             return None
-        check_same_model(self.saved, self.folder, model_key)
+        check_same_model(self.saved, self.folder, model_key, self.header["tokenizer"])
+        check_length(self.saved, self.folder, estimator)
         restore(estimator, self.saved["fitted"])
         return self.saved["run"]
 
@@ -431,23 +376,26 @@ class Resume:
 
 
 @contextlib.contextmanager
-def resumable(estimator, data_key: str):
+def resumable(estimator, data_key: str, **objects):
     """The checkpoint of this fit, locked for its length, checked against its parameters.
 
     Yields ``None`` when the estimator has no ``checkpoint_dir``; else a
     :class:`Resume` whose ``saved`` is the checkpoint found (or ``None``). A
-    checkpoint written with other defining parameters or other data is refused
-    before any work.
+    checkpoint written with other defining parameters, other ``objects`` (the
+    reward, the labeler: compared by their identity) or other data is refused
+    before any work, naming what differs.
     """
-    folder = run_folder(estimator, data_key)
-    if folder is None:
+    if getattr(estimator, "checkpoint_dir", None) is None:
         yield None
         return
+    described = {k: describe(v) for k, v in sorted(objects.items())}
+    params = described_params(estimator)  # a model's weights are hashed once
+    folder = run_folder(estimator, data_key, described, params)
     check_folder(folder)
     # Distributed fits: rank 0 holds the lock and writes; the others only read.
     with locked(folder if distributed.is_main() else None):
         saved = read(folder, estimator)
-        defining = defining_params(estimator)
+        defining = defining_params(estimator, described=params)
         if saved is not None:
-            check_same_run(saved, folder, defining=defining, data=data_key)
-        yield Resume(folder, saved, defining, data_key)
+            check_same_run(saved, folder, defining=defining, data=data_key, objects=described)
+        yield Resume(folder, saved, defining, data_key, described)

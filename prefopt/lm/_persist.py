@@ -1,46 +1,50 @@
 """Saving a fitted estimator as JSON and safetensors, and loading it without running code.
 
 ``save(estimator, folder)`` writes ``estimator.json`` (the class, the parameters
-JSON can hold, the fitted numbers and tables, and how to rebuild each model),
-``tensors.safetensors`` (every weight) and the tokenizer's own JSON files.
-``load(folder)`` rebuilds the estimator from these: transformers models from
-their config (never with remote code), prefopt's own heads from their shapes.
-What JSON cannot hold (a reward function, a custom torch module, a model object
-given as a parameter) is recorded by its type only; ``load`` takes it again as a
-keyword argument, as ``fit`` takes a reward.
+JSON can hold, the fitted numbers and tables, how to rebuild each model, and the
+SHA-256 of the tensors file), ``tensors.safetensors`` (every weight) and the
+tokenizer's own JSON files. ``load(folder)`` rebuilds the estimator from these
+as data: every class the folder names must be on an explicit allow-list
+(``_loadable.py``) and is built through its known constructor; only regular
+files inside the folder are read. What JSON cannot hold (a reward function, a
+custom torch module, a model object given as a parameter) is recorded by its
+type only; ``load`` takes it again as a keyword argument, as ``fit`` takes a reward.
 """
 
 from __future__ import annotations
 
-import importlib
+import copy
+import difflib
 import json
 import os
+import shutil
 import warnings
 
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
 from sklearn.base import BaseEstimator
 from torch import nn
 
-from ..backend.models import _is_fitted
-from ..backend.serialization import _qualname, build_transformers, transformers_spec
+from ..backend.serialization import (
+    failed_write,
+    qualname,
+    read_regular,
+    regular_file,
+    sha256,
+    transformers_spec,
+    write_files,
+)
+from . import _loadable
 from ._checkpoint import _is_json, _join, _split, check_folder, fitted_state
+from ._encoding import TokenEncoding
+from ._identity import is_fitted
 
-FORMAT = 1
+FORMAT = 2  # 2: estimator.json records the tensors file's SHA-256
 STATE = "estimator.json"
 TENSORS = "tensors.safetensors"
-# Modules whose classes load may build by name: prefopt's and transformers' own.
-_SAFE_PACKAGES = ("prefopt.", "transformers.", "peft.")
-
-
-def _import_safe(path: str):
-    """A class from prefopt, transformers or peft by name; anything else is refused."""
-    if not path.startswith(_SAFE_PACKAGES):
-        raise ValueError(
-            f"Refusing to load the class {path!r}: only prefopt's, transformers' "
-            "and peft's classes are rebuilt by name."
-        )
-    module, _, name = path.rpartition(".")
-    return getattr(importlib.import_module(module), name)
+TOKENIZER = "tokenizer"
+# The keyword ``load`` takes for the reward given to ``fit`` (the fitted attribute reward_model_).
+REWARD = "reward"
 
 
 # ----- models ---------------------------------------------------------------------------
@@ -74,64 +78,70 @@ def _module_spec(module: nn.Module, owner) -> dict:
         return {"kind": "scalar_head", "backbone": _module_spec(module.backbone, owner)}
     if isinstance(module, TokenValueTable):
         return {"kind": "token_values", "vocab_size": int(module.values.num_embeddings)}
-    return {"kind": "given", "type": _qualname(module)}
+    return {"kind": "given", "type": qualname(module)}
 
 
 def _build(spec: dict, name: str, given: dict, built: dict) -> nn.Module:
     from ..backend import ScalarHeadModel, TokenValueTable
     from ..backend.heads import shared_value_model
 
-    kind = spec["kind"]
+    if not isinstance(spec, dict):
+        raise ValueError(f"The saved description of {name} is not a mapping: {spec!r}.")
+    kind = spec.get("kind")
     if kind == "transformers":
-        return build_transformers(spec, resolve=_import_safe)
+        return _loadable.transformers_model(spec)
     if kind == "peft":
-        from peft import LoraConfig, get_peft_model
+        from peft import get_peft_model
 
-        return get_peft_model(_build(spec["base"], name, given, built), LoraConfig(**spec["lora"]))
+        base = _build(spec["base"], name, given, built)
+        return get_peft_model(base, _loadable.lora_config(spec["lora"]))
     if kind == "scalar_head":
         return ScalarHeadModel(_build(spec["backbone"], name, given, built))
     if kind == "shared_head":
         return shared_value_model(built["model_"])
     if kind == "token_values":
+        if not isinstance(spec.get("vocab_size"), int) or spec["vocab_size"] < 1:
+            raise ValueError(f"The saved {name} has vocab_size {spec.get('vocab_size')!r}.")
         return TokenValueTable(spec["vocab_size"])
+    if kind != "given":
+        raise _loadable.refuse("module kind", kind)
     module = given.get(name)
     if module is None and name == "ref_model_":
         module = given.get("model_")
     if module is None:
         raise ValueError(
-            f"The saved estimator's {name} is a {spec['type']}, which prefopt does not rebuild "
-            f"by name; pass a module of that type again: load(folder, {name}=module)."
+            f"The saved estimator's {name} is a {spec.get('type')}, which prefopt does not "
+            f"rebuild by name; pass a module of that type again: load(folder, {name}=module)."
         )
-    import copy
-
     return copy.deepcopy(module)
 
 
 def _is_fitted_prefopt(value) -> bool:
     """A fitted reward model or policy (saved in a sub-folder), not a KL controller."""
-    from ._base import LanguageModelEstimator
-
-    return isinstance(value, LanguageModelEstimator) and _is_fitted(value)
+    return isinstance(value, TokenEncoding) and is_fitted(value)
 
 
 # ----- parameters and fitted attributes -------------------------------------------------------
 def _encode_param(value):
     if _is_json(value) and not isinstance(value, dict):
         return value
-    if isinstance(value, BaseEstimator) and not hasattr(value, "model_"):
+    if (
+        isinstance(value, BaseEstimator)
+        and not hasattr(value, "model_")
+        and _loadable.is_listed(qualname(value))
+    ):  # one of prefopt's controllers; a user's own is given to load again, as a module is
         return {
-            "__estimator__": _qualname(value),
+            "__estimator__": qualname(value),
             "params": {k: _encode_param(v) for k, v in value.get_params(deep=False).items()},
         }
     if isinstance(value, dict) and _is_json(value):
         return value
-    return {"__object__": _qualname(value)}
+    return {"__object__": qualname(value)}
 
 
 def _decode_param(value):
     if isinstance(value, dict) and "__estimator__" in value:
-        params = {k: _decode_param(v) for k, v in value["params"].items()}
-        return _import_safe(value["__estimator__"])(**params)
+        return _loadable.build_estimator(value["__estimator__"], value.get("params"), _decode_param)
     if isinstance(value, dict) and "__object__" in value:
         return None
     return value
@@ -140,12 +150,19 @@ def _decode_param(value):
 def save(estimator, folder) -> str:
     """Write a fitted estimator to ``folder`` as JSON and safetensors (no pickle).
 
+    ``estimator.json`` records the SHA-256 of ``tensors.safetensors``, so
+    :func:`load` refuses a tensors file from another save. Every file is written
+    whole before any is renamed into place: a write that fails (a full disk)
+    leaves the folder's previous save as it was and raises an ``OSError`` that
+    says so.
+
     Parameters
     ----------
     estimator : estimator
         A fitted prefopt estimator.
     folder : str or path
-        Created if missing; its ``estimator.json`` and ``tensors.safetensors`` are replaced.
+        Created if missing; its ``estimator.json``, ``tensors.safetensors`` and
+        ``tokenizer`` folder are replaced.
 
     Returns
     -------
@@ -164,34 +181,74 @@ def save(estimator, folder) -> str:
         if key in fitted and isinstance(value, nn.Module)
     }
     for key, value in others.items():  # a function or object JSON cannot hold: its type
-        objects[key] = _qualname(value)
+        objects[key] = _name_of(value)
+        name = REWARD if key == "reward_model_" else key
         warnings.warn(
-            f"{type(estimator).__name__}.{key} ({_qualname(value)}) is not saved; pass it to "
-            f"load again: load(folder, {key}=...).",
+            f"{type(estimator).__name__}.{key} ({objects[key]}) is not saved; pass it to "
+            f"load again: load(folder, {name}=...).",
             UserWarning,
             stacklevel=2,
         )
     tensors: dict = {}
     state = {
         "format": FORMAT,
-        "class": _qualname(estimator),
+        "class": qualname(estimator),
         "params": {k: _encode_param(v) for k, v in estimator.get_params(deep=False).items()},
         "modules": modules,
         "objects": objects,
         "fitted": _split(fitted, "fitted", tensors),
         "suppress_ids": list(getattr(estimator, "_suppress_ids", ())),
     }
-    if getattr(estimator, "tokenizer_", None) is not None:
-        estimator.tokenizer_.save_pretrained(os.path.join(folder, "tokenizer"))
-        state["tokenizer"] = "tokenizer"
-    save_file(tensors, os.path.join(folder, TENSORS))
-    with open(os.path.join(folder, STATE), "w") as f:
-        json.dump(state, f)
+    data = st_save(tensors)
+    state["tensors_sha256"] = sha256(data)
+    _write_folder(folder, state, data, getattr(estimator, "tokenizer_", None))
     return folder
+
+
+def _name_of(value) -> str:
+    """A function or method is named by itself (``module.f``), any other object by its type."""
+    if callable(value) and hasattr(value, "__qualname__") and not isinstance(value, type):
+        return f"{getattr(value, '__module__', None)}.{value.__qualname__}"
+    return qualname(value)
+
+
+def _write_folder(folder: str, state: dict, data: bytes, tokenizer) -> None:
+    """The tokenizer, tensors and JSON, each written whole before any replaces the old save."""
+    keeps = f"the previous save in {folder!r}"
+    staged = None
+    if tokenizer is not None:
+        state["tokenizer"] = TOKENIZER
+        staged = os.path.join(folder, f".{TOKENIZER}.tmp-{os.getpid()}")
+        try:
+            tokenizer.save_pretrained(staged)
+        except OSError as exc:
+            shutil.rmtree(staged, ignore_errors=True)
+            raise failed_write(staged, exc, keeps) from exc
+    try:
+        write_files(folder, {TENSORS: data, STATE: json.dumps(state)}, keeps=keeps)
+    except OSError:
+        if staged is not None:
+            shutil.rmtree(staged, ignore_errors=True)
+        raise
+    if staged is not None:  # the new tokenizer in place of the old one
+        target, old = os.path.join(folder, TOKENIZER), f"{staged}-old"
+        if os.path.lexists(target):
+            os.replace(target, old)
+        os.replace(staged, target)
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def load(folder, **objects):
     """Rebuild an estimator written by :func:`save`; no code from the folder runs.
+
+    A saved folder is data. Every class it names must be one prefopt itself
+    writes: prefopt's estimators and KL controllers, transformers' model classes
+    (with their own config class) and ``peft.LoraConfig``; each is built through
+    its known constructor with checked arguments, and any other name is refused
+    with the name found. Only regular files inside ``folder`` are read (a FIFO,
+    a device or a link out of the folder is refused), and the tensors file must
+    be the one ``estimator.json`` recorded (its SHA-256). A malformed folder
+    gives a ``ValueError`` that says what is wrong.
 
     Parameters
     ----------
@@ -199,45 +256,147 @@ def load(folder, **objects):
         What :func:`save` wrote.
     **objects
         What JSON could not hold, by name: ``reward=`` (the reward given to
-        ``fit``, when it was a function), ``model_=`` (a custom policy module of
-        the saved type), ``featurizer_=`` (a linear reward model's features),
-        or a constructor parameter that was an object (``model=``).
+        ``fit`` when it was a function; ``reward=None`` loads a policy for
+        sampling only), ``model_=`` (a custom policy module of the saved type),
+        ``featurizer_=`` (a linear reward model's features), or a constructor
+        parameter that was an object (``model=``). A name the folder does not
+        take is refused with a ``TypeError``.
 
     Returns
     -------
     estimator : estimator
+
+    Examples
+    --------
+    >>> import tempfile, prefopt
+    >>> from prefopt import RewardModel
+    >>> from prefopt.worlds import PreferenceWorld
+    >>> world = PreferenceWorld(random_state=0)
+    >>> rm = RewardModel().fit(world.comparisons(200, random_state=0))
+    >>> folder = rm.save(tempfile.mkdtemp())
+    >>> again = prefopt.load(folder, featurizer_=world.features)
+    >>> bool((again.coef_ == rm.coef_).all())
+    True
+    >>> prefopt.load(folder, featuriser_=world.features)
+    Traceback (most recent call last):
+    ...
+    TypeError: load() got ... 'featuriser_' (did you mean 'featurizer_'?)...
     """
+    folder = os.fspath(folder)
+    taken = _accepted(folder)
+    unknown = sorted(set(objects) - taken)
+    if unknown:
+        hints = {
+            # reward_model= (fit's name for it), rewards=...: the reward, by its one name.
+            n: [REWARD] if "reward" in n else difflib.get_close_matches(n, sorted(taken), n=1)
+            for n in unknown
+        }
+        said = ", ".join(
+            f"{n!r}" + (f" (did you mean {hints[n][0]!r}?)" if hints[n] else "") for n in unknown
+        )
+        raise TypeError(
+            f"load() got keyword arguments this folder does not take: {said}. It takes "
+            f"{sorted(taken) or 'none'}; the reward given to fit is passed as {REWARD}=."
+        )
+    return _load(folder, objects)
+
+
+def _accepted(folder: str) -> set:
+    """The keyword arguments ``load`` takes for ``folder`` and its nested estimators."""
+    state = _read_state(folder)
+    names = {k for k, v in state["params"].items() if isinstance(v, dict) and "__object__" in v}
+    for name, spec in state["modules"].items():
+        if isinstance(spec, dict) and spec.get("kind") == "given":
+            names.update({name, "model_"} if name == "ref_model_" else {name})
+    for key, kind in state["objects"].items():
+        if kind == "saved":
+            names |= _accepted(_subfolder(folder, _loadable.check_attribute(key).rstrip("_")))
+        else:
+            names.add(REWARD if key == "reward_model_" else key)
+    return names
+
+
+def _read_state(folder: str) -> dict:
+    path = os.path.join(folder, STATE)
+    if not os.path.lexists(path):
+        raise ValueError(f"{folder!r} holds no saved estimator ({STATE} is missing).")
+    try:
+        state = json.loads(read_regular(folder, STATE, "The saved estimator file"))
+    except ValueError as exc:
+        raise ValueError(f"{path!r} is not a saved prefopt estimator ({exc}).") from None
+    if not isinstance(state, dict):
+        raise ValueError(f"{path!r} is not a saved prefopt estimator (not a JSON object).")
+    if state.get("format") != FORMAT:
+        raise ValueError(
+            f"{folder!r} has format {state.get('format')!r}; this prefopt reads format {FORMAT}. "
+            "Load it with the prefopt version that wrote it, or save the estimator again."
+        )
+    expected = {"params": dict, "modules": dict, "objects": dict, "suppress_ids": list}
+    for key, kind in expected.items():
+        if not isinstance(state.get(key), kind):
+            raise ValueError(
+                f"{path!r} is malformed: {key!r} is {state.get(key)!r}, not a "
+                f"{kind.__name__}. Save the estimator again."
+            )
+    if state.get("tokenizer") not in (None, TOKENIZER):
+        raise ValueError(f"{path!r} names the tokenizer folder {state['tokenizer']!r}; refused.")
+    return state
+
+
+def _subfolder(folder: str, name: str) -> str:
+    path = os.path.join(folder, name)
+    real, inside = os.path.realpath(path), os.path.realpath(folder)
+    if os.path.islink(path) or os.path.commonpath([real, inside]) != inside:
+        raise ValueError(f"{path!r} is a link; a saved folder's parts must be inside it.")
+    if not os.path.isdir(path):
+        raise ValueError(f"{path!r} is missing or not a folder; save the estimator again.")
+    return path
+
+
+def _load(folder: str, objects: dict):
+    state = _read_state(folder)
+    try:
+        estimator = _rebuild(folder, state, objects)
+    except (KeyError, TypeError, AttributeError, IndexError) as exc:
+        raise ValueError(
+            f"{os.path.join(folder, STATE)!r} is malformed ({type(exc).__name__}: {exc}); save "
+            "the estimator again."
+        ) from None
+    _restore_objects(folder, state, estimator, objects)
+    return estimator
+
+
+def _rebuild(folder: str, state: dict, objects: dict):
+    """The estimator from its class and parameters, then its tokenizer, modules and numbers."""
     from transformers import AutoTokenizer
 
     from ..backend import resolve_device
 
-    folder = os.fspath(folder)
-    path = os.path.join(folder, STATE)
-    if not os.path.exists(path):
-        raise ValueError(f"{folder!r} holds no saved estimator ({STATE} is missing).")
-    try:
-        with open(path) as f:
-            state = json.load(f)
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"{path!r} is not a saved prefopt estimator ({exc}).") from None
-    if not isinstance(state, dict) or state.get("format") != FORMAT:
+    params = state["params"]
+    given = {k for k, v in params.items() if isinstance(v, dict) and "__object__" in v}
+    estimator = _loadable.build_estimator(
+        state["class"], {**params, **{k: objects[k] for k in given & set(objects)}}, _decode_param
+    )
+    data = read_regular(folder, TENSORS, "The saved tensors file")
+    if state.get("tensors_sha256") != sha256(data):
         raise ValueError(
-            f"{folder!r} has format {state.get('format')!r}; this prefopt reads format {FORMAT}."
+            f"{os.path.join(folder, TENSORS)!r} is not the tensors file {STATE} was written with "
+            "(a file from another save beside this one?); save the estimator again."
         )
-    cls = _import_safe(state["class"])
-    params = {k: _decode_param(v) for k, v in state["params"].items()}
-    params.update({k: v for k, v in objects.items() if k in params})
-    estimator = cls(**params)
-    fitted = _join(state["fitted"], load_file(os.path.join(folder, TENSORS)))
-    device = resolve_device()
-    estimator.device_ = device
+    fitted = _join(state["fitted"], st_load(data))
+    if not isinstance(fitted, dict):
+        raise ValueError(f"{os.path.join(folder, STATE)!r} is malformed: 'fitted' is no mapping.")
+    estimator.device_ = device = resolve_device()
     if state.get("tokenizer"):
-        estimator.tokenizer_ = AutoTokenizer.from_pretrained(
-            os.path.join(folder, state["tokenizer"]), trust_remote_code=False
-        )
+        path = _subfolder(folder, TOKENIZER)
+        for name in os.listdir(path):
+            regular_file(path, name, "A saved tokenizer file")
+        estimator.tokenizer_ = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
     built: dict = {}
     for name in sorted(state["modules"], key=lambda n: n != "model_"):  # model_ first
-        module = _build(state["modules"][name], name, objects, built)
+        spec = state["modules"][name]
+        _loadable.check_attribute(name)
+        module = _build(spec, name, objects, built)
         module.load_state_dict(fitted.pop(name)["__module__"])
         module.eval()
         if name == "ref_model_":
@@ -245,21 +404,48 @@ def load(folder, **objects):
         built[name] = module.to(device)
         setattr(estimator, name, built[name])
     for key, value in fitted.items():
+        _loadable.check_attribute(key)
         if isinstance(value, dict) and "__estimator__" in value:
-            params = {k: _decode_param(v) for k, v in value["params"].items()}
-            obj = _import_safe(value["__estimator__"])(**params)
-            vars(obj).update(value["fitted"])
-            setattr(estimator, key, obj)
+            obj = _fitted_estimator(key, value, objects)
+            for k, v in value["fitted"].items():
+                setattr(obj, _loadable.check_attribute(k), v)
+            value = obj
         elif isinstance(value, dict) and "__state__" in value:
-            obj = _import_safe(value["class"])()
-            obj.load_state_dict(value["__state__"])
-            setattr(estimator, key, obj)
-        else:
-            setattr(estimator, key, value)
-    estimator._suppress_ids = tuple(state.get("suppress_ids", ()))
-    for key, kind in state.get("objects", {}).items():
-        if kind == "saved":
-            setattr(estimator, key, load(os.path.join(folder, key.rstrip("_")), **objects))
-        elif key in objects or (key == "reward_model_" and "reward" in objects):
-            setattr(estimator, key, objects.get(key, objects.get("reward")))
+            value = _loadable.state_object(value["class"], value["__state__"])
+        setattr(estimator, key, value)
+    estimator._suppress_ids = tuple(int(i) for i in state["suppress_ids"])
     return estimator
+
+
+def _fitted_estimator(key: str, value: dict, objects: dict):
+    """A fitted controller: prefopt's rebuilt from its parameters, a user's cloned from load's."""
+    from sklearn.base import clone
+
+    name, given = value["__estimator__"], objects.get(key.rstrip("_"))
+    if _loadable.is_listed(name):
+        return _loadable.build_estimator(name, value["params"], _decode_param)
+    if isinstance(given, BaseEstimator) and qualname(given) == name:
+        return clone(given)
+    raise ValueError(
+        f"{_loadable.refuse('class', name)} A controller of your own: pass the one it was "
+        f"fitted with again, load(folder, {key.rstrip('_')}=...)."
+    )
+
+
+def _restore_objects(folder: str, state: dict, estimator, objects: dict) -> None:
+    """Nested estimators from their sub-folders; what JSON could not hold from ``objects``."""
+    for key, kind in state["objects"].items():
+        _loadable.check_attribute(key)
+        if kind == "saved":
+            nested = _load(_subfolder(folder, key.rstrip("_")), objects)
+            setattr(estimator, key, nested)
+        elif key == "reward_model_":
+            if REWARD not in objects:
+                raise ValueError(
+                    f"This {type(estimator).__name__} was fitted on the reward {kind}, which a "
+                    f"saved folder cannot hold; pass it again: load(folder, {REWARD}=...), or "
+                    f"load(folder, {REWARD}=None) to sample only (score then needs y=reward)."
+                )
+            setattr(estimator, key, objects.get(REWARD))
+        elif key in objects:
+            setattr(estimator, key, objects[key])

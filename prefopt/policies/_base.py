@@ -232,7 +232,8 @@ class BasePolicy(Algorithm, GenerativeEstimator):
         data_key = ckpt.fingerprint(
             prompts if ptx_texts is None else {"prompts": prompts, "ptx_data": ptx_texts}
         )
-        with one_fit_at_a_time(self), ckpt.resumable(self, data_key) as resume:
+        resumable = ckpt.resumable(self, data_key, reward=reward, labeler=labeler)
+        with one_fit_at_a_time(self), resumable as resume:
             previous = self._loop
             if (resume is not None and resume.saved is not None) or not (
                 self.warm_start and previous is not None
