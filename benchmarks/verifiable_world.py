@@ -23,6 +23,7 @@ import argparse
 import itertools
 import time
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -62,12 +63,12 @@ def markdown(table: pd.DataFrame) -> str:
 def main(argv=None) -> pd.DataFrame:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--n-steps", type=int, default=40)
+    parser.add_argument("--n-steps", type=int, default=300)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument(
         "--learning-rate",
-        default="default",
-        help="comma-separated rates, 'default' for prefopt's (the default)",
+        default="default,1e-4",
+        help="comma-separated rates, 'default' for prefopt's (default: default,1e-4)",
     )
     parser.add_argument("--algorithms", default=",".join(ALGORITHMS))
     parser.add_argument("--quick", action="store_true", help="tiny settings, seconds")
@@ -88,38 +89,39 @@ def main(argv=None) -> pd.DataFrame:
     rates = [None if r == "default" else float(r) for r in args.learning_rate.split(",")]
     rows = []
     for name, rate, seed in itertools.product(args.algorithms.split(","), rates, range(seeds)):
-        if True:
-            policy = ALGORITHMS[name](
-                model=sft,
-                n_steps=n_steps,
-                batch_size=args.batch_size,
-                learning_rate=rate,
-                random_state=seed,
-            )
-            began = time.perf_counter()
-            policy.fit(world.prompts, world.correctness_reward)
-            seconds = time.perf_counter() - began
-            end = held_out(policy, world, eval_prompts, eval_answers)
-            rows.append(
-                {
-                    "algorithm": name,
-                    "seed": seed,
-                    "learning_rate": policy.learning_rate_,
-                    "start pass@1": start["pass@1"],
-                    "end pass@1": end["pass@1"],
-                    "start pass@8": start["pass@8"],
-                    "end pass@8": end["pass@8"],
-                    "reward, first step": policy.history_[0]["objective/reward"],
-                    "reward, last step": policy.history_[-1]["objective/reward"],
-                    "kl, last step": policy.history_[-1]["objective/kl"],
-                    "fit s": seconds,
-                }
-            )
-            print(
-                f"{name} lr {policy.learning_rate_:g} seed {seed}: pass@1 {end['pass@1']:.3f}, pass@8 {end['pass@8']:.3f} "
-                f"({seconds:.0f} s)",
-                flush=True,
-            )
+        policy = ALGORITHMS[name](
+            model=sft,
+            n_steps=n_steps,
+            batch_size=args.batch_size,
+            learning_rate=rate,
+            random_state=seed,
+        )
+        began = time.perf_counter()
+        policy.fit(world.prompts, world.correctness_reward)
+        seconds = time.perf_counter() - began
+        end = held_out(policy, world, eval_prompts, eval_answers)
+        reward = [row["objective/reward"] for row in policy.history_]
+        kl = [row["objective/kl"] for row in policy.history_]
+        rows.append(
+            {
+                "algorithm": name,
+                "seed": seed,
+                "learning_rate": policy.learning_rate_,
+                "start pass@1": start["pass@1"],
+                "end pass@1": end["pass@1"],
+                "start pass@8": start["pass@8"],
+                "end pass@8": end["pass@8"],
+                "reward, first 10 steps": float(np.mean(reward[:10])),
+                "reward, last 10 steps": float(np.mean(reward[-10:])),
+                "max kl": float(np.max(kl)),
+                "fit s": seconds,
+            }
+        )
+        print(
+            f"{name} lr {policy.learning_rate_:g} seed {seed}: pass@1 {end['pass@1']:.3f}, "
+            f"pass@8 {end['pass@8']:.3f} ({seconds:.0f} s)",
+            flush=True,
+        )
     table = pd.DataFrame(rows)
     raised = table.groupby(["algorithm", "learning_rate"], sort=False).apply(
         lambda g: bool((g["end pass@1"] > g["start pass@1"]).all()), include_groups=False
