@@ -1,74 +1,19 @@
-"""The arithmetic world: generated sums with exact answers, a verifiable reward.
-
-Most post-training runs with reinforcement learning today score a response
-with a checker that knows the answer (a "verifiable reward"), as DeepSeekMath
-(Shao et al. 2024) and Tulu 3 (Lambert et al. 2024) do on maths problems.
-This world is such a task at the size of a test: problems such as ``"37+45="``
-whose exact answer (``"82"``) a reward reads from the problem itself or from
-an ``answer`` column, a character-level tokenizer built locally and a tiny
-GPT-2 (or Llama- or Qwen2-shaped) config sized to it.
-"""
+"""ArithmeticWorld: the problems, their split, the demonstrations and the two rewards."""
 
 from __future__ import annotations
 
 import os
-import re
 from numbers import Integral
 
 import numpy as np
 import pandas as pd
 from sklearn.utils import check_random_state
-from tokenizers import Regex, decoders, pre_tokenizers
 
-from ._tokenizer import EOS, save_once, word_level_tokenizer
+from ._configs import tiny_config
+from ._text import NUMBER, OPERATIONS, canonical, character_tokenizer, check_completions
+from ._text import solve as solve_problem
 
 __all__ = ["ArithmeticWorld"]
-
-_OPERATIONS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
-# Every character a problem or an answer can hold, so the vocabulary is the same for
-# every choice of operations and digits: one id per character.
-_CHARACTERS = list("0123456789") + list(_OPERATIONS) + ["="]
-_PROBLEM = re.compile(r"\s*(\d+)\s*([-+*])\s*(\d+)\s*=\s*")
-_NUMBER = re.compile(r"0|-?[1-9][0-9]*")  # no leading zeros, no "+" sign, no "-0"
-_ARCHITECTURES = ("gpt2", "llama", "qwen2")
-
-
-def _solve(prompt) -> str:
-    """The exact answer of a problem ``"a<op>b="`` as its canonical string."""
-    match = _PROBLEM.fullmatch(prompt) if isinstance(prompt, str) else None
-    if match is None:
-        raise ValueError(
-            f"Cannot read an arithmetic problem from the prompt {prompt!r}: it must read "
-            "like '12+7='. Pass the answers with answer= (a dataset's 'answer' column)."
-        )
-    a, op, b = match.groups()
-    return str(_OPERATIONS[op](int(a), int(b)))
-
-
-def _canonical(answer) -> str:
-    """An answer given as an int or a string, as the string a correct completion must be."""
-    if isinstance(answer, (Integral, np.integer)) and not isinstance(answer, bool):
-        return str(int(answer))
-    if isinstance(answer, str) and _NUMBER.fullmatch(answer.strip()):
-        return answer.strip()
-    raise ValueError(
-        f"An answer must be an integer or its decimal string ('82', '-3'); got {answer!r}."
-    )
-
-
-def _check_completions(prompts, completions, name: str) -> tuple[list, list[str]]:
-    prompts, completions = list(prompts), list(completions)
-    if len(prompts) != len(completions):
-        raise ValueError(
-            f"{name} got {len(prompts)} prompts and {len(completions)} completions; "
-            "give one prompt per completion."
-        )
-    bad = next((i for i, c in enumerate(completions) if not isinstance(c, str)), None)
-    if bad is not None:
-        raise TypeError(
-            f"{name}: completion {bad} is a {type(completions[bad]).__name__}, not a string."
-        )
-    return prompts, completions
 
 
 class ArithmeticWorld:
@@ -183,12 +128,16 @@ class ArithmeticWorld:
         cache_dir: str | None = None,
         random_state=None,
     ):
-        if isinstance(n_digits, bool) or not isinstance(n_digits, Integral) or not 1 <= n_digits <= 3:
+        if (
+            isinstance(n_digits, bool)
+            or not isinstance(n_digits, Integral)
+            or not 1 <= n_digits <= 3
+        ):
             raise ValueError(f"n_digits must be an integer from 1 to 3; got {n_digits!r}.")
         if (
             not isinstance(operations, str)
             or not operations
-            or set(operations) - set(_OPERATIONS)
+            or set(operations) - set(OPERATIONS)
             or len(set(operations)) != len(operations)
         ):
             raise ValueError(
@@ -221,7 +170,7 @@ class ArithmeticWorld:
         problems = [
             f"{(i // size) % size}{operations[i // size**2]}{i % size}=" for i in order.tolist()
         ]
-        answers = [_solve(p) for p in problems]
+        answers = [solve_problem(p) for p in problems]
         self.eval_prompts, self.eval_answers = problems[:n_eval], answers[:n_eval]
         self.prompts, self.answers = problems[n_eval:], answers[n_eval:]
         self.dataset = pd.DataFrame({"prompt": self.prompts, "answer": self.answers})
@@ -233,7 +182,7 @@ class ArithmeticWorld:
                 "completion": self.answers[:n_demonstrations],
             }
         )
-        self.tokenizer = self._character_tokenizer()
+        self.tokenizer = character_tokenizer()
         self.max_new_tokens = 1 + max(len(a) for a in answers)
 
     def __repr__(self) -> str:
@@ -242,18 +191,6 @@ class ArithmeticWorld:
             f"n_eval={self.n_eval}, n_demonstrations={self.n_demonstrations}, "
             f"random_state={self.random_state!r})"
         )
-
-    @staticmethod
-    def _character_tokenizer():
-        # The word-level tokenizer over single characters: whitespace is split off,
-        # then every character is its own token, and decoding fuses them back.
-        tok = word_level_tokenizer(_CHARACTERS, eos_token=EOS)
-        backend = tok.backend_tokenizer
-        backend.pre_tokenizer = pre_tokenizers.Sequence(
-            [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Split(Regex("."), "isolated")]
-        )
-        backend.decoder = decoders.Fuse()
-        return tok
 
     # ----- answers and rewards -----------------------------------------------------
     @staticmethod
@@ -275,11 +212,11 @@ class ArithmeticWorld:
         >>> ArithmeticWorld.solve("12 * 7 =")
         '84'
         """
-        return _solve(prompt)
+        return solve_problem(prompt)
 
     def _answers(self, prompts, answer, n: int, name: str) -> list[str]:
         if answer is None:
-            return [_solve(p) for p in prompts]
+            return [solve_problem(p) for p in prompts]
         if isinstance(answer, (str, bytes)) or not hasattr(answer, "__len__"):
             raise TypeError(
                 f"{name}: answer must be a list with one answer per completion (a dataset "
@@ -290,7 +227,7 @@ class ArithmeticWorld:
                 f"{name} got {len(answer)} answers for {n} completions; answer= must hold "
                 "one answer per completion, repeated for the samples of a prompt."
             )
-        return [_canonical(a) for a in answer]
+        return [canonical(a) for a in answer]
 
     def correctness_reward(self, prompts, completions, *, answer=None, **kwargs) -> np.ndarray:
         """1 where the completion is the exact answer, else 0: the verifiable reward.
@@ -323,7 +260,7 @@ class ArithmeticWorld:
         >>> world.correctness_reward(["what is two and three?"], ["5"], answer=["5"])
         array([1.])
         """
-        prompts, completions = _check_completions(prompts, completions, "correctness_reward")
+        prompts, completions = check_completions(prompts, completions, "correctness_reward")
         truth = self._answers(prompts, answer, len(completions), "correctness_reward")
         return np.array([c.strip() == t for c, t in zip(completions, truth)], dtype=np.float64)
 
@@ -356,13 +293,10 @@ class ArithmeticWorld:
         >>> world.format_reward(["2+3="] * 4, ["5", "-0", "", "123"])
         array([1., 0., 0., 0.])
         """
-        _, completions = _check_completions(prompts, completions, "format_reward")
+        _, completions = check_completions(prompts, completions, "format_reward")
         longest = self.max_new_tokens - 1
         return np.array(
-            [
-                bool(_NUMBER.fullmatch(c.strip())) and len(c.strip()) <= longest
-                for c in completions
-            ],
+            [bool(NUMBER.fullmatch(c.strip())) and len(c.strip()) <= longest for c in completions],
             dtype=np.float64,
         )
 
@@ -399,60 +333,5 @@ class ArithmeticWorld:
         >>> type(world.model_config("llama", num_hidden_layers=1)).__name__
         'LlamaConfig'
         """
-        from transformers import GPT2Config, LlamaConfig, Qwen2Config
-
-        tok = self.tokenizer
-        special = {
-            "vocab_size": len(tok),
-            "bos_token_id": tok.eos_token_id,
-            "eos_token_id": tok.eos_token_id,
-            "pad_token_id": tok.pad_token_id,
-        }
-        if architecture == "gpt2":
-            cls = GPT2Config
-            shape = {
-                "n_positions": 32,
-                "n_embd": 64,
-                "n_layer": 2,
-                "n_head": 4,
-                "resid_pdrop": 0.0,
-                "embd_pdrop": 0.0,
-                "attn_pdrop": 0.0,
-            }
-        elif architecture in ("llama", "qwen2"):
-            cls = LlamaConfig if architecture == "llama" else Qwen2Config
-            shape = {
-                "max_position_embeddings": 32,
-                "hidden_size": 64,
-                "intermediate_size": 128,
-                "num_hidden_layers": 2,
-                "num_attention_heads": 4,
-                "num_key_value_heads": 2,
-                "tie_word_embeddings": True,
-            }
-        else:
-            raise ValueError(
-                f"architecture must be one of {', '.join(map(repr, _ARCHITECTURES))}; "
-                f"got {architecture!r}."
-            )
-        params = {**special, **shape}
-        known = set(cls().to_dict()) | {"attn_implementation"}
-        unknown = sorted(set(overrides) - known)
-        if unknown:
-            raise TypeError(f"Unknown {cls.__name__} parameter(s) {unknown}.")
-        if overrides.get("vocab_size", len(tok)) < len(tok):
-            raise ValueError(
-                f"vocab_size={overrides['vocab_size']} is smaller than the "
-                f"tokenizer's {len(tok)} tokens."
-            )
-        positions = "n_positions" if architecture == "gpt2" else "max_position_embeddings"
         need = 2 * self.n_digits + 2 + self.max_new_tokens  # longest problem, answer, EOS
-        if overrides.get(positions, need) < need:
-            raise ValueError(
-                f"{positions}={overrides[positions]} cannot hold the longest problem, its "
-                f"answer and EOS ({need} tokens)."
-            )
-        path = save_once(tok, cls(**params), self.cache_dir, "prefopt-arithmetic-world")
-        config = cls(**{**params, **overrides})
-        config.name_or_path = path
-        return config
+        return tiny_config(self.tokenizer, architecture, need, self.cache_dir, overrides)
