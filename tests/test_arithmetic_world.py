@@ -159,6 +159,19 @@ def test_model_configs_build_models_over_the_vocabulary(world, architecture):
     assert model(ids).logits.shape == (1, 9, 17)
 
 
+def test_sft_on_a_qwen2_shaped_model_writes_characters_of_the_vocabulary(world):
+    from prefopt import SFTPolicy
+
+    sft = SFTPolicy(model=world.model_config("qwen2"), batch_size=16, random_state=0)
+    sft.fit(world.demonstrations[:64])
+    assert sft.max_new_tokens_ == world.max_new_tokens
+    samples = [
+        c for group in sft.sample(world.eval_prompts[:8], n=2, random_state=0) for c in group
+    ]
+    assert len(samples) == 16 and all(set(c) <= set("0123456789+-*=") for c in samples)
+    assert sft.history_[-1]["loss/sft"] < sft.history_[0]["loss/sft"]
+
+
 def test_model_config_errors_are_named(world):
     with pytest.raises(ValueError, match="architecture must be one of 'gpt2', 'llama', 'qwen2'"):
         world.model_config("bert")
