@@ -276,7 +276,7 @@ def sft(world):
 
 @pytest.mark.slow
 def test_sft_starts_between_ten_and_fifty_percent(world, sft):
-    # About 15 s on one core: 1,250 steps of 16 demonstrations.
+    # Slow: the fixture fits SFT for 1,250 steps of 16 demonstrations.
     pass1 = make_pass_at_k_scorer(world.correctness_reward, k=1, n_samples=16, random_state=1234)
     start = pass1(sft, world.eval_prompts)
     assert 0.1 <= start <= 0.5
@@ -286,8 +286,9 @@ def test_sft_starts_between_ten_and_fifty_percent(world, sft):
 
 @pytest.mark.slow
 def test_grpo_raises_held_out_pass_at_1(world, sft):
-    # About 30 s on one core. prefopt's default learning rate for tiny models (1e-3)
-    # collapses this run (held-out pass@1 0.33 -> 0.06; benchmarks/verifiable_world.py).
+    # Slow: 300 steps of 64 episodes. prefopt's default learning rate for tiny models
+    # (1e-3) makes held-out pass@1 fall instead (benchmarks/verifiable_world.py), so the
+    # rate is the one that raised it on every seed there.
     from prefopt import GRPOPolicy
 
     grpo = GRPOPolicy(model=sft, n_steps=300, batch_size=64, learning_rate=1e-4, random_state=0)
