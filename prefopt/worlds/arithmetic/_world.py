@@ -85,9 +85,36 @@ class ArithmeticWorld:
     Notes
     -----
     A response that never samples EOS is cut at :attr:`max_new_tokens`
-    characters, one more than the longest answer, so its text is never a
-    well-formed answer: both rewards give it 0 even where the loop's
-    missing-EOS rule is off.
+    characters (the policies' default after SFT on the demonstrations), one
+    more than the longest answer, so its text is never a well-formed answer:
+    both rewards give it 0 even where the loop's missing-EOS rule is off.
+
+    Measured by ``python benchmarks/verifiable_world.py`` (at commit 656b0da):
+    ``SFTPolicy(model=world.model_config(), n_epochs=5, random_state=0)`` on the
+    demonstrations of ``ArithmeticWorld(random_state=0)`` has held-out pass@1
+    0.329 and pass@8 0.826 (16 samples of each held-out problem at the policy's
+    temperature, 0.7; seeds 1 and 2 of the world and SFT start at 0.06 and
+    0.43). From it, each algorithm at prefopt's defaults except
+    ``n_steps=300`` and ``batch_size=64``, rewarded by :meth:`correctness_reward`,
+    seeds 0, 1 and 2:
+
+    =========  ===============  =======================  =======================  ======
+    algorithm  learning rate    end pass@1, seeds 0/1/2  end pass@8, seeds 0/1/2  max KL
+    =========  ===============  =======================  =======================  ======
+    GRPO       0.001 (default)  0.257 / 0.195 / 0.095    0.727 / 0.639 / 0.411    11.7
+    GRPO       0.0001           0.361 / 0.348 / 0.346    0.837 / 0.826 / 0.825    0.4
+    RLOO       0.001 (default)  0.283 / 0.250 / 0.085    0.739 / 0.744 / 0.379    12.6
+    RLOO       0.0001           0.370 / 0.362 / 0.362    0.830 / 0.833 / 0.827    0.7
+    PPO        0.001 (default)  0.669 / 0.604 / 0.642    0.849 / 0.852 / 0.850    6.8
+    PPO        0.0001           0.456 / 0.449 / 0.445    0.859 / 0.848 / 0.864    0.6
+    =========  ===============  =======================  =======================  ======
+
+    At the default rate for tiny models (1e-3) GRPO and RLOO collapse in their
+    first steps (mean training reward below 0.1 over the first ten, KL up to
+    9-13 nats) and end below the start on every seed; PPO falls too (0.07-0.13
+    over its first ten steps), then recovers past the start. At 1e-4 all three
+    raise held-out pass@1 on every seed, and pass@8 moves less than pass@1.
+    ``benchmarks/verifiable_world.csv`` holds every run.
 
     References
     ----------
