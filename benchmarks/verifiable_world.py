@@ -2,19 +2,21 @@
 
 The verifiable-reward check: an SFT model of :class:`prefopt.worlds.ArithmeticWorld`
 (world seed 0, ``SFTPolicy(n_epochs=5, random_state=0)`` on its 4,000 demonstrations),
-then each algorithm at prefopt's defaults except ``n_steps`` and ``batch_size``
-(and ``learning_rate`` when ``--learning-rate`` is given), trained on the world's
-training problems with :meth:`~prefopt.worlds.ArithmeticWorld.correctness_reward`
-as the reward, one run per seed. Held-out pass@1 and pass@8 (Chen et al. 2021's
-unbiased estimator from 16 samples of each of the 200 held-out problems, sampled
-at the policy's temperature with a fixed seed) of the SFT model and of every
-trained policy, and whether pass@1 rose on every seed.
+then each algorithm at prefopt's defaults except ``n_steps`` and ``batch_size``, at
+each learning rate of ``--learning-rate`` (prefopt's default for tiny models and
+1e-4 unless told), trained on the world's training problems with
+:meth:`~prefopt.worlds.ArithmeticWorld.correctness_reward` as the reward, one run per
+seed. Held-out pass@1 and pass@8 (Chen et al. 2021's unbiased estimator from 16
+samples of each of the 200 held-out problems, sampled at the policy's temperature
+with a fixed seed) of the SFT model and of every trained policy, and whether pass@1
+rose on every seed. The measured table is in ``ArithmeticWorld``'s docstring and
+every run in ``benchmarks/verifiable_world.csv``.
 
 Run::
 
-    python benchmarks/verifiable_world.py                       # 3 seeds, a few minutes
-    python benchmarks/verifiable_world.py --learning-rate 1e-4  # another rate
-    python benchmarks/verifiable_world.py --quick               # seconds: a smoke run
+    python benchmarks/verifiable_world.py                          # 3 seeds, 2 rates
+    python benchmarks/verifiable_world.py --learning-rate default  # one rate
+    python benchmarks/verifiable_world.py --quick                  # seconds: a smoke run
 """
 
 from __future__ import annotations

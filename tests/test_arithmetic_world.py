@@ -300,3 +300,26 @@ def test_grpo_raises_held_out_pass_at_1(world, sft):
     assert max(row["objective/kl"] for row in grpo.history_) < 2.0
     fmt = make_reward_scorer(world.format_reward, n_samples=4)(grpo, world.eval_prompts)
     assert fmt > 0.95
+
+
+def test_the_benchmark_script_runs_quick(capsys):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "verifiable_world.py"
+    spec = importlib.util.spec_from_file_location("verifiable_world", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    table = module.main(["--quick", "--algorithms", "GRPO,RLOO"])
+    assert table[["algorithm", "learning_rate"]].values.tolist() == [
+        ["GRPO", 1e-3],
+        ["GRPO", 1e-4],
+        ["RLOO", 1e-3],
+        ["RLOO", 1e-4],
+    ]
+    assert (table["start pass@1"] == table["start pass@1"][0]).all()
+    assert table[["end pass@1", "end pass@8"]].stack().between(0, 1).all()
+    assert (table["end pass@8"] >= table["end pass@1"]).all()
+    out = capsys.readouterr().out
+    assert "| algorithm | seed | learning_rate |" in out
+    assert "GRPO at learning rate 0.0001: held-out pass@1 rose on every seed:" in out
