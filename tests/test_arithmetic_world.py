@@ -262,6 +262,30 @@ def test_pass_at_k_scorer_errors(world):
         scorer(policy, ["1+2="], ["3", "4"])
 
 
+def test_pass_at_k_scorers_as_scoring_in_compare(world):
+    from prefopt import GRPOPolicy, SFTPolicy
+    from prefopt.model_selection import compare
+
+    sft = SFTPolicy(model=world.model_config(), batch_size=16, random_state=0)
+    sft.fit(world.demonstrations[:32])
+    scoring = {
+        f"pass@{k}": make_pass_at_k_scorer(world.correctness_reward, k=k, n_samples=4)
+        for k in (1, 4)
+    }
+    grpo = GRPOPolicy(model=sft, n_steps=1, batch_size=8, k=2, learning_rate=1e-4)
+    result = compare(
+        {"GRPO": grpo},
+        world.prompts[:8],
+        reward_model=world.correctness_reward,
+        seeds=2,
+        scoring=scoring,
+    )
+    values = result.results.pivot(index="seed", columns="metric", values="value")
+    assert values.columns.tolist() == ["pass@1", "pass@4"] and len(values) == 2
+    assert (values["pass@1"] <= values["pass@4"]).all()
+    assert values.stack().between(0, 1).all()
+
+
 # ----- training ---------------------------------------------------------------------------
 
 
