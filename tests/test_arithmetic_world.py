@@ -66,6 +66,9 @@ def test_split_is_disjoint_complete_and_seeded(small, world):
     ):
         assert isinstance(table, pd.DataFrame) and table.columns.tolist() == ["prompt", "answer"]
         assert table.prompt.tolist() == prompts and table.answer.tolist() == answers
+    from datasets import Dataset
+
+    assert Dataset.from_pandas(world.eval_dataset)["answer"] == world.eval_answers
     again = ArithmeticWorld(random_state=0)
     assert again.prompts == world.prompts and again.eval_prompts == world.eval_prompts
     assert ArithmeticWorld(random_state=1).eval_prompts != world.eval_prompts
