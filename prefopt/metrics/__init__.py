@@ -10,10 +10,15 @@ always gets the same score, scorers with the same ``random_state`` in one dict
 see the same completions, and two candidates of a search are scored on common
 random numbers.
 
+:func:`make_pass_at_k_scorer` checks each completion with a verifiable reward
+and returns the mean unbiased pass@k (Chen et al. 2021); :func:`pass_at_k` is
+the estimator itself.
+
 The KL scorer is *negated* (``-KL``), as scikit-learn scorers are
 "larger is better"; the other scorers return the quantity itself.
 """
 
+from ._pass_at_k import make_pass_at_k_scorer, pass_at_k
 from ._scorer import (
     gold_reward_scorer,
     make_kl_scorer,
@@ -34,6 +39,8 @@ __all__ = [
     "make_kl_scorer",
     "make_length_binned_win_rate",
     "make_objective_scorer",
+    "make_pass_at_k_scorer",
     "make_reward_scorer",
     "make_win_rate_scorer",
+    "pass_at_k",
 ]

@@ -1,7 +1,8 @@
 """Exact testbeds and tasks: worlds whose answer is known or whose gold reward is independent."""
 
+from .arithmetic import ArithmeticWorld
 from .preference import PreferenceWorld
 from .review import ReviewWorld
 from .tiny_lm import TinyLMWorld
 
-__all__ = ["PreferenceWorld", "ReviewWorld", "TinyLMWorld"]
+__all__ = ["ArithmeticWorld", "PreferenceWorld", "ReviewWorld", "TinyLMWorld"]

@@ -1,0 +1,71 @@
+"""The arithmetic world's text: problems, answers, completions and the character tokenizer."""
+
+from __future__ import annotations
+
+import re
+from numbers import Integral
+
+import numpy as np
+from tokenizers import Regex, decoders, pre_tokenizers
+
+from .._tokenizer import EOS, word_level_tokenizer
+
+OPERATIONS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
+# Every character a problem or an answer can hold, so the vocabulary is the same for
+# every choice of operations and digits: one id per character.
+CHARACTERS = list("0123456789") + list(OPERATIONS) + ["="]
+PROBLEM = re.compile(r"\s*(\d+)\s*([-+*])\s*(\d+)\s*=\s*")
+NUMBER = re.compile(r"0|-?[1-9][0-9]*")  # no leading zeros, no "+" sign, no "-0"
+
+
+def solve(prompt) -> str:
+    """The exact answer of a problem ``"a<op>b="`` as its canonical string."""
+    match = PROBLEM.fullmatch(prompt) if isinstance(prompt, str) else None
+    if match is None:
+        raise ValueError(
+            f"Cannot read an arithmetic problem from the prompt {prompt!r}: it must read "
+            "like '12+7='. Pass the answers with answer= (a dataset's 'answer' column)."
+        )
+    a, op, b = match.groups()
+    return str(OPERATIONS[op](int(a), int(b)))
+
+
+def canonical(answer) -> str:
+    """An answer given as an int or a string, as the string a correct completion must be."""
+    if isinstance(answer, (Integral, np.integer)) and not isinstance(answer, bool):
+        return str(int(answer))
+    if isinstance(answer, str) and NUMBER.fullmatch(answer.strip()):
+        return answer.strip()
+    raise ValueError(
+        f"An answer must be an integer or its decimal string ('82', '-3'); got {answer!r}."
+    )
+
+
+def check_completions(prompts, completions, name: str) -> tuple[list, list[str]]:
+    prompts, completions = list(prompts), list(completions)
+    if len(prompts) != len(completions):
+        raise ValueError(
+            f"{name} got {len(prompts)} prompts and {len(completions)} completions; "
+            "give one prompt per completion."
+        )
+    bad = next((i for i, c in enumerate(completions) if not isinstance(c, str)), None)
+    if bad is not None:
+        raise TypeError(
+            f"{name}: completion {bad} is a {type(completions[bad]).__name__}, not a string."
+        )
+    return prompts, completions
+
+
+def character_tokenizer():
+    """The word-level tokenizer over single characters (ids of ``ArithmeticWorld.tokenizer``).
+
+    Whitespace is split off, then every character is its own token, and
+    decoding fuses the tokens back without spaces.
+    """
+    tok = word_level_tokenizer(CHARACTERS, eos_token=EOS)
+    backend = tok.backend_tokenizer
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Split(Regex("."), "isolated")]
+    )
+    backend.decoder = decoders.Fuse()
+    return tok

@@ -1,0 +1,364 @@
+"""ArithmeticWorld: the problems, their split, the demonstrations and the two rewards."""
+
+from __future__ import annotations
+
+import os
+from numbers import Integral
+
+import numpy as np
+import pandas as pd
+from sklearn.utils import check_random_state
+
+from ._configs import tiny_config
+from ._text import NUMBER, OPERATIONS, canonical, character_tokenizer, check_completions
+from ._text import solve as solve_problem
+
+__all__ = ["ArithmeticWorld"]
+
+
+class ArithmeticWorld:
+    """Generated arithmetic problems with exact answers: a verifiable-reward task.
+
+    Every problem ``"a<op>b="`` with operands of at most ``n_digits`` digits
+    and an operation of ``operations`` is enumerated once; a seeded draw puts
+    ``n_eval`` of them aside as the held-out split and the rest are the
+    training prompts. ``n_demonstrations`` training problems, each with its
+    answer as the completion, are the demonstrations that
+    :class:`~prefopt.SFTPolicy` learns from.
+
+    The tokenizer has one token per character (digits, ``+ - * =``), so an
+    answer is written digit by digit and then ended by EOS; whitespace is
+    ignored and decoding joins characters without spaces (``"37+45="`` and
+    ``"82"``).
+
+    Two rewards, plain callables ``reward(prompts, completions, *, answer=None,
+    **kwargs) -> ndarray`` as TRL's ``reward_funcs`` are:
+    :meth:`correctness_reward` (1 when the completion is the exact answer, else
+    0) and :meth:`format_reward` (1 when it is a well-formed integer short
+    enough to have ended with EOS). Pass@k (Chen et al. 2021) of a policy is
+    :func:`prefopt.metrics.make_pass_at_k_scorer` with the correctness reward.
+
+    Parameters
+    ----------
+    n_digits : int, default=2
+        Most digits of an operand (1 to 3): operands are 0 to ``10**n_digits - 1``.
+    operations : str, default="+"
+        The operations drawn, any of ``"+"``, ``"-"`` and ``"*"`` (``"+-"`` for
+        sums and differences; a difference may be negative).
+    n_eval : int, default=200
+        Problems held out: :attr:`eval_prompts`, never a prompt or a
+        demonstration.
+    n_demonstrations : int, default=4000
+        Training problems (distinct) given with their answers as demonstrations.
+    cache_dir : str, default=None
+        Folder under which :meth:`model_config` saves the tokenizer; ``None``
+        is the system's temporary folder.
+    random_state : int, RandomState instance or None, default=None
+        Seed of the split and of the demonstrations.
+
+    Attributes
+    ----------
+    prompts : list of str
+        The training problems (RL prompts), in a seeded random order.
+    answers : list of str
+        The exact answer of each of :attr:`prompts`.
+    eval_prompts, eval_answers : list of str
+        The held-out problems and their answers.
+    dataset, eval_dataset : pandas.DataFrame
+        Columns ``prompt`` and ``answer``: the training and the held-out
+        problems as a table (``datasets.Dataset.from_pandas`` takes it as is),
+        whose ``answer`` column a reward receives as the keyword ``answer``
+        where the loop passes dataset columns to rewards.
+    demonstrations : pandas.DataFrame
+        Columns ``prompt`` and ``completion`` (the answer, without EOS: supervised
+        fine-tuning appends it).
+    tokenizer : transformers.PreTrainedTokenizerFast
+        ``[PAD]`` (id 0), ``[UNK]`` (1), ``</s>`` (2, EOS), then one id per character.
+    max_new_tokens : int
+        Characters of the longest answer plus one for EOS.
+
+    See Also
+    --------
+    prefopt.metrics.pass_at_k : The unbiased pass@k estimator.
+    prefopt.worlds.ReviewWorld : A task whose gold reward is a sentiment lexicon.
+
+    Notes
+    -----
+    A response that never samples EOS is cut at :attr:`max_new_tokens`
+    characters (the policies' default after SFT on the demonstrations), one
+    more than the longest answer, so its text is never a well-formed answer:
+    both rewards give it 0 even where the loop's missing-EOS rule is off.
+
+    Measured by ``python benchmarks/verifiable_world.py`` (at commit 656b0da):
+    ``SFTPolicy(model=world.model_config(), n_epochs=5, random_state=0)`` on the
+    demonstrations of ``ArithmeticWorld(random_state=0)`` has held-out pass@1
+    0.329 and pass@8 0.826 (16 samples of each held-out problem at the policy's
+    temperature, 0.7; seeds 1 and 2 of the world and SFT start at 0.06 and
+    0.43). From it, each algorithm at prefopt's defaults except
+    ``n_steps=300`` and ``batch_size=64``, rewarded by :meth:`correctness_reward`,
+    seeds 0, 1 and 2:
+
+    =========  ===============  =======================  =======================  ======
+    algorithm  learning rate    end pass@1, seeds 0/1/2  end pass@8, seeds 0/1/2  max KL
+    =========  ===============  =======================  =======================  ======
+    GRPO       0.001 (default)  0.257 / 0.195 / 0.095    0.727 / 0.639 / 0.411    11.7
+    GRPO       0.0001           0.361 / 0.348 / 0.346    0.837 / 0.826 / 0.825    0.4
+    RLOO       0.001 (default)  0.283 / 0.250 / 0.085    0.739 / 0.744 / 0.379    12.6
+    RLOO       0.0001           0.370 / 0.362 / 0.362    0.830 / 0.833 / 0.827    0.7
+    PPO        0.001 (default)  0.669 / 0.604 / 0.642    0.849 / 0.852 / 0.850    6.8
+    PPO        0.0001           0.456 / 0.449 / 0.445    0.859 / 0.848 / 0.864    0.6
+    =========  ===============  =======================  =======================  ======
+
+    At the default rate for tiny models (1e-3) GRPO and RLOO collapse in their
+    first steps (mean training reward below 0.1 over the first ten, KL up to
+    9-13 nats) and end below the start on every seed; PPO falls too (0.07-0.13
+    over its first ten steps), then recovers past the start. At 1e-4 all three
+    raise held-out pass@1 on every seed, and pass@8 moves less than pass@1.
+    ``benchmarks/verifiable_world.csv`` holds every run.
+
+    References
+    ----------
+    M. Chen et al., "Evaluating large language models trained on code",
+    arXiv:2107.03374, 2021 (pass@k).
+
+    Z. Shao et al., "DeepSeekMath: Pushing the limits of mathematical reasoning
+    in open language models", arXiv:2402.03300, 2024 (GRPO with a rule-based
+    reward).
+
+    N. Lambert et al., "Tulu 3: Pushing frontiers in open language model
+    post-training", arXiv:2411.15124, 2024 (reinforcement learning with
+    verifiable rewards).
+
+    Examples
+    --------
+    >>> from prefopt.worlds import ArithmeticWorld
+    >>> world = ArithmeticWorld(random_state=0)
+    >>> world.prompts[0], world.answers[0]
+    ('67+68=', '135')
+    >>> len(world.prompts), len(world.eval_prompts)
+    (9800, 200)
+    >>> world.correctness_reward(["67+68="] * 3, ["135", "134", "0135"])
+    array([1., 0., 0.])
+    >>> world.format_reward(["67+68="] * 3, ["135", "134", "0135"])
+    array([1., 1., 0.])
+    >>> world.tokenizer.decode(world.tokenizer("67+68=135")["input_ids"])
+    '67+68=135'
+    """
+
+    def __init__(
+        self,
+        *,
+        n_digits: int = 2,
+        operations: str = "+",
+        n_eval: int = 200,
+        n_demonstrations: int = 4000,
+        cache_dir: str | None = None,
+        random_state=None,
+    ):
+        if (
+            isinstance(n_digits, bool)
+            or not isinstance(n_digits, Integral)
+            or not 1 <= n_digits <= 3
+        ):
+            raise ValueError(f"n_digits must be an integer from 1 to 3; got {n_digits!r}.")
+        if (
+            not isinstance(operations, str)
+            or not operations
+            or set(operations) - set(OPERATIONS)
+            or len(set(operations)) != len(operations)
+        ):
+            raise ValueError(
+                "operations must be a string of distinct characters among '+', '-' and '*' "
+                f"(such as '+-'); got {operations!r}."
+            )
+        n_problems = len(operations) * 10 ** (2 * n_digits)
+        for name, value in (("n_eval", n_eval), ("n_demonstrations", n_demonstrations)):
+            if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
+                raise ValueError(f"{name} must be a positive integer; got {value!r}.")
+        if n_eval + n_demonstrations > n_problems:
+            raise ValueError(
+                f"n_eval={n_eval} and n_demonstrations={n_demonstrations} need "
+                f"{n_eval + n_demonstrations} distinct problems, but n_digits={n_digits} and "
+                f"operations={operations!r} give only {n_problems}; lower them or raise n_digits."
+            )
+        if cache_dir is not None and not isinstance(cache_dir, (str, os.PathLike)):
+            raise TypeError(f"cache_dir must be a path or None; got {type(cache_dir).__name__}.")
+        self.n_digits = int(n_digits)
+        self.operations = operations
+        self.n_eval = int(n_eval)
+        self.n_demonstrations = int(n_demonstrations)
+        self.cache_dir = cache_dir
+        self.random_state = random_state
+
+        rng = check_random_state(random_state)
+        size = 10**n_digits
+        # Problem i is operation i // size**2 on operands (i // size) % size and i % size.
+        order = rng.permutation(n_problems)
+        problems = [
+            f"{(i // size) % size}{operations[i // size**2]}{i % size}=" for i in order.tolist()
+        ]
+        answers = [solve_problem(p) for p in problems]
+        self.eval_prompts, self.eval_answers = problems[:n_eval], answers[:n_eval]
+        self.prompts, self.answers = problems[n_eval:], answers[n_eval:]
+        self.dataset = pd.DataFrame({"prompt": self.prompts, "answer": self.answers})
+        self.eval_dataset = pd.DataFrame({"prompt": self.eval_prompts, "answer": self.eval_answers})
+        # The training problems are in random order already: the first ones are a draw.
+        self.demonstrations = pd.DataFrame(
+            {
+                "prompt": self.prompts[:n_demonstrations],
+                "completion": self.answers[:n_demonstrations],
+            }
+        )
+        self.tokenizer = character_tokenizer()
+        self.max_new_tokens = 1 + max(len(a) for a in answers)
+
+    def __repr__(self) -> str:
+        return (
+            f"ArithmeticWorld(n_digits={self.n_digits}, operations={self.operations!r}, "
+            f"n_eval={self.n_eval}, n_demonstrations={self.n_demonstrations}, "
+            f"random_state={self.random_state!r})"
+        )
+
+    # ----- answers and rewards -----------------------------------------------------
+    @staticmethod
+    def solve(prompt: str) -> str:
+        """The exact answer of a problem, computed from its text.
+
+        Parameters
+        ----------
+        prompt : str
+            A problem such as ``"12+7="`` (whitespace allowed).
+
+        Returns
+        -------
+        answer : str
+            The answer's canonical decimal string.
+
+        Examples
+        --------
+        >>> ArithmeticWorld.solve("12 * 7 =")
+        '84'
+        """
+        return solve_problem(prompt)
+
+    def _answers(self, prompts, answer, n: int, name: str) -> list[str]:
+        if answer is None:
+            return [solve_problem(p) for p in prompts]
+        if isinstance(answer, (str, bytes)) or not hasattr(answer, "__len__"):
+            raise TypeError(
+                f"{name}: answer must be a list with one answer per completion (a dataset "
+                f"column); got {type(answer).__name__}."
+            )
+        if len(answer) != n:
+            raise ValueError(
+                f"{name} got {len(answer)} answers for {n} completions; answer= must hold "
+                "one answer per completion, repeated for the samples of a prompt."
+            )
+        return [canonical(a) for a in answer]
+
+    def correctness_reward(self, prompts, completions, *, answer=None, **kwargs) -> np.ndarray:
+        """1 where the completion is the exact answer, else 0: the verifiable reward.
+
+        The completion, stripped of surrounding whitespace, must be the answer's
+        canonical decimal string (``"82"``, not ``"082"`` or ``"82.0"``).
+
+        Parameters
+        ----------
+        prompts : list of str
+            One problem per completion.
+        completions : list of str
+            The responses, without their EOS (as the policies decode them).
+        answer : list of str or int, default=None
+            The answer of each completion (a dataset's ``answer`` column, repeated
+            for the samples of a prompt); ``None`` solves each prompt.
+        **kwargs
+            Other dataset columns, ignored.
+
+        Returns
+        -------
+        rewards : ndarray of shape (n,)
+            0.0 or 1.0.
+
+        Examples
+        --------
+        >>> world = ArithmeticWorld(n_digits=1, n_eval=10, n_demonstrations=10, random_state=0)
+        >>> world.correctness_reward(["2+3=", "2+3="], ["5", " 5 "])
+        array([1., 1.])
+        >>> world.correctness_reward(["what is two and three?"], ["5"], answer=["5"])
+        array([1.])
+        """
+        prompts, completions = check_completions(prompts, completions, "correctness_reward")
+        truth = self._answers(prompts, answer, len(completions), "correctness_reward")
+        return np.array([c.strip() == t for c, t in zip(completions, truth)], dtype=np.float64)
+
+    def format_reward(self, prompts, completions, **kwargs) -> np.ndarray:
+        """1 where the completion is a well-formed integer that ended with EOS, else 0.
+
+        Well formed: an optional minus sign and digits without leading zeros
+        (``"0"``, ``"82"``, ``"-3"``), whitespace around it allowed, and at most
+        ``max_new_tokens - 1`` characters, so that sampling stopped at an EOS
+        rather than at the length limit. Whether the answer is right is not
+        checked.
+
+        Parameters
+        ----------
+        prompts : list of str
+            One per completion; checked for length only.
+        completions : list of str
+            The responses, without their EOS.
+        **kwargs
+            Dataset columns (``answer``, ...), ignored.
+
+        Returns
+        -------
+        rewards : ndarray of shape (n,)
+            0.0 or 1.0.
+
+        Examples
+        --------
+        >>> world = ArithmeticWorld(n_digits=1, n_eval=10, n_demonstrations=10, random_state=0)
+        >>> world.format_reward(["2+3="] * 4, ["5", "-0", "", "123"])
+        array([1., 0., 0., 0.])
+        """
+        _, completions = check_completions(prompts, completions, "format_reward")
+        longest = self.max_new_tokens - 1
+        return np.array(
+            [bool(NUMBER.fullmatch(c.strip())) and len(c.strip()) <= longest for c in completions],
+            dtype=np.float64,
+        )
+
+    # ----- the model ---------------------------------------------------------------
+    def model_config(self, architecture: str = "gpt2", **overrides):
+        """A tiny causal-LM config for this world's tokenizer, which it knows how to find.
+
+        The tokenizer is saved once to a folder named by a hash of it and the
+        default config, under ``cache_dir`` or the system's temporary folder,
+        and the config's ``name_or_path`` points there, so a prefopt estimator
+        given only the config loads this world's tokenizer.
+
+        Parameters
+        ----------
+        architecture : {"gpt2", "llama", "qwen2"}, default="gpt2"
+            GPT-2 (learned positions, GELU, LayerNorm), or a Llama- or
+            Qwen2-shaped model (rotary positions, SwiGLU, RMSNorm, grouped
+            key/value heads; Qwen2 adds biases to the query, key and value).
+            Each has 2 layers of width 64 and 4 heads (2 key/value heads for
+            Llama and Qwen2), no dropout, 32 positions.
+        **overrides
+            Parameters of the architecture's config replacing the defaults.
+
+        Returns
+        -------
+        config : transformers.GPT2Config, LlamaConfig or Qwen2Config
+
+        Examples
+        --------
+        >>> world = ArithmeticWorld(n_digits=1, n_eval=10, n_demonstrations=10, random_state=0)
+        >>> config = world.model_config()
+        >>> type(config).__name__, config.vocab_size == len(world.tokenizer)
+        ('GPT2Config', True)
+        >>> type(world.model_config("llama", num_hidden_layers=1)).__name__
+        'LlamaConfig'
+        """
+        need = 2 * self.n_digits + 2 + self.max_new_tokens  # longest problem, answer, EOS
+        return tiny_config(self.tokenizer, architecture, need, self.cache_dir, overrides)
