@@ -638,3 +638,24 @@ def test_online_refits_label_the_global_pairs_and_ranks_refit_the_same_reward(ru
         assert pairs == list(zip(record["prompts"], record["a"], record["b"]))
         assert len(record["labels"]) == len(pairs)
     assert r0["history"][-1]["reward/refits"] == 2
+
+
+@pytest.mark.parametrize("rank", ["0", "1"])  # rank 0 waits for workers, rank 1 for rank 0
+def test_leftover_launcher_variables_fail_fast_naming_world_size(monkeypatch, rank):
+    from prefopt.backend import _process_group
+
+    with socket.socket() as s:  # a free port: nobody listens there
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
+    for name, value in {
+        "WORLD_SIZE": "2",
+        "RANK": rank,
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "PREFOPT_DIST_JOIN_TIMEOUT": "1",
+    }.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(RuntimeError, match="WORLD_SIZE=2.*did not meet within 1 s.*torchrun"):
+        _process_group.init_from_env()
+    assert not torch.distributed.is_initialized()

@@ -7,6 +7,7 @@ The bottom of :mod:`prefopt.backend.distributed` (re-exported there): the engine
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -20,6 +21,11 @@ def init_from_env() -> bool:
     ``torchrun`` (and Ray Train) set ``WORLD_SIZE``, ``RANK``, ``MASTER_ADDR`` and
     ``MASTER_PORT``; with ``WORLD_SIZE`` above 1 and no group yet, this starts one
     (NCCL when the configured device is CUDA, else gloo). Ray Train starts its own.
+
+    Outside torchrun's agent (variables left in a shell, say), the ranks must meet
+    within ``PREFOPT_DIST_JOIN_TIMEOUT`` seconds (default 120): otherwise a
+    ``RuntimeError`` names ``WORLD_SIZE`` and the fix, where torch alone would wait
+    30 minutes without a word. Under torchrun the agent has gathered the ranks already.
 
     Returns
     -------
@@ -37,8 +43,39 @@ def init_from_env() -> bool:
     cuda = torch.cuda.is_available() and get_config()["device"] in ("auto", "cuda")
     if cuda:
         torch.cuda.set_device(local_rank())
-    dist.init_process_group(backend="nccl" if cuda else "gloo")
+    backend = "nccl" if cuda else "gloo"
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":  # torchrun's agent
+        dist.init_process_group(backend=backend)
+    else:
+        dist.init_process_group(backend=backend, store=_meet_peers(), **_rank_and_size())
     return dist.get_world_size() > 1
+
+
+def _rank_and_size() -> dict:
+    return {"rank": int(os.environ["RANK"]), "world_size": int(os.environ["WORLD_SIZE"])}
+
+
+def _meet_peers():
+    """The rendezvous store of torch's ``env://`` init, with a bounded wait for the peers."""
+    seconds = float(os.environ.get("PREFOPT_DIST_JOIN_TIMEOUT", "120"))
+    where = f"{os.environ['MASTER_ADDR']}:{os.environ.get('MASTER_PORT', '29500')}"
+    size = _rank_and_size()
+    try:
+        return dist.TCPStore(
+            os.environ["MASTER_ADDR"],
+            int(os.environ.get("MASTER_PORT", "29500")),
+            size["world_size"],
+            is_master=size["rank"] == 0,
+            timeout=timedelta(seconds=seconds),
+        )
+    except (RuntimeError, OSError, dist.DistError) as err:
+        raise RuntimeError(
+            f"WORLD_SIZE={size['world_size']} and RANK={size['rank']} ask for a process group "
+            f"at {where}, but its ranks did not meet within {seconds:g} s ({err}). Were these "
+            "variables left over from an earlier torchrun? Unset WORLD_SIZE and RANK for a "
+            "single-process fit, start every rank with torchrun, or call "
+            "prefopt.set_config(distributed='none'). PREFOPT_DIST_JOIN_TIMEOUT sets the wait."
+        ) from err
 
 
 def world_size() -> int:
