@@ -16,6 +16,7 @@ from sklearn.utils.validation import check_is_fitted
 from ..backend import unpad
 from ..data import PreferenceData, check_comparisons, check_texts
 from ..lm import LanguageModelEstimator
+from ..tracking import check_callback, open_run
 from ._lm import fit_lm_reward, predict_text, refit_lm_reward, score_token_rows
 
 __all__ = ["RewardModel"]
@@ -75,7 +76,8 @@ class RewardModel(LanguageModelEstimator):
         Seeds the head's initial weights, the order of the comparisons and
         the normalisation samples.
     verbose : int, default=0
-        Unused; kept for scikit-learn's interface.
+        Language-model reward: ``1`` prints a line (step, loss, accuracy) every
+        10 steps and at the last, ``2`` every step; no ``logging`` setup needed.
     checkpoint_dir : str or path, default=None
         Language-model reward only: save the fit every ``checkpoint_every``
         steps and at the end (JSON and safetensors, no pickle); ``fit`` with
@@ -196,7 +198,7 @@ class RewardModel(LanguageModelEstimator):
         self.checkpoint_dir = checkpoint_dir
         self.checkpoint_every = checkpoint_every
 
-    def fit(self, X, y=None, *, references=None):
+    def fit(self, X, y=None, *, references=None, callback=None):
         """Fit the reward on comparisons.
 
         Parameters
@@ -211,6 +213,11 @@ class RewardModel(LanguageModelEstimator):
         references : demonstrations, default=None
             Language-model reward only: (prompt, completion) rows; the reward is
             shifted so that they score 0 on average.
+        callback : callable, Logger or list of them, default=None
+            ``callback(reward_model, row)`` after every gradient step, with that
+            step's ``history_`` row; returning ``True`` stops the training there
+            (the normalisation still runs). A :mod:`prefopt.tracking` logger
+            (``TensorBoardLogger(log_dir)``, ...) logs the fit.
 
         Returns
         -------
@@ -223,6 +230,7 @@ class RewardModel(LanguageModelEstimator):
         from the policy fitted by the previous step.
         """
         self._validate_params()
+        check_callback(callback)  # a bad one fails before any training
         model = self.model
         if isinstance(X, PreferenceData):  # a step of a Pipeline
             references = X.references if references is None else references
@@ -236,9 +244,10 @@ class RewardModel(LanguageModelEstimator):
         # start from the SFT model).
         self.starting_policy_ = model if model is not None else data.policy
         if model is None:
-            self._fit_linear(data)
+            with open_run(self, callback):  # parameters only: no gradient steps
+                self._fit_linear(data)
         else:
-            fit_lm_reward(self, model, data, references)
+            fit_lm_reward(self, model, data, references, callback=callback)
         self.n_comparisons_ = len(data)
         return self
 
