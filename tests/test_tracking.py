@@ -320,3 +320,24 @@ def test_open_run_calls_plain_callbacks_and_opens_loggers(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a closed logger ignores further rows quietly
         logger.log_row({"step": 2, "loss/x": 0.0})
+
+
+def test_policy_callback_hook_logs_objective_reward_per_step(tmp_path):
+    # The policies' existing callback(policy, row) hook: the logger opens at the first row.
+    from prefopt import RLOOPolicy
+
+    rm = RewardModel().fit(WORLD.comparisons(200, random_state=0))
+    logger = TensorBoardLogger(tmp_path)
+    rloo = RLOOPolicy(
+        model=WORLD.policy_model(),
+        k=2,
+        learning_rate=0.3,
+        optimizer="sgd",
+        n_steps=4,
+        random_state=0,
+    ).fit(WORLD.prompts, rm, callback=logger)
+    logger.close()
+    points, acc = _scalars(tmp_path, "objective/reward")
+    assert _same_points(points, rloo.history_, "objective/reward")
+    (params,) = _tb_text(acc, "parameters")
+    assert "| k | 2 |" in params and "| n_steps | 4 |" in params
