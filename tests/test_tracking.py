@@ -7,8 +7,10 @@ classes). Every store is a temporary folder; nothing leaves the machine.
 
 import importlib.util
 import os
+import pickle
 import shutil
 import struct
+import time
 import warnings
 
 import pytest
@@ -91,6 +93,11 @@ def _wandb_runs(folder):
     out = []
     for run in runs:
         records = _wandb_records(run)
+        for _ in range(300):  # W&B's writer process may still be flushing after finish()
+            if any(r.WhichOneof("record_type") == "exit" for r in records):
+                break
+            time.sleep(0.1)
+            records = _wandb_records(run)
         (info,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
         config = {
             u.key: u.value_json for r in records if r.HasField("config") for u in r.config.update
@@ -293,7 +300,9 @@ def test_group_of_two_candidates_by_two_seeds(tmp_path, monkeypatch):
         with run_group("search") as group:
             for beta in (0.1, 0.5):
                 for seed in (0, 1):
-                    with group.member(f"beta={beta}-seed={seed}"):
+                    # What a worker process gets: the group, pickled (its parent run id too).
+                    worker_group = pickle.loads(pickle.dumps(group))
+                    with worker_group.member(f"beta={beta}-seed={seed}"):
                         DPOPolicy(beta=beta, batch_size=16, random_state=seed).fit(data)
     names = sorted(f"beta={b}-seed={s}" for b in (0.1, 0.5) for s in (0, 1))
     assert sorted(os.listdir(tmp_path / "search")) == names  # TensorBoard subfolders

@@ -109,6 +109,16 @@ def run_group(name: str):
     'search'
     """
     group = RunGroup(name)
+    if "mlflow" in get_config()["report_to"] and distributed.is_main():
+        # The parent run is made here, so that worker processes given the group nest
+        # their runs under this one parent rather than each making its own.
+        from mlflow import MlflowClient
+
+        from ._mlflow import experiment_id, tracking_uri
+
+        uri = tracking_uri()
+        client = MlflowClient(tracking_uri=uri)
+        group.mlflow_parent(client, experiment_id(client, "prefopt", uri), uri, "prefopt")
     with group.member(None):
         try:
             yield group
