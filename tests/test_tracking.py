@@ -222,14 +222,20 @@ def test_tensorboard_logger_as_callback_and_samples(tmp_path):
     ]
 
 
-def test_tracker_failing_mid_run_warns_once_and_the_fit_goes_on(tmp_path):
-    logger = TensorBoardLogger(tmp_path / "gone")
+@pytest.mark.parametrize("tracker", ["TensorBoard", "MLflow"])
+def test_tracker_failing_mid_run_warns_once_and_the_fit_goes_on(tmp_path, tracker):
+    folder = tmp_path / "gone"
+    if tracker == "TensorBoard":
+        logger = TensorBoardLogger(folder)
+    else:
+        folder.mkdir()
+        logger = MLflowLogger(f"sqlite:///{folder / 'store.db'}")
 
     def remove_folder(est, row):
         if row["step"] == 2:
-            shutil.rmtree(tmp_path / "gone")
+            shutil.rmtree(folder)
 
-    with pytest.warns(RuntimeWarning, match="TensorBoard logging failed") as caught:
+    with pytest.warns(RuntimeWarning, match=f"{tracker} logging failed") as caught:
         rm = _reward_model(n_epochs=2).fit(COMPARISONS, callback=[logger, remove_folder])
     assert len([w for w in caught if "logging failed" in str(w.message)]) == 1
     assert [r["step"] for r in rm.history_] == list(range(1, 9))  # nothing lost

@@ -11,6 +11,8 @@ import warnings
 from datetime import datetime
 from itertools import count
 
+from ..backend import distributed
+
 __all__ = [
     "Logger",
     "check_writable",
@@ -133,6 +135,8 @@ class Logger:
 
     # -- the callback protocol -------------------------------------------------------------
     def __call__(self, estimator, row) -> None:
+        if not distributed.is_main():  # one run for a distributed fit: rank 0's
+            return
         if not self._open:
             group, run_name = current_member()
             self.start(estimator, run_name=run_name, group=group)
