@@ -143,8 +143,23 @@ class Logger:
         self.log_row(row)
 
     def start(self, estimator, *, run_name=None, group=None) -> Logger:
-        """Open a run for ``estimator`` (errors here come before any training) and log its
-        parameters."""
+        """Open a run for ``estimator`` and log its parameters.
+
+        Errors here (a missing package, an unwritable folder) come before any training.
+
+        Parameters
+        ----------
+        estimator : estimator
+            Its ``get_params()`` are logged, nested ones as ``kl__target``.
+        run_name : str, default=None
+            ``None``: ``<Estimator>_<date-time>_<n>``.
+        group : RunGroup, default=None
+            The group the run belongs to (see :func:`run_group`).
+
+        Returns
+        -------
+        self : Logger
+        """
         if self._open:
             self.close()
         self._failed = False
@@ -155,19 +170,42 @@ class Logger:
         return self
 
     def log_row(self, row: dict, step: int | None = None) -> None:
-        """Log a ``history_`` row's numbers at ``step`` (default: the row's ``step``)."""
+        """Log a ``history_`` row's numbers.
+
+        Parameters
+        ----------
+        row : dict
+            A ``history_`` row; its numbers are logged, anything else is left out.
+        step : int, default=None
+            ``None``: the row's ``step``.
+        """
         if not self._open or self._failed:
             return
         step = int(row.get("step", 0) if step is None else step)
         self._guard(self._log_metrics, numeric_row(row), step)
 
     def log_text(self, tag: str, text: str, step: int) -> None:
-        """Log a piece of text (a table of sampled completions, say) at ``step``."""
+        """Log a piece of text (a table of sampled completions, say).
+
+        Parameters
+        ----------
+        tag : str
+        text : str
+        step : int
+        """
         if self._open and not self._failed:
             self._guard(self._log_text, tag, text, int(step))
 
     def log_samples(self, prompts, completions, step: int, rewards=None) -> None:
-        """Log prompts and their sampled completions as a Markdown table at ``step``."""
+        """Log prompts and their sampled completions as a Markdown table.
+
+        Parameters
+        ----------
+        prompts, completions : list of str
+        step : int
+        rewards : array-like, default=None
+            One reward per completion, shown in a third column.
+        """
         self.log_text("samples/completions", samples_table(prompts, completions, rewards), step)
 
     def close(self) -> None:
@@ -209,6 +247,15 @@ class Logger:
 
 def samples_table(prompts, completions, rewards=None) -> str:
     """A Markdown table of prompts, completions and (optionally) their rewards.
+
+    Parameters
+    ----------
+    prompts, completions : list of str
+    rewards : array-like, default=None
+
+    Returns
+    -------
+    table : str
 
     Examples
     --------

@@ -17,7 +17,16 @@ _LOGGERS = {"tensorboard": TensorBoardLogger, "mlflow": MLflowLogger, "wandb": W
 
 
 def check_callback(callback) -> list:
-    """``callback`` as a list of callables (``None``: empty), or a clear TypeError."""
+    """``callback`` as a list of callables (``None``: empty), or a clear TypeError.
+
+    Parameters
+    ----------
+    callback : None, callable or list of callables
+
+    Returns
+    -------
+    callbacks : list
+    """
     callbacks = [] if callback is None else callback
     if callable(callbacks):
         callbacks = [callbacks]
@@ -54,7 +63,20 @@ class RunGroup:
         self.parents_ = {}
 
     def mlflow_parent(self, client, experiment_id, uri, experiment_name) -> str:
-        """The id of the group's MLflow parent run in this store, created the first time."""
+        """The id of the group's MLflow parent run in this store, created the first time.
+
+        Parameters
+        ----------
+        client : mlflow.MlflowClient
+        experiment_id : str
+        uri : str
+            The store's tracking URI.
+        experiment_name : str
+
+        Returns
+        -------
+        run_id : str
+        """
         key = f"{uri}|{experiment_name}"
         if key not in self.parents_:
             run = client.create_run(experiment_id, run_name=self.name, tags={"prefopt.group": "1"})
@@ -71,8 +93,17 @@ class RunGroup:
 
     @contextmanager
     def member(self, run_name: str | None = None):
-        """Fits inside this block, in this thread, are runs of the group named ``run_name``
-        (``None``: the estimator's name and the time)."""
+        """Fits inside this block, in this thread, are runs of the group.
+
+        Parameters
+        ----------
+        run_name : str, default=None
+            The run's name; ``None``: the estimator's name and the time.
+
+        Yields
+        ------
+        group : RunGroup
+        """
         old = getattr(_local, "member", None)
         _local.member = (self, run_name)
         try:
@@ -132,6 +163,18 @@ class TrackedRun:
 
     Made by :func:`open_run`.
 
+    Parameters
+    ----------
+    estimator : estimator
+    loggers : list of Logger
+    callbacks : list of callable
+    name : str
+        Shown in ``verbose`` lines.
+    total : int or None
+        The fit's last step.
+    print_every : int
+        Steps between ``verbose=1`` lines.
+
     Attributes
     ----------
     loggers : list of Logger
@@ -163,26 +206,63 @@ class TrackedRun:
         return stop
 
     def samples_due(self, step: int) -> bool:
-        """Whether some logger wants a text sample of completions at ``step``."""
+        """Whether some logger wants a text sample of completions at ``step``.
+
+        Parameters
+        ----------
+        step : int
+
+        Returns
+        -------
+        due : bool
+        """
         return any(step % max(int(lg.samples_every), 1) == 0 for lg in self.loggers)
 
     def log_samples(self, prompts, completions, step: int, rewards=None) -> None:
-        """Log sampled completions as text, to the loggers whose ``samples_every`` is due."""
+        """Log sampled completions as text, to the loggers whose ``samples_every`` is due.
+
+        Parameters
+        ----------
+        prompts, completions : list of str
+        step : int
+        rewards : array-like, default=None
+        """
         for logger in self.loggers:
             if step % max(int(logger.samples_every), 1) == 0:
                 logger.log_samples(prompts, completions, step, rewards)
 
     def log_text(self, tag: str, text: str, step: int) -> None:
+        """Log a piece of text to every logger.
+
+        Parameters
+        ----------
+        tag : str
+        text : str
+        step : int
+        """
         for logger in self.loggers:
             logger.log_text(tag, text, step)
 
     def close(self) -> None:
+        """End every logger's run."""
         for logger in self.loggers:
             logger.close()
 
 
 def progress_line(name: str, row: dict, total=None) -> str:
     """One line for ``verbose``: the step and the row's loss, reward and KL figures.
+
+    Parameters
+    ----------
+    name : str
+    row : dict
+        A ``history_`` row.
+    total : int, default=None
+        The fit's last step.
+
+    Returns
+    -------
+    line : str
 
     Examples
     --------
