@@ -7,6 +7,8 @@ comparable across machines and searches).
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import re
 import threading
 from collections.abc import Iterator
@@ -23,7 +25,10 @@ _DEFAULTS = {
     "compile": False,
     "distributed": "ddp",
     "fsdp_frozen": "replicate",
+    "report_to": ("none",),
+    "logging_dir": "./runs",
 }
+_TRACKERS = ("tensorboard", "mlflow", "wandb", "none")
 _global_config = dict(_DEFAULTS)
 _local = threading.local()
 
@@ -43,7 +48,8 @@ def get_config() -> dict:
     -------
     config : dict
         Keys ``device``, ``dtype``, ``show_progress_bar``, ``eval_batch_size``,
-        ``compile``, ``distributed`` and ``fsdp_frozen``.
+        ``compile``, ``distributed``, ``fsdp_frozen``, ``report_to`` (a tuple of
+        tracker names) and ``logging_dir``.
 
     See Also
     --------
@@ -67,6 +73,8 @@ def set_config(
     compile: bool | str | None = None,
     distributed: str | None = None,
     fsdp_frozen: str | None = None,
+    report_to: str | list | None = None,
+    logging_dir: str | None = None,
 ) -> None:
     """Set prefopt's configuration for this process.
 
@@ -111,6 +119,17 @@ def set_config(
         block's weights while it runs. The reward model passed to ``fit`` stays
         as the caller gave it (``fit`` never changes its arguments); PPO's value
         model, trained, is sharded with the policy.
+    report_to : str or list of str, default=None
+        Where every fit logs its parameters and ``history_`` rows:
+        ``"tensorboard"``, ``"mlflow"``, ``"wandb"`` (any of them together) or
+        ``"none"`` (default). Each needs its package (``pip install
+        'prefopt[tensorboard]'``, ``[mlflow]``, ``[wandb]``); see
+        :mod:`prefopt.tracking`.
+    logging_dir : str or path, default=None
+        Folder of the trackers' local files: TensorBoard's event files (one
+        subfolder a run), MLflow's SQLite store ``mlflow.db`` (unless
+        ``MLFLOW_TRACKING_URI`` is set) and W&B's run files. Default ``"./runs"``,
+        as TensorBoard's.
 
     See Also
     --------
@@ -132,6 +151,8 @@ def set_config(
         compile=compile,
         distributed=distributed,
         fsdp_frozen=fsdp_frozen,
+        report_to=report_to,
+        logging_dir=logging_dir,
     )
     staged = {}
     _set(staged, **settings)  # every value checked before any setting changes
@@ -148,6 +169,8 @@ def _set(
     compile=None,
     distributed=None,
     fsdp_frozen=None,
+    report_to=None,
+    logging_dir=None,
 ) -> None:
     if device is not None:
         if not isinstance(device, str) or not (
@@ -198,6 +221,34 @@ def _set(
         if fsdp_frozen not in ("replicate", "shard"):
             raise ValueError(f"fsdp_frozen must be 'replicate' or 'shard'; got {fsdp_frozen!r}.")
         config["fsdp_frozen"] = fsdp_frozen
+    if report_to is not None:
+        config["report_to"] = _check_report_to(report_to)
+    if logging_dir is not None:
+        if not isinstance(logging_dir, (str, os.PathLike)) or os.fspath(logging_dir) == "":
+            raise ValueError(f"logging_dir must be a folder path; got {logging_dir!r}.")
+        config["logging_dir"] = os.fspath(logging_dir)
+
+
+def _check_report_to(report_to) -> tuple:
+    names = (report_to,) if isinstance(report_to, str) else report_to
+    if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
+        raise ValueError(f"report_to must be a tracker name or a list of them; got {report_to!r}.")
+    unknown = [n for n in names if n not in _TRACKERS]
+    if unknown:
+        raise ValueError(
+            f"Unknown report_to {unknown[0]!r}: choose from {', '.join(map(repr, _TRACKERS))}."
+        )
+    if "none" in names and len(names) > 1:
+        raise ValueError(
+            f"report_to {report_to!r} names 'none' with trackers; pick one or the other."
+        )
+    for name in names:  # a clear error now, not at the first fit
+        if name != "none" and importlib.util.find_spec(name) is None:
+            raise ImportError(
+                f"report_to={name!r} needs the {name} package, which is not installed: "
+                f"pip install 'prefopt[{name}]' (or: pip install {name})."
+            )
+    return tuple(dict.fromkeys(names)) or ("none",)
 
 
 def _check_compile_backend(name: str) -> None:

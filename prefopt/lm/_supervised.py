@@ -2,7 +2,7 @@
 
 SFT, the language-model reward model and DPO differ only in their minibatch loss;
 everything else (order, learning-rate schedule, the guarded optimiser step,
-``history_``, the progress bar) is this loop's.
+``history_``, the progress bar, tracking and the callback) is this loop's.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import torch
 from .._config import get_config
 from .._progress import tqdm
 from ..backend import adamw, distributed, gradient_step
+from ..tracking import open_run
 
 __all__ = ["schedule_scale", "train_minibatches"]
 
@@ -59,13 +60,16 @@ def train_minibatches(
     name: str,
     resume=None,
     model_key: str | None = None,
+    callback=None,
 ) -> torch.optim.Optimizer:
     """Train ``estimator`` for its ``n_epochs`` over ``n_rows`` rows in shuffled minibatches.
 
     Each step draws ``batch_size`` rows (a new order each epoch from
     ``generator``), sets the learning rate from ``estimator.learning_rate_`` and
     the schedule, calls ``batch_loss(rows) -> (loss, stats)``, takes one AdamW
-    step that refuses a non-finite loss, and appends a ``history_`` row.
+    step that refuses a non-finite loss, and appends a ``history_`` row, which goes to
+    the trackers of ``set_config(report_to=...)`` and to ``callback``; with
+    ``estimator.verbose`` it is printed every 10 steps (every step from ``verbose=2``).
 
     Parameters
     ----------
@@ -91,6 +95,9 @@ def train_minibatches(
         steps and at the end.
     model_key : str, default=None
         Fingerprint of the starting model, compared with the checkpoint's.
+    callback : callable, Logger or list of them, default=None
+        ``callback(estimator, row)`` after every step; returning ``True`` stops
+        the fit after that step. A :mod:`prefopt.tracking` logger logs the fit.
 
     Returns
     -------
@@ -129,39 +136,48 @@ def train_minibatches(
             torch.randperm(n_rows, generator=generator)  # that epoch's order, drawn again
     step = estimator.n_iter_ - start_iter
     show = get_config()["show_progress_bar"] and distributed.is_main()
-    bar = tqdm(total=total, initial=step, desc=name, disable=not show, leave=False)
-    for epoch in range(step // per_epoch, estimator.n_epochs):
-        epoch_generator = generator.get_state()
-        order = torch.randperm(n_rows, generator=generator).tolist()
-        skip = step % per_epoch if epoch == step // per_epoch else 0
-        for start in range(skip * estimator.batch_size, n_rows, estimator.batch_size):
-            rows = order[start : start + estimator.batch_size]
-            lr = estimator.learning_rate_ * schedule_scale(schedule, step / total)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            began = time.perf_counter()
-            with distributed.global_statistics(), distributed.training_view(estimator):
-                loss, stats = batch_loss(distributed.shard(rows))  # this rank's share
-                gradient_step(optimizer, loss, who=name, step=estimator.n_iter_ + 1)
-                stats = distributed.reduce_row(stats)
-            step += 1
-            estimator.n_iter_ += 1
-            row = {
-                "step": estimator.n_iter_,
-                **stats,
-                "charts/learning_rate": lr,
-                "time/step_s": time.perf_counter() - began,
-            }
-            estimator.history_.append(row)
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss.item():.3f}")
-            if resume is not None and (step % estimator.checkpoint_every == 0 or step == total):
-                run = {
-                    "optimizer": optimizer.state_dict(),
-                    "start_iter": start_iter,
-                    "epoch": epoch,
-                    "epoch_generator": epoch_generator,
+    # Trackers open (and log the parameters) before the first step: a missing package or
+    # an unwritable folder fails here, not after minutes of training.
+    with open_run(estimator, callback, name=name, total=start_iter + total) as run:
+        bar = tqdm(total=total, initial=step, desc=name, disable=not show, leave=False)
+        stop = False
+        for epoch in range(step // per_epoch, estimator.n_epochs):
+            epoch_generator = generator.get_state()
+            order = torch.randperm(n_rows, generator=generator).tolist()
+            skip = step % per_epoch if epoch == step // per_epoch else 0
+            for start in range(skip * estimator.batch_size, n_rows, estimator.batch_size):
+                rows = order[start : start + estimator.batch_size]
+                lr = estimator.learning_rate_ * schedule_scale(schedule, step / total)
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
+                began = time.perf_counter()
+                with distributed.global_statistics(), distributed.training_view(estimator):
+                    loss, stats = batch_loss(distributed.shard(rows))  # this rank's share
+                    gradient_step(optimizer, loss, who=name, step=estimator.n_iter_ + 1)
+                    stats = distributed.reduce_row(stats)
+                step += 1
+                estimator.n_iter_ += 1
+                row = {
+                    "step": estimator.n_iter_,
+                    **stats,
+                    "charts/learning_rate": lr,
+                    "time/step_s": time.perf_counter() - began,
                 }
-                resume.save(estimator, run)
-    bar.close()
+                estimator.history_.append(row)
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss.item():.3f}")
+                if resume is not None and (step % estimator.checkpoint_every == 0 or step == total):
+                    run_state = {
+                        "optimizer": optimizer.state_dict(),
+                        "start_iter": start_iter,
+                        "epoch": epoch,
+                        "epoch_generator": epoch_generator,
+                    }
+                    resume.save(estimator, run_state)
+                stop = distributed.any_rank(run(estimator, row))  # every rank stops together
+                if stop:
+                    break
+            if stop:
+                break
+        bar.close()
     return optimizer

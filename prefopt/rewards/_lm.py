@@ -24,7 +24,7 @@ from ..lm import _checkpoint as ckpt
 from ..lm import context_length, train_minibatches
 
 
-def fit_lm_reward(rm, model, data, references) -> None:
+def fit_lm_reward(rm, model, data, references, callback=None) -> None:
     """Bradley-Terry training of a scalar head on the SFT trunk, then normalisation."""
     rng = check_random_state(rm.random_state)
     seeds = rng.randint(np.iinfo(np.int32).max, size=4)
@@ -56,7 +56,8 @@ def fit_lm_reward(rm, model, data, references) -> None:
     data_key = ckpt.fingerprint([data.prompt, data.chosen, data.rejected])
     with ckpt.resumable(rm, data_key) as resume:
         model_key = None if resume is None else ckpt.module_fingerprint(rm.model_)
-        train_bradley_terry(rm, data, make_generator(int(seeds[2])), resume, model_key)
+        generator = make_generator(int(seeds[2]))
+        train_bradley_terry(rm, data, generator, resume, model_key, callback=callback)
     if rm.normalize:
         _normalize(rm, lm, prompts, check_random_state(int(seeds[3])))
     if references is not None:
@@ -80,7 +81,7 @@ def refit_lm_reward(rm, data, seed: int) -> None:
         shift_to_references(rm)
 
 
-def train_bradley_terry(rm, data, generator, resume=None, model_key=None) -> None:
+def train_bradley_terry(rm, data, generator, resume=None, model_key=None, callback=None) -> None:
     """``n_epochs`` of the Bradley-Terry loss on ``data`` from ``rm.model_``'s current weights."""
     prompts = rm._prompt_tokens(data.prompt)
     # A response ends with its stop token: the EOS, or after a conversation the turn's end.
@@ -121,6 +122,7 @@ def train_bradley_terry(rm, data, generator, resume=None, model_key=None) -> Non
         name="RewardModel",
         resume=resume,
         model_key=model_key,
+        callback=callback,
     )
 
 

@@ -17,6 +17,7 @@ from ..backend import unpad
 from ..data import PreferenceData, check_comparisons, check_texts
 from ..lm import LanguageModelEstimator
 from ..lm._run import one_fit_at_a_time
+from ..tracking import check_callback, open_run
 from ._lm import (
     as_text_scores_them,
     fit_lm_reward,
@@ -82,7 +83,8 @@ class RewardModel(LanguageModelEstimator):
         Seeds the head's initial weights, the order of the comparisons and
         the normalisation samples.
     verbose : int, default=0
-        Unused; kept for scikit-learn's interface.
+        Language-model reward: ``1`` prints a line (step, loss, accuracy) every
+        10 steps and at the last, ``2`` every step; no ``logging`` setup needed.
     checkpoint_dir : str or path, default=None
         Language-model reward only: save the fit every ``checkpoint_every``
         steps and at the end (JSON and safetensors, no pickle); ``fit`` with
@@ -203,7 +205,7 @@ class RewardModel(LanguageModelEstimator):
         self.checkpoint_dir = checkpoint_dir
         self.checkpoint_every = checkpoint_every
 
-    def fit(self, X, y=None, *, references=None):
+    def fit(self, X, y=None, *, references=None, callback=None):
         """Fit the reward on comparisons.
 
         Parameters
@@ -218,6 +220,11 @@ class RewardModel(LanguageModelEstimator):
         references : demonstrations, default=None
             Language-model reward only: (prompt, completion) rows; the reward is
             shifted so that they score 0 on average.
+        callback : callable, Logger or list of them, default=None
+            ``callback(reward_model, row)`` after every gradient step, with that
+            step's ``history_`` row; returning ``True`` stops the training there
+            (the normalisation still runs). A :mod:`prefopt.tracking` logger
+            (``TensorBoardLogger(log_dir)``, ...) logs the fit.
 
         Returns
         -------
@@ -231,11 +238,12 @@ class RewardModel(LanguageModelEstimator):
         same object while this one runs gets a ``RuntimeError`` (fit a clone).
         """
         with one_fit_at_a_time(self):
-            self._fit(X, references)
+            self._fit(X, references, callback)
         return self
 
-    def _fit(self, X, references) -> None:
+    def _fit(self, X, references, callback) -> None:
         self._validate_params()
+        check_callback(callback)  # a bad one fails before any training
         model = self.model
         if isinstance(X, PreferenceData):  # a step of a Pipeline
             references = X.references if references is None else references
@@ -249,9 +257,10 @@ class RewardModel(LanguageModelEstimator):
         # start from the SFT model).
         self.starting_policy_ = model if model is not None else data.policy
         if model is None:
-            self._fit_linear(data)
+            with open_run(self, callback):  # parameters only: no gradient steps
+                self._fit_linear(data)
         else:
-            fit_lm_reward(self, model, data, references)
+            fit_lm_reward(self, model, data, references, callback=callback)
         self.n_comparisons_ = len(data)
 
     def _fit_linear(self, data) -> None:
@@ -396,6 +405,53 @@ class RewardModel(LanguageModelEstimator):
         check_is_fitted(self)
         rows = as_text_scores_them(self, *unpad(prompts, response_ids, response_mask))
         return score_token_rows(self, *rows)
+
+    def save_pretrained(self, directory) -> None:
+        """Write the fitted reward as a transformers sequence-classification model.
+
+        ``AutoModelForSequenceClassification.from_pretrained(directory)`` (with
+        ``num_labels=1``) and ``AutoTokenizer.from_pretrained(directory)`` read it
+        back, and the classifier's logit is this reward's score: the normalisation
+        (gain, bias and the reference shift) is folded into the head's weights and
+        the final norm's bias, and ``pad_token_id`` is set so that the classifier
+        reads the last real token (the EOS) as prefopt does. Score right-padded
+        rows of prompt + completion + EOS tokens, as :meth:`predict` builds them
+        (a causal model's positions then match prefopt's); the tokenizer's pad token
+        must differ from the EOS.
+
+        Parameters
+        ----------
+        directory : str or path
+            The folder to write (safetensors weights, config and tokenizer).
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> from transformers import AutoModelForSequenceClassification
+        >>> from prefopt import RewardModel
+        >>> from prefopt.worlds.tiny_lm import TinyLMWorld
+        >>> world = TinyLMWorld(random_state=0)
+        >>> prompt, (a, b) = world.prompts[0], world.responses[1:3]
+        >>> rm = RewardModel(model=world.policy_model(), normalize=False, random_state=0)
+        >>> rm = rm.fit([(prompt, a, b)] * 8)
+        >>> folder = tempfile.mkdtemp()
+        >>> rm.save_pretrained(folder)
+        >>> AutoModelForSequenceClassification.from_pretrained(folder).config.num_labels
+        1
+        """
+        check_is_fitted(self)
+        if hasattr(self, "coef_"):
+            raise TypeError(
+                "save_pretrained writes a language-model reward; this one is linear in "
+                "features (model=None). Use save(folder) for it instead."
+            )
+        from ..lm._checkpoint import check_folder
+        from ._export import to_sequence_classifier
+
+        directory = check_folder(directory, "save_pretrained's folder")
+        model = to_sequence_classifier(self, set(self._stop_ids()))
+        model.save_pretrained(directory, safe_serialization=True)
+        self.tokenizer_.save_pretrained(directory)
 
     def __call__(self, prompts, completions) -> np.ndarray:
         return self.predict(prompts, completions)

@@ -1,0 +1,99 @@
+"""A fitted language-model reward as a transformers sequence-classification model."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+__all__ = ["to_sequence_classifier"]
+
+# Where causal LMs keep the norm applied to their last hidden state (GPT-2, BLOOM and
+# Falcon; Llama, Mistral, Qwen and Gemma; OPT's decoder).
+_FINAL_NORMS = ("ln_f", "norm", "final_layernorm", "final_layer_norm", "decoder.final_layer_norm")
+
+
+def _final_norm(trunk):
+    for name in _FINAL_NORMS:
+        module = trunk
+        for part in name.split("."):
+            module = getattr(module, part, None)
+        if isinstance(getattr(module, "bias", None), torch.nn.Parameter):
+            return module
+    return None
+
+
+def _score_layer(model) -> torch.nn.Linear:
+    """The sequence classifier's head: its one linear module outside the base model."""
+    prefix = model.base_model_prefix
+    heads = [
+        m
+        for name, m in model.named_modules()
+        if isinstance(m, torch.nn.Linear) and not name.startswith(prefix)
+    ]
+    if len(heads) != 1 or heads[0].out_features != 1:
+        raise TypeError(
+            f"{type(model).__name__} has no single linear head to hold the reward; "
+            "exporting a reward model as a sequence classifier supports causal LMs "
+            "whose classifier is one linear layer (GPT-2, Llama, Mistral, Qwen, OPT)."
+        )
+    return heads[0]
+
+
+@torch.no_grad()
+def to_sequence_classifier(rm, stop_ids):
+    """``AutoModelForSequenceClassification`` with ``num_labels=1`` scoring as ``rm`` does.
+
+    prefopt's score is ``gain * (w . h_last + b) + bias`` at the last real token of a
+    right-padded prompt + response. The classifier reads ``W . h`` at the last token that
+    is not ``pad_token_id``, so ``W = gain * w``; the constant ``gain * b + bias`` goes
+    into the bias of the final norm (shifted along ``W``, so ``W . delta`` is exactly the
+    constant), or the head's own bias where it has one.
+    """
+    from transformers import AutoModelForSequenceClassification
+
+    head = rm.model_
+    trunk = head.backbone
+    pad = rm.tokenizer_.pad_token_id
+    if pad is None or pad in stop_ids:
+        raise ValueError(
+            f"The tokenizer's pad token ({pad!r}) is a stop token: a sequence classifier "
+            "reads the last token that is not padding, so it would skip the EOS this reward "
+            "reads. Give the tokenizer a distinct pad token before fitting "
+            "(tokenizer.add_special_tokens({'pad_token': '[PAD]'}))."
+        )
+    config = copy.deepcopy(trunk.config)
+    config.num_labels = 1
+    config.id2label, config.label2id = {0: "reward"}, {"reward": 0}
+    config.pad_token_id = pad
+    config.architectures = None
+    model = AutoModelForSequenceClassification.from_config(config)
+    missing, unexpected = model.base_model.load_state_dict(trunk.state_dict(), strict=False)
+    if missing or unexpected:
+        raise TypeError(
+            f"The reward's trunk does not fit {type(model).__name__}'s base model "
+            f"(missing {missing[:3]}, unexpected {unexpected[:3]})."
+        )
+    score = _score_layer(model)
+    gain, bias = float(rm.gain_), float(rm.bias_)
+    weight = head.head.weight.detach().double() * gain
+    constant = gain * float(head.head.bias) + bias
+    score.weight.copy_(weight.to(score.weight.dtype))
+    if score.bias is not None:
+        score.bias.fill_(constant)
+    elif constant != 0.0:
+        norm = _final_norm(model.base_model)
+        if norm is None:
+            raise TypeError(
+                f"{type(model).__name__}'s head has no bias and its final norm none either, "
+                f"so the reward's offset ({constant:.4g}) cannot be folded in; export with "
+                "normalize=False and a head without bias, or score with prefopt."
+            )
+        shift = constant * weight[0] / float(weight[0] @ weight[0])
+        norm.bias.copy_((norm.bias.double() + shift).to(norm.bias.dtype))
+    if pad >= model.get_input_embeddings().num_embeddings:
+        # prefopt adds a pad token without new embeddings (it never embeds padding); the
+        # classifier embeds every id, so it gets a row for it (padding after the last
+        # real token, which a causal model's scored position never attends to).
+        model.resize_token_embeddings(pad + 1)
+    return model.eval()

@@ -1,0 +1,358 @@
+"""Experiment tracking: each tracker's output read back with its own reader.
+
+TensorBoard through its ``EventAccumulator``, MLflow through ``MlflowClient``, W&B from the
+offline run file (``WANDB_MODE=offline``; its records are read with W&B's own protobuf
+classes). Every store is a temporary folder; nothing leaves the machine.
+"""
+
+import importlib.util
+import os
+import pickle
+import shutil
+import struct
+import time
+import warnings
+
+import pytest
+from _tiny import tiny_lm
+
+import prefopt
+from prefopt import DPOPolicy, RewardModel, SFTPolicy
+from prefopt.tracking import (
+    MLflowLogger,
+    TensorBoardLogger,
+    WandbLogger,
+    open_run,
+    run_group,
+    samples_table,
+)
+from prefopt.worlds import PreferenceWorld
+
+DEMOS = [("the movie was", "good ."), ("the plot was", "great .")] * 4
+COMPARISONS = [("the movie was", "good .", "bad ."), ("the plot was", "great .", "awful .")] * 4
+WORLD = PreferenceWorld(random_state=0)
+
+
+def _sft(**params):
+    settings = dict(model=tiny_lm(), n_epochs=2, batch_size=2, random_state=0)
+    return SFTPolicy(**{**settings, **params})
+
+
+def _reward_model(**params):
+    settings = dict(model=tiny_lm(), n_epochs=1, batch_size=2, normalize=False, random_state=0)
+    return RewardModel(**{**settings, **params})
+
+
+def _scalars(folder, tag):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(folder))
+    acc.Reload()
+    return [(e.step, e.value) for e in acc.Scalars(tag)], acc
+
+
+def _same_points(points, history, key):
+    """Steps equal, values equal to float32 (TensorBoard keeps float32)."""
+    assert [s for s, _ in points] == [r["step"] for r in history]
+    assert [v for _, v in points] == pytest.approx([r[key] for r in history], rel=1e-6)
+    return True
+
+
+def _tb_text(acc, tag):
+    return [e.tensor_proto.string_val[0].decode() for e in acc.Tensors(f"{tag}/text_summary")]
+
+
+def _wandb_records(run_folder):
+    """The protobuf records of a W&B offline run file (LevelDB log blocks of 32 KiB)."""
+    from wandb.proto import wandb_internal_pb2
+
+    (name,) = [f for f in os.listdir(run_folder) if f.endswith(".wandb")]
+    data = open(os.path.join(run_folder, name), "rb").read()
+    assert data[:4] == b":W&B"
+    pos, block, records, pending = 7, 32768, [], b""
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # a block's tail too short for a header is padding
+            pos += block - pos % block
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        chunk, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
+        pending = chunk if kind in (1, 2) else pending + chunk  # full/first, middle/last
+        if kind in (1, 4):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            records.append(record)
+    return records
+
+
+def _wandb_runs(folder):
+    runs = sorted(
+        os.path.join(folder, "wandb", d)
+        for d in os.listdir(os.path.join(folder, "wandb"))
+        if d.startswith("offline-run-")
+    )
+    out = []
+    for run in runs:
+        records = _wandb_records(run)
+        for _ in range(300):  # W&B's writer process may still be flushing after finish()
+            if any(r.WhichOneof("record_type") == "exit" for r in records):
+                break
+            time.sleep(0.1)
+            records = _wandb_records(run)
+        (info,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
+        config = {
+            u.key: u.value_json for r in records if r.HasField("config") for u in r.config.update
+        }
+        config.update({u.key: u.value_json for u in info.config.update})
+        history = []
+        for r in records:
+            if r.WhichOneof("record_type") == "history":
+                history.append(
+                    {i.key or "/".join(i.nested_key): i.value_json for i in r.history.item}
+                )
+        out.append((info, config, history))
+    return out
+
+
+# -- configuration and bad input ---------------------------------------------------------------
+
+
+def test_report_to_and_logging_dir_in_config(tmp_path):
+    assert prefopt.get_config()["report_to"] == ("none",)
+    assert prefopt.get_config()["logging_dir"] == "./runs"
+    with prefopt.config_context(report_to="tensorboard", logging_dir=tmp_path):
+        assert prefopt.get_config()["report_to"] == ("tensorboard",)
+        assert prefopt.get_config()["logging_dir"] == str(tmp_path)
+    assert prefopt.get_config()["report_to"] == ("none",)
+    with prefopt.config_context(report_to=["mlflow", "tensorboard", "mlflow"]):
+        assert prefopt.get_config()["report_to"] == ("mlflow", "tensorboard")
+
+
+def test_bad_report_to_and_logging_dir_are_clear_errors(monkeypatch):
+    with pytest.raises(ValueError, match="Unknown report_to 'tensorbord': choose from"):
+        prefopt.set_config(report_to=["tensorbord"])
+    with pytest.raises(ValueError, match="names 'none' with trackers"):
+        prefopt.set_config(report_to=["none", "mlflow"])
+    with pytest.raises(ValueError, match="a tracker name or a list"):
+        prefopt.set_config(report_to=3)
+    with pytest.raises(ValueError, match="logging_dir must be a folder path"):
+        prefopt.set_config(logging_dir="")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a)
+    )
+    with pytest.raises(ImportError, match=r"pip install 'prefopt\[wandb\]'"):
+        prefopt.set_config(report_to="wandb")
+    with pytest.raises(ImportError, match=r"pip install 'prefopt\[wandb\]'"):
+        _reward_model().fit(COMPARISONS, callback=WandbLogger())
+    assert prefopt.get_config()["report_to"] == ("none",)  # nothing was half-set
+
+
+def test_unwritable_logging_folder_fails_before_training(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    sft = _sft()
+    with prefopt.config_context(report_to="tensorboard", logging_dir=blocker / "runs"):
+        with pytest.raises(PermissionError, match="logging folder .* cannot be written"):
+            sft.fit(DEMOS)
+    assert sft.history_ == [] and sft.n_iter_ == 0  # no step was taken
+    with pytest.raises(PermissionError, match="cannot be written"):
+        _reward_model().fit(COMPARISONS, callback=TensorBoardLogger(blocker / "tb"))
+
+
+def test_bad_callback_is_a_type_error():
+    with pytest.raises(TypeError, match="callback must be a callable"):
+        _reward_model().fit(COMPARISONS, callback="tensorboard")
+    with pytest.raises(TypeError, match="callback must be a callable"):
+        _reward_model().fit(COMPARISONS, callback=[print, 3])
+
+
+# -- the callback and verbose ------------------------------------------------------------------
+
+
+def test_reward_model_callback_sees_every_row_and_can_stop():
+    seen = []
+    rm = _reward_model(n_epochs=2).fit(COMPARISONS, callback=lambda est, row: seen.append(row))
+    assert len(seen) == 8 and seen == rm.history_  # 8 comparisons / 2 a step, 2 epochs
+    rm = _reward_model(n_epochs=2).fit(COMPARISONS, callback=lambda est, row: row["step"] == 3)
+    assert rm.n_iter_ == 3 and [r["step"] for r in rm.history_] == [1, 2, 3]
+
+
+def test_verbose_prints_a_line_per_logging_step(capsys):
+    _sft(n_epochs=6, verbose=1).fit(DEMOS)  # 24 steps: lines at 10, 20 and the last
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in lines] == [
+        "SFTPolicy step 10/24",
+        "SFTPolicy step 20/24",
+        "SFTPolicy step 24/24",
+    ]
+    assert lines[0].split(": ")[1].startswith("loss/sft ")
+    _sft(n_epochs=1, verbose=2).fit(DEMOS)
+    assert len(capsys.readouterr().out.splitlines()) == 4
+    _sft(n_epochs=1).fit(DEMOS)
+    assert capsys.readouterr().out == ""
+
+
+# -- TensorBoard -------------------------------------------------------------------------------
+
+
+def test_tensorboard_from_report_to_reads_back(tmp_path):
+    with prefopt.config_context(report_to="tensorboard", logging_dir=tmp_path):
+        sft = _sft().fit(DEMOS)
+    (run,) = os.listdir(tmp_path)
+    assert run.startswith("SFTPolicy_")
+    points, acc = _scalars(tmp_path / run, "loss/sft")
+    assert _same_points(points, sft.history_, "loss/sft")
+    assert [s for s, _ in points] == list(range(1, 9))  # one point per step
+    (params,) = _tb_text(acc, "parameters")
+    assert "| n_epochs | 2 |" in params and "| batch_size | 2 |" in params
+
+
+def test_tensorboard_logger_as_callback_and_samples(tmp_path):
+    logger = TensorBoardLogger(tmp_path / "rm")
+    rm = _reward_model().fit(COMPARISONS, callback=logger)
+    points, acc = _scalars(tmp_path / "rm", "reward/accuracy")
+    assert _same_points(points, rm.history_, "reward/accuracy")
+    # What a policy loop logs every samples_every steps:
+    logger.start(rm, run_name="samples")
+    logger.log_samples(["the movie was"], ["good ."], step=10, rewards=[0.5])
+    logger.close()
+    _, acc = _scalars(tmp_path / "rm", "reward/accuracy")
+    assert _tb_text(acc, "samples/completions") == [
+        samples_table(["the movie was"], ["good ."], [0.5])
+    ]
+
+
+@pytest.mark.parametrize("tracker", ["TensorBoard", "MLflow"])
+def test_tracker_failing_mid_run_warns_once_and_the_fit_goes_on(tmp_path, tracker):
+    folder = tmp_path / "gone"
+    if tracker == "TensorBoard":
+        logger = TensorBoardLogger(folder)
+    else:
+        folder.mkdir()
+        logger = MLflowLogger(f"sqlite:///{folder / 'store.db'}")
+
+    def remove_folder(est, row):
+        if row["step"] == 2:
+            shutil.rmtree(folder)
+
+    with pytest.warns(RuntimeWarning, match=f"{tracker} logging failed") as caught:
+        rm = _reward_model(n_epochs=2).fit(COMPARISONS, callback=[logger, remove_folder])
+    assert len([w for w in caught if "logging failed" in str(w.message)]) == 1
+    assert [r["step"] for r in rm.history_] == list(range(1, 9))  # nothing lost
+    assert all(set(r) >= {"loss/reward", "reward/accuracy"} for r in rm.history_)
+
+
+# -- MLflow ------------------------------------------------------------------------------------
+
+
+def test_mlflow_run_reads_back_with_mlflow_client(tmp_path):
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'store.db'}"
+    logger = MLflowLogger(uri, experiment_name="rm")
+    rm = _reward_model().fit(COMPARISONS, callback=logger)
+    client = MlflowClient(tracking_uri=uri)
+    run = client.get_run(logger.run_id_)
+    assert run.info.status == "FINISHED"
+    assert run.data.params["batch_size"] == "2" and run.data.params["normalize"] == "False"
+    history = client.get_metric_history(logger.run_id_, "loss/reward")
+    points = sorted((m.step, m.value) for m in history)
+    assert _same_points(points, rm.history_, "loss/reward")
+    assert [m.step for m in sorted(history, key=lambda m: m.step)] == [1, 2, 3, 4]
+
+
+def test_mlflow_honours_mlflow_tracking_uri(tmp_path, monkeypatch):
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'env.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    with prefopt.config_context(report_to="mlflow", logging_dir=tmp_path / "runs"):
+        sft = _sft().fit(DEMOS)
+    client = MlflowClient(tracking_uri=uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("prefopt").experiment_id])
+    assert run.data.params["n_epochs"] == "2"
+    steps = [m.step for m in client.get_metric_history(run.info.run_id, "loss/sft")]
+    assert sorted(steps) == [r["step"] for r in sft.history_] == list(range(1, 9))
+    assert not (tmp_path / "runs" / "mlflow.db").exists()  # the variable's store, not ours
+
+
+# -- W&B ---------------------------------------------------------------------------------------
+
+
+def test_wandb_offline_run_files_read_back(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    data = WORLD.comparisons(64, random_state=0)
+    with prefopt.config_context(report_to="wandb", logging_dir=tmp_path):
+        dpo = DPOPolicy(beta=0.5, batch_size=16, n_epochs=1, random_state=0).fit(data)
+    ((info, config, history),) = _wandb_runs(tmp_path)
+    assert info.display_name.startswith("DPOPolicy_")
+    assert config["beta"] == "0.5" and config["batch_size"] == "16"
+    steps = [int(h["_step"]) for h in history if "loss/dpo" in h]
+    losses = [float(h["loss/dpo"]) for h in history if "loss/dpo" in h]
+    assert steps == [1, 2, 3, 4]
+    assert losses == pytest.approx([r["loss/dpo"] for r in dpo.history_])
+
+
+# -- groups: one run per candidate and seed ----------------------------------------------------
+
+
+def test_group_of_two_candidates_by_two_seeds(tmp_path, monkeypatch):
+    from mlflow import MlflowClient
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    data = WORLD.comparisons(32, random_state=0)
+    with prefopt.config_context(report_to=["tensorboard", "mlflow", "wandb"], logging_dir=tmp_path):
+        with run_group("search") as group:
+            for beta in (0.1, 0.5):
+                for seed in (0, 1):
+                    # What a worker process gets: the group, pickled (its parent run id too).
+                    worker_group = pickle.loads(pickle.dumps(group))
+                    with worker_group.member(f"beta={beta}-seed={seed}"):
+                        DPOPolicy(beta=beta, batch_size=16, random_state=seed).fit(data)
+    names = sorted(f"beta={b}-seed={s}" for b in (0.1, 0.5) for s in (0, 1))
+    assert sorted(os.listdir(tmp_path / "search")) == names  # TensorBoard subfolders
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path.resolve() / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("prefopt").experiment_id])
+    (parent,) = [r for r in runs if r.info.run_name == "search"]
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert sorted(r.info.run_name for r in children) == names and len(runs) == 5
+    assert {r.data.params["beta"] for r in children} == {"0.1", "0.5"}
+    assert parent.info.status == "FINISHED"
+    wandb_runs = _wandb_runs(tmp_path)
+    assert sorted(info.display_name for info, _, _ in wandb_runs) == names
+    assert {info.run_group for info, _, _ in wandb_runs} == {"search"}
+
+
+def test_open_run_calls_plain_callbacks_and_opens_loggers(tmp_path):
+    calls = []
+    logger = TensorBoardLogger(tmp_path)
+    with open_run(WORLD, callback=[logger, lambda est, row: calls.append(row["step"])]) as run:
+        assert logger._open  # opened before the first step
+        assert run(None, {"step": 1, "loss/x": 1.0}) is False
+        assert run.samples_due(10) and not run.samples_due(3)
+    assert calls == [1] and not logger._open
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a closed logger ignores further rows quietly
+        logger.log_row({"step": 2, "loss/x": 0.0})
+
+
+def test_policy_callback_hook_logs_objective_reward_per_step(tmp_path):
+    # The policies' existing callback(policy, row) hook: the logger opens at the first row.
+    from prefopt import RLOOPolicy
+
+    rm = RewardModel().fit(WORLD.comparisons(200, random_state=0))
+    logger = TensorBoardLogger(tmp_path)
+    rloo = RLOOPolicy(
+        model=WORLD.policy_model(),
+        k=2,
+        learning_rate=0.3,
+        optimizer="sgd",
+        n_steps=4,
+        random_state=0,
+    ).fit(WORLD.prompts, rm, callback=logger)
+    logger.close()
+    points, acc = _scalars(tmp_path, "objective/reward")
+    assert _same_points(points, rloo.history_, "objective/reward")
+    (params,) = _tb_text(acc, "parameters")
+    assert "| k | 2 |" in params and "| n_steps | 4 |" in params
