@@ -5,8 +5,11 @@ from __future__ import annotations
 import copy
 
 import torch
+from sklearn.utils.validation import check_is_fitted
 
-__all__ = ["to_sequence_classifier"]
+from ..lm._checkpoint import check_folder
+
+__all__ = ["SequenceClassifierExport", "to_sequence_classifier"]
 
 # Where causal LMs keep the norm applied to their last hidden state (GPT-2, BLOOM and
 # Falcon; Llama, Mistral, Qwen and Gemma; OPT's decoder).
@@ -97,3 +100,51 @@ def to_sequence_classifier(rm, stop_ids):
         # real token, which a causal model's scored position never attends to).
         model.resize_token_embeddings(pad + 1)
     return model.eval()
+
+
+class SequenceClassifierExport:
+    """:class:`~prefopt.rewards.RewardModel`'s export to a transformers classifier (a mixin)."""
+
+    def save_pretrained(self, directory) -> None:
+        """Write the fitted reward as a transformers sequence-classification model.
+
+        ``AutoModelForSequenceClassification.from_pretrained(directory)`` (with
+        ``num_labels=1``) and ``AutoTokenizer.from_pretrained(directory)`` read it
+        back, and the classifier's logit is this reward's score: the normalisation
+        (gain, bias and the reference shift) is folded into the head's weights and
+        the final norm's bias, and ``pad_token_id`` is set so that the classifier
+        reads the last real token (the EOS) as prefopt does. Score right-padded
+        rows of prompt + completion + EOS tokens, as :meth:`predict` builds them
+        (a causal model's positions then match prefopt's); the tokenizer's pad token
+        must differ from the EOS.
+
+        Parameters
+        ----------
+        directory : str or path
+            The folder to write (safetensors weights, config and tokenizer).
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> from transformers import AutoModelForSequenceClassification
+        >>> from prefopt import RewardModel
+        >>> from prefopt.worlds.tiny_lm import TinyLMWorld
+        >>> world = TinyLMWorld(random_state=0)
+        >>> prompt, (a, b) = world.prompts[0], world.responses[1:3]
+        >>> rm = RewardModel(model=world.policy_model(), normalize=False, random_state=0)
+        >>> rm = rm.fit([(prompt, a, b)] * 8)
+        >>> folder = tempfile.mkdtemp()
+        >>> rm.save_pretrained(folder)
+        >>> AutoModelForSequenceClassification.from_pretrained(folder).config.num_labels
+        1
+        """
+        check_is_fitted(self)
+        if hasattr(self, "coef_"):
+            raise TypeError(
+                "save_pretrained writes a language-model reward; this one is linear in "
+                "features (model=None). Use save(folder) for it instead."
+            )
+        directory = check_folder(directory, "save_pretrained's folder")
+        model = to_sequence_classifier(self, set(self._stop_ids()))
+        model.save_pretrained(directory, safe_serialization=True)
+        self.tokenizer_.save_pretrained(directory)

@@ -8,7 +8,6 @@ from numbers import Integral, Real
 
 import numpy as np
 from scipy.special import expit
-from sklearn.linear_model import LogisticRegression
 from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval
 from sklearn.utils.validation import check_is_fitted
@@ -18,6 +17,8 @@ from ..data import PreferenceData, check_comparisons, check_texts
 from ..lm import LanguageModelEstimator
 from ..lm._run import one_fit_at_a_time
 from ..tracking import check_callback, open_run
+from ._export import SequenceClassifierExport
+from ._linear import LinearBradleyTerry
 from ._lm import (
     as_text_scores_them,
     fit_lm_reward,
@@ -29,7 +30,7 @@ from ._lm import (
 __all__ = ["RewardModel"]
 
 
-class RewardModel(LanguageModelEstimator):
+class RewardModel(LinearBradleyTerry, SequenceClassifierExport, LanguageModelEstimator):
     """A reward model fitted on pairwise comparisons with the Bradley-Terry loss.
 
     ``P(chosen > rejected) = sigmoid(r(x, chosen) - r(x, rejected))``.
@@ -263,33 +264,6 @@ class RewardModel(LanguageModelEstimator):
             fit_lm_reward(self, model, data, references, callback=callback)
         self.n_comparisons_ = len(data)
 
-    def _fit_linear(self, data) -> None:
-        featurizer = self.features if self.features is not None else data.featurizer
-        if featurizer is None:
-            raise ValueError(
-                "RewardModel(model=None) fits a linear reward on features, but these "
-                "comparisons carry no featurizer; pass features=callable(prompts, "
-                "completions) -> (n, d) array, model= a language model, or comparisons "
-                "from a prefopt world."
-            )
-        self.featurizer_ = featurizer
-        self.comparison_features_ = self._feature_differences(data)
-        self._fit_coef()
-        self.gain_, self.bias_ = 1.0, 0.0
-
-    def _feature_differences(self, data) -> np.ndarray:
-        f_chosen = self._features(self.featurizer_, data.prompt, data.chosen)
-        f_rejected = self._features(self.featurizer_, data.prompt, data.rejected)
-        return f_chosen - f_rejected
-
-    def _fit_coef(self) -> None:
-        diff = self.comparison_features_
-        X_bt = np.vstack([diff, -diff])
-        y_bt = np.r_[np.ones(len(diff)), np.zeros(len(diff))]
-        C = np.inf if self.alpha == 0 else 1.0 / self.alpha
-        logreg = LogisticRegression(C=C, fit_intercept=False, max_iter=1000).fit(X_bt, y_bt)
-        self.coef_ = logreg.coef_.ravel().copy()
-
     def partial_fit(self, X, y=None, *, random_state=None):
         """Train the fitted reward further on new comparisons (a warm start).
 
@@ -341,16 +315,6 @@ class RewardModel(LanguageModelEstimator):
                 refit_lm_reward(self, data, int(rng.randint(np.iinfo(np.int32).max)))
             self.n_comparisons_ += len(data)
         return self
-
-    @staticmethod
-    def _features(featurizer, prompts, completions) -> np.ndarray:
-        F = np.asarray(featurizer(list(prompts), list(completions)), dtype=np.float64)
-        if F.ndim != 2 or F.shape[0] != len(prompts):
-            raise ValueError(
-                f"features returned shape {F.shape} for {len(prompts)} "
-                "responses; it must return an (n, d) array."
-            )
-        return F
 
     def predict(self, prompts, completions) -> np.ndarray:
         """Reward of each (prompt, completion) pair.
@@ -405,53 +369,6 @@ class RewardModel(LanguageModelEstimator):
         check_is_fitted(self)
         rows = as_text_scores_them(self, *unpad(prompts, response_ids, response_mask))
         return score_token_rows(self, *rows)
-
-    def save_pretrained(self, directory) -> None:
-        """Write the fitted reward as a transformers sequence-classification model.
-
-        ``AutoModelForSequenceClassification.from_pretrained(directory)`` (with
-        ``num_labels=1``) and ``AutoTokenizer.from_pretrained(directory)`` read it
-        back, and the classifier's logit is this reward's score: the normalisation
-        (gain, bias and the reference shift) is folded into the head's weights and
-        the final norm's bias, and ``pad_token_id`` is set so that the classifier
-        reads the last real token (the EOS) as prefopt does. Score right-padded
-        rows of prompt + completion + EOS tokens, as :meth:`predict` builds them
-        (a causal model's positions then match prefopt's); the tokenizer's pad token
-        must differ from the EOS.
-
-        Parameters
-        ----------
-        directory : str or path
-            The folder to write (safetensors weights, config and tokenizer).
-
-        Examples
-        --------
-        >>> import tempfile
-        >>> from transformers import AutoModelForSequenceClassification
-        >>> from prefopt import RewardModel
-        >>> from prefopt.worlds.tiny_lm import TinyLMWorld
-        >>> world = TinyLMWorld(random_state=0)
-        >>> prompt, (a, b) = world.prompts[0], world.responses[1:3]
-        >>> rm = RewardModel(model=world.policy_model(), normalize=False, random_state=0)
-        >>> rm = rm.fit([(prompt, a, b)] * 8)
-        >>> folder = tempfile.mkdtemp()
-        >>> rm.save_pretrained(folder)
-        >>> AutoModelForSequenceClassification.from_pretrained(folder).config.num_labels
-        1
-        """
-        check_is_fitted(self)
-        if hasattr(self, "coef_"):
-            raise TypeError(
-                "save_pretrained writes a language-model reward; this one is linear in "
-                "features (model=None). Use save(folder) for it instead."
-            )
-        from ..lm._checkpoint import check_folder
-        from ._export import to_sequence_classifier
-
-        directory = check_folder(directory, "save_pretrained's folder")
-        model = to_sequence_classifier(self, set(self._stop_ids()))
-        model.save_pretrained(directory, safe_serialization=True)
-        self.tokenizer_.save_pretrained(directory)
 
     def __call__(self, prompts, completions) -> np.ndarray:
         return self.predict(prompts, completions)
