@@ -187,7 +187,32 @@ class PolicyLoop:
             "charts/learning_rate": run.optimizer.param_groups[0]["lr"],
             "time/episodes_per_s": len(batch) / elapsed,
         }
-        return distributed.reduce_row(row, elapsed, len(batch))  # global figures
+        row = distributed.reduce_row(row, elapsed, len(batch))  # global figures
+        row.update(self.budget(batch, n_episodes, elapsed))
+        return row
+
+    def budget(self, batch: RolloutBatch, n_episodes: int, elapsed: float) -> dict:
+        """The run's cumulative ``budget/...`` counters after this step; sets ``budget_``.
+
+        Comparisons of algorithms are fair only at a matched budget (Engstrom et
+        al. 2020 trace PPO's gains to such unmatched details): episodes sampled,
+        response tokens generated, optimiser steps and wall-clock seconds of the
+        steps. They continue from the last ``history_`` row, so a warm start or
+        a resumed run keeps counting.
+        """
+        policy = self.policy
+        before = policy.history_[-1] if policy.history_ else {}
+        tokens = float(distributed.mean(batch.response_mask.sum().float()))
+        size = max(1, len(batch) // policy.n_minibatches)  # as the update's minibatches
+        this_step = {
+            "budget/episodes": n_episodes,
+            "budget/tokens": int(round(tokens * distributed.world_size())),
+            "budget/gradient_steps": policy.n_epochs * math.ceil(len(batch) / size),
+            "budget/seconds": elapsed,
+        }
+        totals = {key: before.get(key, 0) + value for key, value in this_step.items()}
+        policy.budget_ = {key.split("/", 1)[1]: value for key, value in totals.items()}
+        return totals
 
     def train(self, n_steps: int, callback=None) -> None:
         """``n_steps`` steps, each logged to ``history_``, checked and checkpointed."""
