@@ -28,11 +28,20 @@ from ._stats import _check_seeds, t_interval
 __all__ = ["SeedSearchCV"]
 
 
-def _rank(means: np.ndarray) -> np.ndarray:
-    """1 for the best mean; a NaN mean (a failed fit) ties with the worst, as in scikit-learn."""
+def _rank(means: np.ndarray, n_unhealthy: np.ndarray | None = None) -> np.ndarray:
+    """1 for the best mean; a NaN mean (a failed fit) ties with the worst, as in scikit-learn.
+
+    With ``n_unhealthy``, a candidate with any unhealthy run ranks after every
+    candidate without one (a failed run is a failure, not a low score to
+    average away); the mean orders each of the two groups.
+    """
     if np.isnan(means).all():
         return np.ones(len(means), dtype=np.int32)
     filled = np.where(np.isnan(means), np.nanmin(means) - 1, means)
+    if n_unhealthy is not None and np.any(n_unhealthy > 0):
+        # Shift the unhealthy group below the worst healthy mean, keeping its own order.
+        span = np.nanmax(filled) - np.nanmin(filled) + 1.0
+        filled = np.where(n_unhealthy > 0, filled - 2 * span, filled)
     return stats.rankdata(-filled, method="min").astype(np.int32)
 
 
@@ -92,7 +101,11 @@ class SeedSearchCV(_BestEstimatorMethods, MetaEstimatorMixin, BaseEstimator):
         ``std_test_<m>`` (over seeds, ``ddof=1``, unlike ``GridSearchCV``'s
         ``ddof=0`` over folds: seeds are a sample, and this std is the one
         the interval uses), ``ci_low_test_<m>``, ``ci_high_test_<m>`` and
-        ``rank_test_<m>`` (by the mean); ``mean_fit_time``, ``std_fit_time``,
+        ``rank_test_<m>`` (by the mean, a candidate with any unhealthy run
+        after every one without); ``seed<j>_healthy`` (no fit of that seed
+        was unhealthy or failed: ``health_["healthy"]`` is False, or the fit
+        raised; an estimator without ``health_`` counts as healthy) and
+        ``n_unhealthy`` (such fits of the candidate); ``mean_fit_time``, ``std_fit_time``,
         ``mean_score_time``, ``std_score_time`` over all of a candidate's fits.
     seeds_ : list of int
         The seeds; ``seed<j>`` in ``cv_results_`` is ``seeds_[j]``.
@@ -332,13 +345,22 @@ class SeedSearchCV(_BestEstimatorMethods, MetaEstimatorMixin, BaseEstimator):
             results[f"std_{key}"] = times.std(axis=(1, 2))
         results.update(_param_arrays(candidate_params))
         results["params"] = candidate_params
+        # 1, 0 or NaN (no health_: unknown, taken as healthy); a failed fit is unhealthy.
+        healthy = np.asarray(
+            [0.0 if "failed" in o else o.get("healthy", np.nan) for o in out], dtype=np.float64
+        ).reshape(-1, n_seeds, n_splits)
+        for j in range(n_seeds):
+            results[f"seed{j}_healthy"] = ~np.any(healthy[:, j] == 0, axis=1)
+        results["n_unhealthy"] = n_unhealthy = (healthy == 0).sum(axis=(1, 2))
         for which in ["test"] + (["train"] if self.return_train_score else []):
             for name in names:
                 key = f"{which}_{name}"
-                self._store(results, key, cells(key), rank=which == "test", folds=folds)
+                rank = n_unhealthy if which == "test" else None
+                self._store(results, key, cells(key), rank=rank, folds=folds)
         return results
 
-    def _store(self, results: dict, key: str, scores: np.ndarray, rank: bool, folds: bool):
+    def _store(self, results: dict, key: str, scores: np.ndarray, rank, folds: bool):
+        # rank: None, or the candidates' unhealthy counts to rank ``key`` with.
         if folds:
             for j in range(scores.shape[1]):
                 for i in range(scores.shape[2]):
@@ -351,8 +373,8 @@ class SeedSearchCV(_BestEstimatorMethods, MetaEstimatorMixin, BaseEstimator):
         results[f"std_{key}"] = std
         results[f"ci_low_{key}"] = low
         results[f"ci_high_{key}"] = high
-        if rank:
-            results[f"rank_{key}"] = _rank(mean)
+        if rank is not None:
+            results[f"rank_{key}"] = _rank(mean, rank)
 
     def _select_best(self) -> None:
         """``best_index_``, ``best_score_`` and ``best_params_``, as ``GridSearchCV`` sets them."""
