@@ -86,3 +86,81 @@ def _check_seeds(seeds) -> list[int]:
 
 
 _N_SEEDS = 2**32
+
+
+def minimum_detectable_difference(
+    differences, confidence: float = 0.95, power: float = 0.8
+) -> float:
+    """The smallest true mean difference a paired t-test over these seeds would likely find.
+
+    Parameters
+    ----------
+    differences : array-like
+        Paired differences, one per seed (algorithm minus baseline).
+    confidence : float, default=0.95
+        ``1 - alpha`` of the two-sided test.
+    power : float, default=0.8
+        The chance of finding a true difference of the returned size.
+
+    Returns
+    -------
+    mdd : float
+        ``(t_{1-alpha/2, n-1} + t_{power, n-1}) * s_d / sqrt(n)``, with ``s_d``
+        the standard deviation of the differences (``ddof=1``) and ``n`` the
+        seeds: the usual approximation of a paired t-test's power (Cohen
+        1988, ch. 2), with the t quantiles for the few seeds of RL runs. NaN
+        with fewer than two seeds.
+
+    Examples
+    --------
+    >>> from prefopt.model_selection import minimum_detectable_difference
+    >>> round(minimum_detectable_difference([0.1, -0.1, 0.3, 0.1, 0.1]), 4)
+    0.2351
+    """
+    d = np.asarray(differences, dtype=np.float64)
+    d = d[~np.isnan(d)]
+    n = len(d)
+    if n < 2:
+        return float("nan")
+    alpha = 1.0 - confidence
+    quantiles = stats.t.ppf(1 - alpha / 2, n - 1) + stats.t.ppf(power, n - 1)
+    return float(quantiles * d.std(ddof=1) / np.sqrt(n))
+
+
+def verdict(ci_low: float, ci_high: float, margin: float | None = None) -> str:
+    """``"better"``, ``"worse"``, ``"equivalent"`` or ``"inconclusive"`` from a difference's CI.
+
+    Parameters
+    ----------
+    ci_low, ci_high : float
+        The confidence interval of the mean difference (algorithm minus
+        baseline, larger is better).
+    margin : float, default=None
+        The equivalence margin: differences within ``(-margin, margin)`` do not
+        matter. ``None``: no equivalence verdict.
+
+    Returns
+    -------
+    verdict : str
+        ``"equivalent"`` when the whole interval lies within the margin (two
+        one-sided tests at the interval's level, Schuirmann 1987); else
+        ``"better"`` when it lies above 0, ``"worse"`` below 0, and
+        ``"inconclusive"`` otherwise (or when the interval is NaN).
+
+    Examples
+    --------
+    >>> from prefopt.model_selection import verdict
+    >>> verdict(0.1, 0.3), verdict(-0.3, -0.1), verdict(-0.1, 0.3)
+    ('better', 'worse', 'inconclusive')
+    >>> verdict(-0.02, 0.03, margin=0.05)
+    'equivalent'
+    """
+    if np.isnan(ci_low) or np.isnan(ci_high):
+        return "inconclusive"
+    if margin is not None and -margin < ci_low and ci_high < margin:
+        return "equivalent"
+    if ci_low > 0:
+        return "better"
+    if ci_high < 0:
+        return "worse"
+    return "inconclusive"

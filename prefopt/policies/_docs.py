@@ -27,7 +27,8 @@ COMMON_PARAMETERS = """model : str, transformers config, torch module or fitted 
     max_grad_norm : float
         Clip the gradient norm; ``None`` does not clip (the original code).
     n_steps : int
-        Optimisation steps; each samples ``batch_size`` episodes.
+        Optimisation steps; each samples ``batch_size`` episodes. ``0`` sets the
+        starting policy up untrained (the starting row of a comparison).
     batch_size : int
         Episodes (prompt, response pairs) per step.
     n_epochs : int
