@@ -150,6 +150,10 @@ def plot_comparison(
 ):
     """Each algorithm's mean score with its confidence interval, and each seed's score.
 
+    Seeds whose run was unhealthy (``comparison.runs["healthy"]`` is False)
+    are marked with a red cross, so a mean pulled down by failed runs shows
+    as such.
+
     Parameters
     ----------
     comparison : Comparison
@@ -207,17 +211,31 @@ def plot_comparison(
         capsize=4,
         label=f"mean, {comparison.confidence:.0%} CI",
     )
+    unhealthy = _unhealthy_seeds(comparison)
+    marked = False
     for i, name in enumerate(names):
-        values = results[(results["algorithm"] == name) & (results["metric"] == metric)]["value"]
+        seeds = results[(results["algorithm"] == name) & (results["metric"] == metric)]
         ax.plot(
-            np.full(len(values), x[i] + 0.12),
-            values,
+            np.full(len(seeds), x[i] + 0.12),
+            seeds["value"],
             linestyle="none",
             marker=".",
             color="0.5",
             alpha=0.6,
             label="seeds" if i == 0 else None,
         )
+        bad = seeds[seeds["seed"].isin(unhealthy.get(name, ()))]["value"]
+        if len(bad):
+            ax.plot(
+                np.full(len(bad), x[i] + 0.12),
+                bad,
+                linestyle="none",
+                marker="x",
+                markersize=8,
+                color="C3",
+                label=None if marked else "unhealthy run",
+            )
+            marked = True
     if reference is not None:
         ax.axhline(reference, color="k", linestyle="--", linewidth=1.2, label=reference_label)
     ax.set_xticks(x, names)
@@ -225,3 +243,12 @@ def plot_comparison(
     ax.set_ylabel(metric)
     ax.legend(fontsize="small")
     return ax
+
+
+def _unhealthy_seeds(comparison) -> dict:
+    """``{algorithm: [seed, ...]}`` of the runs whose health says unhealthy."""
+    runs = getattr(comparison, "runs", None)
+    if runs is None or "healthy" not in runs:
+        return {}
+    bad = runs[runs["healthy"].eq(False)]
+    return bad.groupby("algorithm")["seed"].apply(list).to_dict()
