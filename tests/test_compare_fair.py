@@ -172,7 +172,7 @@ def test_a_fit_records_its_budget_cumulatively_and_a_warm_start_keeps_counting(r
     # The world's responses are one token each.
     tokens = np.cumsum(history["response/length"] * 16)
     assert history["budget/tokens"].tolist() == tokens.astype(int).tolist() == [16, 32, 48]
-    seconds = history["budget/seconds"].to_numpy()
+    seconds = history["time/elapsed"].to_numpy()
     assert np.all(np.diff(seconds) > 0)
     assert policy.budget_ == {
         "episodes": 48,

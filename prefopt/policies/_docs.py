@@ -131,13 +131,14 @@ COMMON_ATTRIBUTES = """model_ : torch.nn.Module
     budget_ : dict
         What the run has spent so far: ``episodes`` sampled, response ``tokens``
         generated, ``gradient_steps`` (optimiser steps) and ``seconds`` (wall
-        clock of the steps); the last row's ``budget/...`` columns of ``history_``.
+        clock of the steps): the last row's ``budget/...`` and ``time/elapsed``
+        columns of ``history_``.
     history_ : list of dict
         One row per step with namespaced keys (``objective/reward``,
         ``objective/kl``, ``objective/beta``, ``loss/policy``, ``policy/entropy``,
         ``response/length``, ``response/eos_share``, ``time/episodes_per_s``,
         the cumulative ``budget/episodes``, ``budget/tokens``,
-        ``budget/gradient_steps`` and ``budget/seconds``,
+        ``budget/gradient_steps`` and ``time/elapsed`` (seconds),
         the seconds of the step's phases ``time/generation``, ``time/logprobs``
         (old, reference and value passes), ``time/reward``, ``time/update``...;
         ``loss/entropy_bonus``, entropy_coef times the mean entropy subtracted

@@ -192,13 +192,15 @@ class PolicyLoop:
         return row
 
     def budget(self, batch: RolloutBatch, n_episodes: int, elapsed: float) -> dict:
-        """The run's cumulative ``budget/...`` counters after this step; sets ``budget_``.
+        """The run's cumulative budget after this step, as ``history_`` columns; sets ``budget_``.
 
         Comparisons of algorithms are fair only at a matched budget (Engstrom et
-        al. 2020 trace PPO's gains to such unmatched details): episodes sampled,
-        response tokens generated, optimiser steps and wall-clock seconds of the
-        steps. They continue from the last ``history_`` row, so a warm start or
-        a resumed run keeps counting.
+        al. 2020 trace PPO's gains to such unmatched details): ``budget/episodes``
+        sampled, ``budget/tokens`` (response tokens generated),
+        ``budget/gradient_steps`` (optimiser steps) and ``time/elapsed`` (wall-clock
+        seconds of the steps; a ``time/`` column, as it is not reproducible). They
+        continue from the last ``history_`` row, so a warm start or a resumed run
+        keeps counting.
         """
         policy = self.policy
         before = policy.history_[-1] if policy.history_ else {}
@@ -208,10 +210,15 @@ class PolicyLoop:
             "budget/episodes": n_episodes,
             "budget/tokens": int(round(tokens * distributed.world_size())),
             "budget/gradient_steps": policy.n_epochs * math.ceil(len(batch) / size),
-            "budget/seconds": elapsed,
+            "time/elapsed": elapsed,
         }
         totals = {key: before.get(key, 0) + value for key, value in this_step.items()}
-        policy.budget_ = {key.split("/", 1)[1]: value for key, value in totals.items()}
+        policy.budget_ = {
+            "episodes": totals["budget/episodes"],
+            "tokens": totals["budget/tokens"],
+            "gradient_steps": totals["budget/gradient_steps"],
+            "seconds": totals["time/elapsed"],
+        }
         return totals
 
     def train(self, n_steps: int, callback=None) -> None:
