@@ -22,7 +22,7 @@ from prefopt.model_selection import (
     minimum_detectable_difference,
     verdict,
 )
-from prefopt.model_selection._tuning import split_seeds
+from prefopt.model_selection._stats import split_seeds
 from prefopt.plotting import plot_comparison
 from prefopt.worlds import PreferenceWorld
 
@@ -159,6 +159,24 @@ def test_health_per_run_and_n_unhealthy_per_algorithm_and_the_plot_marks_them():
     np.testing.assert_allclose(crosses[0].get_xdata(), [1.12, 1.12])
     assert "unhealthy run" in [t.get_text() for t in ax.get_legend().get_texts()]
     plt.close("all")
+
+
+def test_seed_search_evaluates_the_selected_candidate_on_fresh_seeds():
+    grid = {"level": [1.0, 3.0], "unhealthy_seeds": [(), (5,)]}
+    search = SeedSearchCV(Stub(), grid, seeds=[0, 1], evaluation_seeds=3).fit(PROMPTS)
+    assert search.best_params_ == {"level": 3.0, "unhealthy_seeds": ()}
+    assert search.evaluation_seeds_ == [2, 3, 4]
+    table = search.evaluation_results_
+    assert table["seed"].tolist() == [2, 3, 4] and table["healthy"].tolist() == [True] * 3
+    np.testing.assert_allclose(table["test_score"], [2.9, 3.2, 3.1])
+    assert search.evaluation_score_ == pytest.approx(3.0 + 0.2 / 3)
+    assert search.best_score_ == pytest.approx(3.15)  # the selecting seeds' mean is higher
+    assert search.best_estimator_.random_state == 2  # the refit: the first evaluation seed
+    with pytest.raises(ValueError, match=r"share \[1\]"):
+        SeedSearchCV(Stub(), grid, seeds=[0, 1], evaluation_seeds=[1, 2]).fit(PROMPTS)
+    stub_grid = {"level": [1.0]}
+    search = SeedSearchCV(Stub(), stub_grid, seeds=1, evaluation_seeds=[7]).fit(PROMPTS)
+    assert list(search.cv_results_)[-2:] == ["seed0_healthy", "n_unhealthy"]
 
 
 # ----- budgets ----------------------------------------------------------------------------

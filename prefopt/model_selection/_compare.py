@@ -19,8 +19,8 @@ from .._config import config_context, get_config
 from ..data import check_prompts
 from ._cells import run_healthy
 from ._comparison import BUDGETS, Comparison, summarise
-from ._stats import _check_seeds
-from ._tuning import check_tune, split_seeds, tune_algorithms
+from ._stats import _check_seeds, split_seeds
+from ._tuning import check_tune, tune_algorithms
 
 START = "start"  # the name of the starting policy's row
 

@@ -88,6 +88,42 @@ def _check_seeds(seeds) -> list[int]:
 _N_SEEDS = 2**32
 
 
+def split_seeds(seeds, tuning_seeds) -> tuple[list[int], list[int]]:
+    """Evaluation and tuning seeds, disjoint.
+
+    Two lists must not overlap (a clear error names the shared seeds). A count
+    ``n`` takes the first ``n`` seeds ``0, 1, ...`` not in the other list;
+    with two counts the evaluation seeds are ``0..n-1`` and the tuning seeds
+    the next ones.
+    """
+    counts = [isinstance(s, Integral) and not isinstance(s, bool) for s in (seeds, tuning_seeds)]
+    if counts[0] and not counts[1]:
+        tuning = _check_seeds(tuning_seeds)
+        return _first_free(_check_seeds(seeds), set(tuning)), tuning
+    evaluation = _check_seeds(seeds)
+    if counts[1]:
+        return evaluation, _first_free(_check_seeds(tuning_seeds), set(evaluation))
+    tuning = _check_seeds(tuning_seeds)
+    shared = sorted(set(evaluation) & set(tuning))
+    if shared:
+        raise ValueError(
+            f"tuning_seeds {tuning} and seeds {evaluation} share {shared}: a setting "
+            "selected on a seed and measured on it again is overstated. Give disjoint "
+            "lists, or counts (the tuning seeds then follow the evaluation seeds)."
+        )
+    return evaluation, tuning
+
+
+def _first_free(count: list[int], taken: set) -> list[int]:
+    """As many seeds as ``count`` holds (``0..n-1``), the first ones not in ``taken``."""
+    out, seed = [], 0
+    while len(out) < len(count) and seed < _N_SEEDS:
+        if seed not in taken:
+            out.append(seed)
+        seed += 1
+    return out
+
+
 def minimum_detectable_difference(
     differences, confidence: float = 0.95, power: float = 0.8
 ) -> float:

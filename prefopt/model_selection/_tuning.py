@@ -9,50 +9,11 @@ on fresh evaluation seeds (Henderson et al. 2018; Agarwal et al. 2021).
 
 from __future__ import annotations
 
-from numbers import Integral
-
 import numpy as np
 import pandas as pd
 from sklearn.model_selection import ParameterGrid
 
 from ._search import SeedSearchCV
-from ._stats import _N_SEEDS, _check_seeds
-
-
-def split_seeds(seeds, tuning_seeds) -> tuple[list[int], list[int]]:
-    """Evaluation and tuning seeds, disjoint.
-
-    Two lists must not overlap (a clear error names the shared seeds). A count
-    ``n`` takes the first ``n`` seeds ``0, 1, ...`` not in the other list;
-    with two counts the evaluation seeds are ``0..n-1`` and the tuning seeds
-    the next ones.
-    """
-    counts = [isinstance(s, Integral) and not isinstance(s, bool) for s in (seeds, tuning_seeds)]
-    if counts[0] and not counts[1]:
-        tuning = _check_seeds(tuning_seeds)
-        return _first_free(_check_seeds(seeds), set(tuning)), tuning
-    evaluation = _check_seeds(seeds)
-    if counts[1]:
-        return evaluation, _first_free(_check_seeds(tuning_seeds), set(evaluation))
-    tuning = _check_seeds(tuning_seeds)
-    shared = sorted(set(evaluation) & set(tuning))
-    if shared:
-        raise ValueError(
-            f"tuning_seeds {tuning} and seeds {evaluation} share {shared}: a setting "
-            "selected on a seed and measured on it again is overstated. Give disjoint "
-            "lists, or counts (the tuning seeds then follow the evaluation seeds)."
-        )
-    return evaluation, tuning
-
-
-def _first_free(count: list[int], taken: set) -> list[int]:
-    """As many seeds as ``count`` holds (``0..n-1``), the first ones not in ``taken``."""
-    out, seed = [], 0
-    while len(out) < len(count) and seed < _N_SEEDS:
-        if seed not in taken:
-            out.append(seed)
-        seed += 1
-    return out
 
 
 def check_tune(tune, estimators: dict, seed_param: str) -> dict:
@@ -116,6 +77,7 @@ def tune_algorithms(
             )
         rank = np.asarray(results[f"rank_test_{key}"])
         best = int(np.argmin(rank))
+        unhealthy = results.get("n_unhealthy", np.zeros(len(rank), dtype=int))
         chosen[name] = dict(results["params"][best])
         for i, params in enumerate(results["params"]):
             tables.append(
@@ -128,7 +90,7 @@ def tune_algorithms(
                     "std": float(results[f"std_test_{key}"][i]),
                     "ci_low": float(results[f"ci_low_test_{key}"][i]),
                     "ci_high": float(results[f"ci_high_test_{key}"][i]),
-                    "n_unhealthy": int(results["n_unhealthy"][i]),
+                    "n_unhealthy": int(unhealthy[i]),
                     "rank": int(rank[i]),
                     "selected": i == best,
                 }
