@@ -35,7 +35,7 @@ class Comparison:
         ``scipy.stats.ttest_rel(algorithm, baseline)``, two-sided, and its
         ``confidence_interval``), ``mdd`` and ``verdict`` (as in ``verdicts``),
         NaN on the baseline's own rows; ``empty_floor`` where the metric is a
-        win rate (:meth:`~prefopt.metrics.make_win_rate_scorer`'s ``floor``).
+        win rate (the ``floor`` of :func:`~prefopt.metrics.make_win_rate_scorer`).
     seeds : list of int
         The evaluation seeds every algorithm was fitted with.
     confidence : float
