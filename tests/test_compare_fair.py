@@ -23,7 +23,7 @@ from prefopt.model_selection import (
     verdict,
 )
 from prefopt.model_selection._stats import split_seeds
-from prefopt.plotting import plot_comparison
+from prefopt.plotting import plot_comparison, plot_search
 from prefopt.worlds import PreferenceWorld
 
 WORLD = PreferenceWorld(random_state=0)
@@ -124,6 +124,12 @@ def test_a_candidate_with_an_unhealthy_tuning_run_loses_to_a_healthy_one():
     assert res["seed0_healthy"].all()
     assert res["rank_test_score"].tolist() == [2, 4, 1, 3]
     assert search.best_params_ == {"level": 3.0, "unhealthy_seeds": ()}
+    ax = plot_search(search, param="level", group="unhealthy_seeds")
+    crosses = [line for line in ax.lines if line.get_marker() == "x"]
+    assert len(crosses) == 1 and crosses[0].get_xdata().tolist() == [1.0, 3.0]
+    np.testing.assert_allclose(crosses[0].get_ydata(), [1.3, 3.3])  # seed 1 of (1,)
+    assert "unhealthy run" in [t.get_text() for t in ax.get_legend().get_texts()]
+    plt.close("all")
 
     # In compare the same rule picks the tuned setting; the tuning table says why.
     est = {"A": Stub(level=9.0, unhealthy_seeds=(3,))}
@@ -349,3 +355,18 @@ def test_tuned_compare_on_the_preference_world_ranks_a_bad_default_by_its_tuned_
     assert table.loc[2.0, "rank"] == 1
     row = out.summary.set_index("algorithm").loc["RLOO"]
     assert np.isfinite(row["mdd"]) and row["verdict"] in {"better", "inconclusive"}
+
+
+def test_compare_reads_the_health_of_real_fits(rm):
+    # Exact once policies set health_ (run health detectors); until then their health is
+    # unknown (None) and counts as healthy.
+    algorithms = {"RLOO": small_rloo(), "fast": small_rloo(learning_rate=50.0)}
+    out = compare(algorithms, WORLD.prompts, reward_model=rm, seeds=2, return_estimators=True)
+    fitted = [e for name in algorithms for e in out.estimators[name]]
+    expected = [
+        None if getattr(e, "health_", None) is None else e.health_["healthy"] for e in fitted
+    ]
+    assert out.runs["healthy"].tolist() == expected
+    n_bad = {name: sum(ok is False for ok, e in zip(expected, fitted) if e in out.estimators[name])
+             for name in algorithms}  # fmt: skip
+    assert out.summary.set_index("algorithm")["n_unhealthy"].to_dict() == n_bad
