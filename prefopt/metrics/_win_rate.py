@@ -96,8 +96,39 @@ class _WinRateScorer(_SampledScorer):
         )
         return float(_win_value(verdicts).mean())
 
+    def floor(self, X, answer: str = "") -> float:
+        """The win rate of a policy that always answers ``answer`` (the empty answer).
+
+        A win rate means little beside 0.5 alone: a judge that ties an empty
+        answer with a poor reference, or scores both 0, gives an empty
+        answer about half the wins. Report this floor beside the policy's.
+
+        Parameters
+        ----------
+        X : list of str
+            The prompts, as given to the scorer.
+        answer : str, default=""
+            The constant answer.
+
+        Returns
+        -------
+        win_rate : float
+            This scorer's value for the constant policy, ties counting half.
+        """
+        return self(_ConstantAnswer(answer), X)
+
     def _args(self) -> str:
         return f"judge={getattr(self.judge, '__name__', self.judge)!r}, {super()._args()}"
+
+
+class _ConstantAnswer:
+    """A policy that answers every prompt with the same text (the floor of a win rate)."""
+
+    def __init__(self, answer: str):
+        self.answer = answer
+
+    def sample(self, X, n=1, *, random_state=None):
+        return [[self.answer] * n for _ in X]
 
 
 class _BinnedWinRateScorer(_WinRateScorer):
@@ -160,7 +191,9 @@ def make_win_rate_scorer(
     scorer : callable
         ``scorer(estimator, X)`` judges the reference rows whose prompt is in
         ``X`` (prompts without a reference are skipped) and returns the share
-        of wins, ties counting half.
+        of wins, ties counting half. Its ``floor(X)`` is the win rate of the
+        empty answer on the same rows: report it beside the policy's, since a
+        judge that ties or rewards nothing puts that floor near 0.5.
 
     See Also
     --------
@@ -182,8 +215,11 @@ def make_win_rate_scorer(
     ...         return [["a fine answer"] * n for _ in X]
     >>> judge = lambda prompt, completion, reference: len(completion) - len(reference)
     >>> refs = [("q1", "short"), ("q2", "a much longer answer"), ("q3", "a fine answer")]
-    >>> make_win_rate_scorer(judge, refs)(Policy(), ["q1", "q2", "q3"])  # win, loss, tie
+    >>> scorer = make_win_rate_scorer(judge, refs)
+    >>> scorer(Policy(), ["q1", "q2", "q3"])  # win, loss, tie
     0.5
+    >>> scorer.floor(["q1", "q2", "q3"])  # the empty answer loses every time
+    0.0
     """
     return _WinRateScorer(judge, references, n_samples, random_state)
 

@@ -54,7 +54,8 @@ def _cell(estimator, X, y, split, scorers, params, train_score, error_score, con
     Runs in a joblib worker (a thread, a loky process, a Ray actor), which starts
     from prefopt's defaults: ``config`` carries the caller's ``set_config``
     settings there, as ``compare`` hands them to its tasks. Returns the times and
-    ``test_<metric>`` (``train_<metric>``) scores of ``cross_validate``; a failure, when
+    ``test_<metric>`` (``train_<metric>``) scores of ``cross_validate`` and ``healthy``
+    (:func:`run_healthy` of the fitted estimator, 1, 0 or NaN); a failure, when
     ``error_score`` is not ``"raise"``, warns and returns its fit time and ``failed``.
     """
     start = time.perf_counter()
@@ -68,6 +69,7 @@ def _cell(estimator, X, y, split, scorers, params, train_score, error_score, con
                 scoring=scorers,
                 params=params,
                 return_train_score=train_score,
+                return_estimator=True,  # for its health_, dropped here
                 error_score="raise",  # this cell is one fit: its failure is handled here
             )
         except Exception as error:
@@ -81,7 +83,22 @@ def _cell(estimator, X, y, split, scorers, params, train_score, error_score, con
                 stacklevel=2,
             )
             return {"fit_time": time.perf_counter() - start, "score_time": 0.0, "failed": True}
-    return {key: float(value[0]) for key, value in out.items()}
+    fitted = out.pop("estimator")[0]
+    healthy = run_healthy(fitted)
+    scores = {key: float(value[0]) for key, value in out.items()}
+    return {**scores, "healthy": np.nan if healthy is None else float(healthy)}
+
+
+def run_healthy(estimator) -> bool | None:
+    """Whether a fitted estimator's run was healthy: ``health_["healthy"]``, or ``None``.
+
+    ``None`` (unknown) for an estimator without a ``health_`` summary, which
+    counts as healthy wherever a rule needs a yes or no.
+    """
+    health = getattr(estimator, "health_", None)
+    if not isinstance(health, dict) or "healthy" not in health:
+        return None
+    return bool(health["healthy"])
 
 
 def _param_arrays(candidate_params: list) -> dict:

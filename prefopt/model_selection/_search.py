@@ -14,6 +14,7 @@ import time
 from numbers import Integral, Real
 
 import numpy as np
+import pandas as pd
 from scipy import stats
 from sklearn.base import BaseEstimator, MetaEstimatorMixin, clone, is_classifier
 from sklearn.model_selection import ParameterGrid, check_cv
@@ -23,16 +24,25 @@ from sklearn.utils.parallel import Parallel, delayed
 from .._config import get_config
 from ._best import _BestEstimatorMethods
 from ._cells import _AllPrompts, _cell, _param_arrays, _scorers
-from ._stats import _check_seeds, t_interval
+from ._stats import _check_seeds, split_seeds, t_interval
 
 __all__ = ["SeedSearchCV"]
 
 
-def _rank(means: np.ndarray) -> np.ndarray:
-    """1 for the best mean; a NaN mean (a failed fit) ties with the worst, as in scikit-learn."""
+def _rank(means: np.ndarray, n_unhealthy: np.ndarray | None = None) -> np.ndarray:
+    """1 for the best mean; a NaN mean (a failed fit) ties with the worst, as in scikit-learn.
+
+    With ``n_unhealthy``, a candidate with any unhealthy run ranks after every
+    candidate without one (a failed run is a failure, not a low score to
+    average away); the mean orders each of the two groups.
+    """
     if np.isnan(means).all():
         return np.ones(len(means), dtype=np.int32)
     filled = np.where(np.isnan(means), np.nanmin(means) - 1, means)
+    if n_unhealthy is not None and np.any(n_unhealthy > 0):
+        # Shift the unhealthy group below the worst healthy mean, keeping its own order.
+        span = np.nanmax(filled) - np.nanmin(filled) + 1.0
+        filled = np.where(n_unhealthy > 0, filled - 2 * span, filled)
     return stats.rankdata(-filled, method="min").astype(np.int32)
 
 
@@ -81,6 +91,13 @@ class SeedSearchCV(_BestEstimatorMethods, MetaEstimatorMixin, BaseEstimator):
         Also aggregate training-fold scores (``train`` in place of ``test``).
     seed_param : str, default="random_state"
         The parameter the seed is set on.
+    evaluation_seeds : int or list of int, default=None
+        Fresh seeds, disjoint from ``seeds`` (an overlapping list is an
+        error; a count ``n`` takes the first ``n`` seeds not searched): the
+        selected candidate is fitted and scored again on each, on the same
+        splits, since its score on the seeds that selected it is overstated
+        (the best of several noisy means). The refit then uses the first
+        evaluation seed.
 
     Attributes
     ----------
@@ -92,10 +109,24 @@ class SeedSearchCV(_BestEstimatorMethods, MetaEstimatorMixin, BaseEstimator):
         ``std_test_<m>`` (over seeds, ``ddof=1``, unlike ``GridSearchCV``'s
         ``ddof=0`` over folds: seeds are a sample, and this std is the one
         the interval uses), ``ci_low_test_<m>``, ``ci_high_test_<m>`` and
-        ``rank_test_<m>`` (by the mean); ``mean_fit_time``, ``std_fit_time``,
+        ``rank_test_<m>`` (by the mean, a candidate with any unhealthy run
+        after every one without); when the fits report ``health_``,
+        ``seed<j>_healthy`` (no fit of that seed was unhealthy or failed:
+        ``health_["healthy"]`` is False, or the fit raised; a fit without
+        ``health_`` counts as healthy) and ``n_unhealthy`` (such fits of the
+        candidate); ``mean_fit_time``, ``std_fit_time``,
         ``mean_score_time``, ``std_score_time`` over all of a candidate's fits.
     seeds_ : list of int
         The seeds; ``seed<j>`` in ``cv_results_`` is ``seeds_[j]``.
+    evaluation_seeds_ : list of int
+        With ``evaluation_seeds``: those seeds.
+    evaluation_results_ : pandas.DataFrame
+        With ``evaluation_seeds``: one row per evaluation seed, its ``seed``,
+        ``healthy`` (``False`` for an unhealthy or failed fit, ``None`` for an
+        estimator without ``health_``) and ``test_<m>`` (mean over splits).
+    evaluation_score_ : float
+        With ``evaluation_seeds``: the best candidate's mean score over them
+        (by the metric that picked it), the figure to report.
     best_estimator_ : estimator
         The best candidate refitted on all prompts with ``seeds_[0]``.
     best_index_ : int
@@ -158,6 +189,7 @@ class SeedSearchCV(_BestEstimatorMethods, MetaEstimatorMixin, BaseEstimator):
         error_score=np.nan,
         return_train_score=False,
         seed_param="random_state",
+        evaluation_seeds=None,
     ):
         self.estimator = estimator
         self.param_grid = param_grid
@@ -172,6 +204,7 @@ class SeedSearchCV(_BestEstimatorMethods, MetaEstimatorMixin, BaseEstimator):
         self.error_score = error_score
         self.return_train_score = return_train_score
         self.seed_param = seed_param
+        self.evaluation_seeds = evaluation_seeds
 
     def __sklearn_tags__(self):
         # The search takes what its estimator takes (prompts: strings), as GridSearchCV does.
@@ -270,13 +303,58 @@ class SeedSearchCV(_BestEstimatorMethods, MetaEstimatorMixin, BaseEstimator):
         )
         self.cv_results_ = self._results(list(grid), out, folds=self.cv is not None)
         self._select_best()
+        refit_seed = self.seeds_[0]
+        if self.evaluation_seeds is not None:
+            self._evaluate(X, y, splits, params, config)
+            refit_seed = self.evaluation_seeds_[0]
         if self.refit:
-            best = {**clone(self.best_params_, safe=False), self.seed_param: self.seeds_[0]}
+            best = {**clone(self.best_params_, safe=False), self.seed_param: refit_seed}
             self.best_estimator_ = clone(self.estimator).set_params(**best)
             start = time.perf_counter()
             self.best_estimator_.fit(X, y, **params)
             self.refit_time_ = time.perf_counter() - start
         return self
+
+    def _evaluate(self, X, y, splits, params, config) -> None:
+        """Fit and score the selected candidate on every evaluation seed."""
+        if not hasattr(self, "best_params_"):
+            raise ValueError(
+                "SeedSearchCV: evaluation_seeds needs a selected candidate; with several "
+                "metrics, name the one that selects it with refit=."
+            )
+        self.evaluation_seeds_, _ = split_seeds(self.evaluation_seeds, self.seeds_)
+        best = self.best_params_
+        out = Parallel(n_jobs=self.n_jobs, pre_dispatch=self.pre_dispatch, verbose=self.verbose)(
+            delayed(_cell)(
+                clone(self.estimator).set_params(**clone(best, safe=False), **{self.seed_param: s}),
+                X,
+                y,
+                split,
+                self.scorer_,
+                params,
+                False,
+                self.error_score,
+                config,
+                f"{best} with {self.seed_param}={s} on split {i} (evaluation)",
+            )
+            for s in self.evaluation_seeds_
+            for i, split in enumerate(splits)
+        )
+        n_splits = len(splits)
+        rows = []
+        for j, seed in enumerate(self.evaluation_seeds_):
+            cells = out[j * n_splits : (j + 1) * n_splits]
+            health = [0.0 if "failed" in c else c.get("healthy", np.nan) for c in cells]
+            row = {"seed": seed, "healthy": None if np.isnan(health).all() else 0.0 not in health}
+            for key in [k for k in cells[0] if k.startswith("test_")] or []:
+                row[key] = float(np.mean([c.get(key, self.error_score) for c in cells]))
+            rows.append(row)
+        table = pd.DataFrame(rows)
+        metric = "test_" + (self.refit if isinstance(self.refit, str) else "score")
+        if metric not in table:
+            metric = next((k for k in table if k.startswith("test_")), None)
+        self.evaluation_results_ = table
+        self.evaluation_score_ = float(table[metric].mean()) if metric else float("nan")
 
     def _check_params(self) -> None:
         if not hasattr(self.estimator, "fit") or not hasattr(self.estimator, "get_params"):
@@ -297,6 +375,8 @@ class SeedSearchCV(_BestEstimatorMethods, MetaEstimatorMixin, BaseEstimator):
              isinstance(self.return_train_score, bool), "True or False"),
             ("seed_param", self.seed_param, isinstance(self.seed_param, str), "a parameter name"),
         ]  # fmt: skip
+        if self.evaluation_seeds is not None:
+            split_seeds(self.evaluation_seeds, self.seeds)  # overlapping seeds fail before any fit
         for name, value, ok, expected in checks:
             if not ok:
                 raise ValueError(f"SeedSearchCV: {name}={value!r} must be {expected}.")
@@ -332,13 +412,24 @@ class SeedSearchCV(_BestEstimatorMethods, MetaEstimatorMixin, BaseEstimator):
             results[f"std_{key}"] = times.std(axis=(1, 2))
         results.update(_param_arrays(candidate_params))
         results["params"] = candidate_params
+        # 1, 0 or NaN (no health_: unknown, taken as healthy); a failed fit is unhealthy.
+        healthy = np.asarray(
+            [0.0 if "failed" in o else o.get("healthy", np.nan) for o in out], dtype=np.float64
+        ).reshape(-1, n_seeds, n_splits)
+        n_unhealthy = (healthy == 0).sum(axis=(1, 2))
         for which in ["test"] + (["train"] if self.return_train_score else []):
             for name in names:
                 key = f"{which}_{name}"
-                self._store(results, key, cells(key), rank=which == "test", folds=folds)
+                rank = n_unhealthy if which == "test" else None
+                self._store(results, key, cells(key), rank=rank, folds=folds)
+        if not np.isnan([o.get("healthy", np.nan) for o in out]).all():  # some fit has health_
+            for j in range(n_seeds):
+                results[f"seed{j}_healthy"] = ~np.any(healthy[:, j] == 0, axis=1)
+            results["n_unhealthy"] = n_unhealthy
         return results
 
-    def _store(self, results: dict, key: str, scores: np.ndarray, rank: bool, folds: bool):
+    def _store(self, results: dict, key: str, scores: np.ndarray, rank, folds: bool):
+        # rank: None, or the candidates' unhealthy counts to rank ``key`` with.
         if folds:
             for j in range(scores.shape[1]):
                 for i in range(scores.shape[2]):
@@ -351,8 +442,8 @@ class SeedSearchCV(_BestEstimatorMethods, MetaEstimatorMixin, BaseEstimator):
         results[f"std_{key}"] = std
         results[f"ci_low_{key}"] = low
         results[f"ci_high_{key}"] = high
-        if rank:
-            results[f"rank_{key}"] = _rank(mean)
+        if rank is not None:
+            results[f"rank_{key}"] = _rank(mean, rank)
 
     def _select_best(self) -> None:
         """``best_index_``, ``best_score_`` and ``best_params_``, as ``GridSearchCV`` sets them."""

@@ -38,7 +38,8 @@ def plot_search(
 
     Each point is a candidate's mean over seeds with its confidence interval as
     an error bar; the scores of the single seeds are the small dots around it, so the
-    spread the ranking ignores (it ranks by the mean) stays visible.
+    spread the ranking ignores (it ranks by the mean) stays visible. A seed whose
+    run was unhealthy (``seed<j>_healthy`` is False) is a red cross.
 
     Parameters
     ----------
@@ -106,6 +107,13 @@ def plot_search(
     seeds = np.array([np.asarray(results[k], dtype=float) for k in seed_keys]).reshape(
         len(seed_keys), len(mean)
     )
+    # seed<j>_healthy (when the fits report health_); seeds without it count as healthy.
+    healthy = [
+        np.asarray(results.get(f"seed{pattern.fullmatch(k).group(1)}_healthy", True), dtype=bool)
+        * np.ones(len(mean), dtype=bool)
+        for k in seed_keys
+    ]
+    marked = False
     groups = [None] if group is None else sorted(set(_param_values(results, group)), key=repr)
     if ax is None:
         ax = _new_axes((5.5, 4.0))
@@ -129,13 +137,19 @@ def plot_search(
         )
         for s in seeds:
             ax.plot(xs, s[rows], linestyle="none", marker=".", color=color, alpha=0.35)
+        for s, ok in zip(seeds, healthy):  # the seeds whose run was unhealthy: a red cross
+            bad = ~ok[rows]
+            if bad.any():
+                ax.plot(xs[bad], s[rows][bad], linestyle="none", marker="x", color="C3",
+                        label=None if marked else "unhealthy run")  # fmt: skip
+                marked = True
     if np.all(x.astype(float) > 0) and x.astype(float).max() >= 10 * x.astype(float).min():
         ax.set_xscale("log")
     ax.set_xlabel(param)
     confidence = search.confidence if fitted else None
     interval = f"{confidence:.0%} CI" if confidence is not None else "CI"
     ax.set_ylabel(f"{metric}: mean of {len(seed_keys)} seeds, {interval}")
-    if group is not None:
+    if group is not None or marked:
         ax.legend(fontsize="small")
     return ax
 
@@ -149,6 +163,10 @@ def plot_comparison(
     ax=None,
 ):
     """Each algorithm's mean score with its confidence interval, and each seed's score.
+
+    Seeds whose run was unhealthy (``comparison.runs["healthy"]`` is False)
+    are marked with a red cross, so a mean pulled down by failed runs shows
+    as such.
 
     Parameters
     ----------
@@ -207,17 +225,31 @@ def plot_comparison(
         capsize=4,
         label=f"mean, {comparison.confidence:.0%} CI",
     )
+    unhealthy = _unhealthy_seeds(comparison)
+    marked = False
     for i, name in enumerate(names):
-        values = results[(results["algorithm"] == name) & (results["metric"] == metric)]["value"]
+        seeds = results[(results["algorithm"] == name) & (results["metric"] == metric)]
         ax.plot(
-            np.full(len(values), x[i] + 0.12),
-            values,
+            np.full(len(seeds), x[i] + 0.12),
+            seeds["value"],
             linestyle="none",
             marker=".",
             color="0.5",
             alpha=0.6,
             label="seeds" if i == 0 else None,
         )
+        bad = seeds[seeds["seed"].isin(unhealthy.get(name, ()))]["value"]
+        if len(bad):
+            ax.plot(
+                np.full(len(bad), x[i] + 0.12),
+                bad,
+                linestyle="none",
+                marker="x",
+                markersize=8,
+                color="C3",
+                label=None if marked else "unhealthy run",
+            )
+            marked = True
     if reference is not None:
         ax.axhline(reference, color="k", linestyle="--", linewidth=1.2, label=reference_label)
     ax.set_xticks(x, names)
@@ -225,3 +257,12 @@ def plot_comparison(
     ax.set_ylabel(metric)
     ax.legend(fontsize="small")
     return ax
+
+
+def _unhealthy_seeds(comparison) -> dict:
+    """``{algorithm: [seed, ...]}`` of the runs whose health says unhealthy."""
+    runs = getattr(comparison, "runs", None)
+    if runs is None or "healthy" not in runs:
+        return {}
+    bad = runs[runs["healthy"].eq(False)]
+    return bad.groupby("algorithm")["seed"].apply(list).to_dict()

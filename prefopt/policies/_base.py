@@ -321,6 +321,7 @@ class BasePolicy(Algorithm, GenerativeEstimator):
         self.history_ = []
         self.n_iter_ = 0
         self.n_episodes_ = 0
+        self.budget_ = {"episodes": 0, "tokens": 0, "gradient_steps": 0, "seconds": 0.0}
         return start_key
 
     def __getstate__(self):

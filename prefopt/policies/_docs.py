@@ -27,7 +27,8 @@ COMMON_PARAMETERS = """model : str, transformers config, torch module or fitted 
     max_grad_norm : float
         Clip the gradient norm; ``None`` does not clip (the original code).
     n_steps : int
-        Optimisation steps; each samples ``batch_size`` episodes.
+        Optimisation steps; each samples ``batch_size`` episodes. ``0`` sets the
+        starting policy up untrained (the starting row of a comparison).
     batch_size : int
         Episodes (prompt, response pairs) per step.
     n_epochs : int
@@ -127,10 +128,17 @@ COMMON_ATTRIBUTES = """model_ : torch.nn.Module
         The ids that end a response.
     n_iter_, n_episodes_ : int
         Steps and episodes done.
+    budget_ : dict
+        What the run has spent so far: ``episodes`` sampled, response ``tokens``
+        generated, ``gradient_steps`` (optimiser steps) and ``seconds`` (wall
+        clock of the steps): the last row's ``budget/...`` and ``time/elapsed``
+        columns of ``history_``.
     history_ : list of dict
         One row per step with namespaced keys (``objective/reward``,
         ``objective/kl``, ``objective/beta``, ``loss/policy``, ``policy/entropy``,
         ``response/length``, ``response/eos_share``, ``time/episodes_per_s``,
+        the cumulative ``budget/episodes``, ``budget/tokens``,
+        ``budget/gradient_steps`` and ``time/elapsed`` (seconds),
         the seconds of the step's phases ``time/generation``, ``time/logprobs``
         (old, reference and value passes), ``time/reward``, ``time/update``...;
         ``loss/entropy_bonus``, entropy_coef times the mean entropy subtracted

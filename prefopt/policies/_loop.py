@@ -187,7 +187,39 @@ class PolicyLoop:
             "charts/learning_rate": run.optimizer.param_groups[0]["lr"],
             "time/episodes_per_s": len(batch) / elapsed,
         }
-        return distributed.reduce_row(row, elapsed, len(batch))  # global figures
+        row = distributed.reduce_row(row, elapsed, len(batch))  # global figures
+        row.update(self.budget(batch, n_episodes, elapsed))
+        return row
+
+    def budget(self, batch: RolloutBatch, n_episodes: int, elapsed: float) -> dict:
+        """The run's cumulative budget after this step, as ``history_`` columns; sets ``budget_``.
+
+        Comparisons of algorithms are fair only at a matched budget (Engstrom et
+        al. 2020 trace PPO's gains to such unmatched details): ``budget/episodes``
+        sampled, ``budget/tokens`` (response tokens generated),
+        ``budget/gradient_steps`` (optimiser steps) and ``time/elapsed`` (wall-clock
+        seconds of the steps; a ``time/`` column, as it is not reproducible). They
+        continue from the last ``history_`` row, so a warm start or a resumed run
+        keeps counting.
+        """
+        policy = self.policy
+        before = policy.history_[-1] if policy.history_ else {}
+        tokens = float(distributed.mean(batch.response_mask.sum().float()))
+        size = max(1, len(batch) // policy.n_minibatches)  # as the update's minibatches
+        this_step = {
+            "budget/episodes": n_episodes,
+            "budget/tokens": int(round(tokens * distributed.world_size())),
+            "budget/gradient_steps": policy.n_epochs * math.ceil(len(batch) / size),
+            "time/elapsed": elapsed,
+        }
+        totals = {key: before.get(key, 0) + value for key, value in this_step.items()}
+        policy.budget_ = {
+            "episodes": totals["budget/episodes"],
+            "tokens": totals["budget/tokens"],
+            "gradient_steps": totals["budget/gradient_steps"],
+            "seconds": totals["time/elapsed"],
+        }
+        return totals
 
     def train(self, n_steps: int, callback=None) -> None:
         """``n_steps`` steps, each logged to ``history_``, checked and checkpointed."""

@@ -19,7 +19,7 @@ COMMON_CONSTRAINTS = {
     "optimizer": [StrOptions({"adam", "sgd"})],
     "lr_schedule": [StrOptions({"constant", "linear"})],
     "max_grad_norm": [Interval(Real, 0, None, closed="neither"), None],
-    "n_steps": [Interval(Integral, 1, None, closed="left")],
+    "n_steps": [Interval(Integral, 0, None, closed="left")],  # 0: the starting policy
     "batch_size": [Interval(Integral, 1, None, closed="left")],
     "n_epochs": [Interval(Integral, 1, None, closed="left")],
     "n_minibatches": [Interval(Integral, 1, None, closed="left")],

@@ -1,0 +1,226 @@
+"""What :func:`~prefopt.model_selection.compare` returns, and how its summary is built.
+
+Re-exported by :mod:`prefopt.model_selection`; see its docstring.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from itertools import permutations
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from ._stats import minimum_detectable_difference, t_interval, verdict
+
+BUDGETS = ("episodes", "tokens", "gradient_steps", "seconds")
+
+
+@dataclass
+class Comparison:
+    """What :func:`compare` returns.
+
+    Parameters
+    ----------
+    results : pandas.DataFrame
+        Tidy: one row per (``algorithm``, ``seed``, ``metric``) with its ``value``.
+    summary : pandas.DataFrame
+        One row per (``algorithm``, ``metric``): ``n_seeds``, ``mean``, ``std``
+        (``ddof=1``), ``ci_low``, ``ci_high``, ``n_unhealthy`` (runs whose
+        ``health_`` says unhealthy); with a baseline also ``diff_mean``
+        (algorithm minus baseline, paired by seed), ``diff_ci_low``,
+        ``diff_ci_high``, ``p_value`` (the paired t-test
+        ``scipy.stats.ttest_rel(algorithm, baseline)``, two-sided, and its
+        ``confidence_interval``), ``mdd`` and ``verdict`` (as in ``verdicts``),
+        NaN on the baseline's own rows; ``empty_floor`` where the metric is a
+        win rate (the ``floor`` of :func:`~prefopt.metrics.make_win_rate_scorer`).
+    seeds : list of int
+        The evaluation seeds every algorithm was fitted with.
+    confidence : float
+        Coverage of the intervals in ``summary``.
+    baseline : str or None, default=None
+        The algorithm the others are compared with.
+    fit_times : pandas.DataFrame or None, default=None
+        Seconds per fit: ``algorithm``, ``seed``, ``fit_time``.
+    estimators : dict of str to list, or None, default=None
+        The fitted estimators, one per seed, when ``return_estimators=True``.
+    runs : pandas.DataFrame or None, default=None
+        One row per fit: ``algorithm``, ``seed``, ``healthy`` (``health_["healthy"]``;
+        ``None`` for an estimator without ``health_``), ``fit_time`` and the
+        ``budget_`` it spent (``episodes``, ``tokens``, ``gradient_steps``,
+        ``seconds``; NaN for an estimator without ``budget_``).
+    budgets : pandas.DataFrame or None, default=None
+        Per algorithm, the mean of each budget over its seeds.
+    verdicts : pandas.DataFrame or None, default=None
+        Every ordered pair of algorithms per metric: ``algorithm``, ``other``,
+        ``metric``, ``diff_mean``, ``diff_ci_low``, ``diff_ci_high``,
+        ``p_value``, ``mdd`` (:func:`minimum_detectable_difference` at the
+        seeds used) and ``verdict`` (:func:`verdict`; for a metric where lower
+        is better, such as a positive KL, "better" means lower), with the
+        ``margin`` used.
+    tuning : pandas.DataFrame or None, default=None
+        With ``tune=``: one row per (algorithm, candidate) of the tuning, its
+        mean, interval, ``n_unhealthy``, ``rank`` and whether it was ``selected``.
+    tuned_params : dict or None, default=None
+        The selected setting of each tuned algorithm.
+    tuning_seeds : list of int or None, default=None
+        The seeds the tuning ran on (disjoint from ``seeds``).
+
+    See Also
+    --------
+    compare, prefopt.plotting.plot_comparison
+
+    Examples
+    --------
+    >>> import pandas as pd
+    >>> from prefopt.model_selection import Comparison
+    >>> results = pd.DataFrame({"algorithm": "A", "seed": [0, 1], "metric": "score",
+    ...                         "value": [1.0, 1.2]})
+    >>> summary = pd.DataFrame({"algorithm": ["A"], "metric": "score", "n_seeds": 2,
+    ...                         "mean": [1.1], "std": [0.14], "ci_low": [0.2], "ci_high": [2.0]})
+    >>> Comparison(results, summary, seeds=[0, 1], confidence=0.95).summary["mean"].tolist()
+    [1.1]
+    """
+
+    results: pd.DataFrame
+    summary: pd.DataFrame
+    seeds: list
+    confidence: float
+    baseline: str | None = None
+    fit_times: pd.DataFrame | None = field(default=None, repr=False)
+    estimators: dict | None = field(default=None, repr=False)
+    runs: pd.DataFrame | None = field(default=None, repr=False)
+    budgets: pd.DataFrame | None = field(default=None, repr=False)
+    verdicts: pd.DataFrame | None = field(default=None, repr=False)
+    tuning: pd.DataFrame | None = field(default=None, repr=False)
+    tuned_params: dict | None = field(default=None, repr=False)
+    tuning_seeds: list | None = field(default=None, repr=False)
+
+    def wide(self) -> pd.DataFrame:
+        """The summary with one row per algorithm: ``<metric>``, ``<metric>_ci_low``, ...
+
+        Returns
+        -------
+        table : pandas.DataFrame
+            Indexed by algorithm; per metric its ``mean`` (as ``<metric>``),
+            ``_std``, ``_ci_low``, ``_ci_high`` and, with a baseline,
+            ``_diff``, ``_p_value``, ``_mdd`` and ``_verdict``; then
+            ``n_unhealthy`` and the mean budgets.
+
+        Examples
+        --------
+        >>> import pandas as pd
+        >>> from prefopt.model_selection import Comparison
+        >>> summary = pd.DataFrame({"algorithm": ["A", "A"], "metric": ["gold", "kl"],
+        ...                         "n_seeds": 2, "mean": [1.1, 0.3], "std": [0.1, 0.1],
+        ...                         "ci_low": [0.2, 0.1], "ci_high": [2.0, 0.5]})
+        >>> table = Comparison(pd.DataFrame(), summary, seeds=[0, 1], confidence=0.95).wide()
+        >>> table[["gold", "kl", "kl_ci_high"]].to_dict("records")
+        [{'gold': 1.1, 'kl': 0.3, 'kl_ci_high': 0.5}]
+        """
+        columns = {
+            "mean": "",
+            "std": "_std",
+            "ci_low": "_ci_low",
+            "ci_high": "_ci_high",
+            "diff_mean": "_diff",
+            "p_value": "_p_value",
+            "mdd": "_mdd",
+            "verdict": "_verdict",
+            "empty_floor": "_empty_floor",
+        }
+        names = list(dict.fromkeys(self.summary["algorithm"]))
+        table = pd.DataFrame(index=pd.Index(names, name="algorithm"))
+        for metric in dict.fromkeys(self.summary["metric"]):
+            rows = self.summary[self.summary["metric"] == metric].set_index("algorithm")
+            for column, suffix in columns.items():
+                if column in rows:
+                    table[f"{metric}{suffix}"] = rows[column].reindex(names)
+        if "n_unhealthy" in self.summary:
+            table["n_unhealthy"] = self.summary.groupby("algorithm")["n_unhealthy"].first()
+        if self.budgets is not None:
+            table = table.join(self.budgets.set_index("algorithm"))
+        return table
+
+
+def summarise(results, names, seeds, baseline, confidence, runs, margins, lower) -> tuple:
+    """``summary`` and ``verdicts`` of :class:`Comparison` from the tidy ``results``."""
+    # Not pivot_table: it drops a metric that is NaN on every seed (and then has no seed
+    # columns at all); such a metric keeps its rows, with a NaN mean and a warning.
+    table = (
+        results.set_index(["algorithm", "metric", "seed"])["value"]
+        .astype(np.float64)
+        .unstack("seed")
+        .reindex(columns=seeds)
+    )
+    metrics = list(dict.fromkeys(results["metric"]))
+    unhealthy = runs.assign(bad=runs["healthy"].eq(False)).groupby("algorithm")["bad"].sum()
+    rows = []
+    for name in names:
+        for metric in metrics:
+            if (name, metric) not in table.index:
+                continue
+            values = table.loc[(name, metric)].to_numpy(dtype=np.float64)
+            if np.isnan(values).all():
+                warnings.warn(
+                    f"compare: {metric!r} of {name!r} is NaN on every seed ({seeds}); its "
+                    "summary is NaN. Check the scorer, and whether the fits diverged.",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+            mean, std, low, high = t_interval(values, confidence)
+            row = {
+                "algorithm": name,
+                "metric": metric,
+                "n_seeds": len(values),
+                "mean": float(mean),
+                "std": float(std),
+                "ci_low": float(low),
+                "ci_high": float(high),
+                "n_unhealthy": int(unhealthy.get(name, 0)),
+            }
+            if baseline is not None:
+                row.update(
+                    diff_mean=np.nan,
+                    diff_ci_low=np.nan,
+                    diff_ci_high=np.nan,
+                    p_value=np.nan,
+                    mdd=np.nan,
+                    verdict=None,
+                )
+                if name != baseline and (baseline, metric) in table.index:
+                    base = table.loc[(baseline, metric)].to_numpy(dtype=np.float64)
+                    row.update(_paired(values, base, confidence, margins[metric], metric in lower))
+            rows.append(row)
+    pairs = []
+    for metric in metrics:
+        for a, b in permutations([n for n in names if (n, metric) in table.index], 2):
+            a_values = table.loc[(a, metric)].to_numpy(dtype=np.float64)
+            b_values = table.loc[(b, metric)].to_numpy(dtype=np.float64)
+            test = _paired(a_values, b_values, confidence, margins[metric], metric in lower)
+            pairs.append({"algorithm": a, "other": b, "metric": metric, **test})
+            pairs[-1]["margin"] = margins[metric]
+    return pd.DataFrame(rows), pd.DataFrame(pairs)
+
+
+def _paired(values, base, confidence, margin, lower_is_better) -> dict:
+    """The paired t-test of ``values - base`` over seeds, its MDD and the verdict."""
+    with warnings.catch_warnings():  # one seed, or identical runs: NaN, silently
+        warnings.simplefilter("ignore", RuntimeWarning)
+        test = stats.ttest_rel(values, base)
+        diff = test.confidence_interval(confidence)
+    low, high = float(diff.low), float(diff.high)
+    if np.all(values == base):  # identical runs: a zero difference, known exactly
+        low = high = 0.0
+    # A lower-is-better metric: the verdict reads the negated interval.
+    said = verdict(-high, -low, margin) if lower_is_better else verdict(low, high, margin)
+    return {
+        "diff_mean": float(np.mean(values - base)),
+        "diff_ci_low": float(diff.low),
+        "diff_ci_high": float(diff.high),
+        "p_value": float(test.pvalue),
+        "mdd": minimum_detectable_difference(values - base, confidence),
+        "verdict": said,
+    }
