@@ -303,6 +303,12 @@ def sample(
         members = [[] for _ in range(len(first))]
         for row, group in enumerate(inverse.tolist()):
             members[group].append(row)
+    # vLLM raises a temperature under 0.01 to 0.01; under it the native sampler is greedy
+    # but for exact ties, and so is the engine at 0 (one sample a request: the prefix
+    # cache still runs the shared prompt once).
+    greedy = temperature < 0.01
+    if greedy:
+        members = [[row] for rows in members for row in rows]
     stops = _id_tensor(eos_token_id, torch.device("cpu"))
     stop_list = [] if stops is None else stops.tolist()
     banned = set(int(i) for i in suppress_ids)
@@ -318,7 +324,7 @@ def sample(
         params.append(
             SamplingParams(
                 n=len(rows),
-                temperature=float(temperature),
+                temperature=0.0 if greedy else float(temperature),
                 top_p=1.0,
                 top_k=0,
                 max_tokens=int(max_new_tokens),
@@ -403,7 +409,7 @@ def logprob_gap(policy_logprobs, engine_logprobs, mask) -> dict:
     {'engine/logprob_gap_mean': 0.25, 'engine/logprob_gap_max': 0.5, 'engine/kl': -0.25}
     """
     valid = mask.bool()
-    diff = (engine_logprobs.float() - policy_logprobs.float())[valid]
+    diff = (engine_logprobs.detach().float() - policy_logprobs.detach().float())[valid]
     if diff.numel() == 0:
         return {"engine/logprob_gap_mean": 0.0, "engine/logprob_gap_max": 0.0, "engine/kl": 0.0}
     return {
