@@ -12,11 +12,14 @@ per-token log-probs. No caller changes:
   (and dtype) samples: a folder holding the model's ``config.json`` only, loaded
   with dummy weights, so no weights are written to disk; one engine is kept at a
   time (a model of another shape closes it);
-* **weights pushed before sampling when they changed**: every parameter's
-  version counter (bumped by each in-place write: an optimiser step,
-  ``load_state_dict`` on resume, a LoRA merge) and the model object are compared
-  with those of the last push; a push goes through vLLM's ``reload_weights``,
-  in memory. A LoRA (peft) policy is pushed as its merged weights;
+* **weights pushed before sampling when they may have changed**: after any
+  optimiser step in the process (a global post-step hook counts them), any
+  in-place write to a parameter (its version counter: ``load_state_dict`` on
+  resume, an edit under ``no_grad``), a parameter replaced, or another model
+  object; a push goes through vLLM's ``reload_weights``, in memory, and resets
+  the prefix cache. A LoRA (peft) policy is pushed as its merged weights. A write
+  that bypasses autograd's counters (to ``param.data``) is not seen:
+  ``engine_for(model).sync(model, force=True)`` pushes by hand;
 * **the same tokens in**: the prompt's token ids exactly as the estimator encoded
   them (BOS rule, chat template), without the left padding; the k samples of a
   prompt in one request (``n=k``, the prompt prefilled once), prefix caching on;
@@ -146,10 +149,23 @@ def named_weights(model) -> list[tuple[str, torch.Tensor]]:
     return out
 
 
+# Optimiser steps taken in this process since the first engine was built, counted by a
+# global post-step hook: a fused optimiser (AdamW(fused=True), what prefopt uses where it
+# can) writes the weights without bumping their version counters.
+_STEPS = [0]
+_HOOK = []
+
+
+def _count_step(optimizer, args, kwargs) -> None:
+    _STEPS[0] += 1
+
+
 def _fingerprint(model) -> tuple:
-    # Every in-place write to a tensor (optimizer.step, load_state_dict, a merge) bumps
-    # its version counter: comparing them is a check of microseconds, no weight read.
-    return tuple((id(p), p._version) for p in model.parameters())
+    # Any other in-place write to a tensor (load_state_dict on resume, an edit under
+    # no_grad) bumps its version counter, and a new tensor has another address: comparing
+    # them is a check of microseconds, no weight read.
+    params = tuple((id(p), p.data_ptr(), p._version) for p in model.parameters())
+    return (_STEPS[0], params)
 
 
 class _Engine:
@@ -157,6 +173,10 @@ class _Engine:
 
     def __init__(self, model, key):
         vllm = _import_vllm()
+        if not _HOOK:
+            from torch.optim.optimizer import register_optimizer_step_post_hook
+
+            _HOOK.append(register_optimizer_step_post_hook(_count_step))
         base = _base(model)
         self.key = key
         self.folder = tempfile.TemporaryDirectory(prefix="prefopt-vllm-")
@@ -186,10 +206,10 @@ class _Engine:
         self.vocab_size = int(config.vocab_size)
         self.pushed = None  # (weakref to the model, fingerprint) of the last push
 
-    def sync(self, model) -> bool:
+    def sync(self, model, *, force: bool = False) -> bool:
         """Push ``model``'s weights unless they are the ones the engine holds."""
         fingerprint = _fingerprint(model)
-        if self.pushed is not None:
+        if self.pushed is not None and not force:
             ref, seen = self.pushed
             if ref() is model and seen == fingerprint:
                 return False
