@@ -214,9 +214,14 @@ class _Engine:
             if ref() is model and seen == fingerprint:
                 return False
         weights = named_weights(model)
-        self.llm.collective_rpc(
-            lambda worker: worker.model_runner.reload_weights(weights_iterator=iter(weights))
-        )
+
+        def reload(worker):
+            # Under inference mode, as vLLM loads weights: a layer it rebuilt for the load
+            # may hold inference tensors, which refuse in-place writes outside it.
+            with torch.inference_mode():
+                return worker.model_runner.reload_weights(weights_iterator=iter(weights))
+
+        self.llm.collective_rpc(reload)
         # The prefix cache holds keys and values computed with the old weights.
         self.llm.reset_prefix_cache()
         self.pushed = (weakref.ref(model), fingerprint)
