@@ -321,3 +321,21 @@ def test_an_interrupted_fit_with_the_engine_resumes_to_the_uninterrupted_result(
     assert strip(resumed.history_) == strip(whole.history_)
     for a, b in zip(whole.model_.parameters(), resumed.model_.parameters()):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@needs_vllm
+def test_long_prompts_over_several_scheduler_steps(monkeypatch):
+    # More prompt tokens than one engine step takes (64 here): on a CPU a prefill split
+    # across steps would rewind the requests' seeded generators, which fails there.
+    monkeypatch.setitem(vllm_engine.engine_options, "max_num_batched_tokens", 64)
+    model = gpt2()
+    rows = [[3 + (i * 7 + j) % 9 for j in range(40)] for i in range(3)]
+    index = torch.tensor([0, 0, 1, 1, 2, 2])
+    enc = pad_left([rows[i] for i in index], PAD)
+    kwargs = dict(max_new_tokens=8, temperature=0.7, suppress_ids=(PAD,), prompt_index=index)
+    with prefopt.config_context(generation="vllm"):
+        ids = sample(model, enc, generator=make_generator(0), **kwargs)
+        again = sample(model, enc, generator=make_generator(0), **kwargs)
+    assert ids.shape == (6, 8) and torch.equal(ids, again)
+    monkeypatch.undo()
+    vllm_engine.close()  # built with the option: not for the other tests

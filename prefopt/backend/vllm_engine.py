@@ -195,6 +195,9 @@ class _Engine:
             enable_prefix_caching=True,
             logprobs_mode="processed_logprobs",
             enforce_eager=cpu,  # no graph capture or compilation on a CPU
+            # A prompt's prefill split over steps makes vLLM rewind its per-request seeded
+            # generator, which on a CPU fails ("CPU Generator does not use offset").
+            enable_chunked_prefill=not cpu,
             seed=0,
         )
         if context is not None:
@@ -265,7 +268,7 @@ def engine_for(model) -> _Engine:
             "(distributed='fsdp'); use distributed='ddp' or generation='native'."
         )
     base = _base(model)
-    key = (base.config.to_json_string(use_diff=False), _dtype_name(base))
+    key = (base.config.to_json_string(use_diff=False), _dtype_name(base), repr(engine_options))
     engine = _ENGINE.get("engine")
     if engine is not None and engine.key != key:
         close()
