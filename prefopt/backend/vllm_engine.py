@@ -53,13 +53,15 @@ import weakref
 import torch
 
 from .._config import get_config
+from ._engine_gap import logprob_gap, truncated_importance_weights
 from ._shared_prompts import _unwrapped, is_transformers_model
 
 __all__ = [
     "close",
-    "dispatch",
+    "engine_for",
     "engine_options",
     "logprob_gap",
+    "named_weights",
     "sample",
     "truncated_importance_weights",
 ]
@@ -306,6 +308,28 @@ def sample(
 ):
     """:func:`prefopt.backend.sample` through vLLM: the same arguments and results.
 
+    Parameters
+    ----------
+    model : torch.nn.Module
+        A transformers causal LM; its engine is built on first use, and its
+        weights pushed when they changed.
+    prompts : EncodedPrompts
+        Left-padded prompts; the engine gets each one's ids without the padding.
+    max_new_tokens : int
+        Tokens to draw (fewer when a row reaches a stop id).
+    temperature : float
+        Under 0.01, greedy (vLLM raises a lower one to 0.01).
+    generator : torch.Generator
+        One seed a request is drawn from it.
+    suppress_ids : sequence of int, default=()
+        Token ids never sampled (the pad token).
+    return_logprobs : bool, default=False
+        Also return the engine's log-probs of the sampled tokens.
+    eos_token_id : int or sequence of int, default=None
+        The stop ids; ``None`` samples ``max_new_tokens`` tokens a row.
+    prompt_index : torch.Tensor of shape (n,), default=None
+        Rows with equal values hold the same prompt: one request with ``n`` samples.
+
     Returns
     -------
     response_ids : torch.Tensor of shape (n, max_new_tokens)
@@ -383,8 +407,7 @@ def sample(
 
 
 def dispatch(native):
-    """Decorate the native sampler: under ``generation="vllm"`` a transformers model's
-    sampling goes to :func:`sample` (the same arguments and results).
+    """Send the native sampler's calls to :func:`sample` under ``generation="vllm"``.
 
     Parameters
     ----------
@@ -408,80 +431,3 @@ def dispatch(native):
         return sample(model, prompts, **options)
 
     return sample_with_engine
-
-
-def logprob_gap(policy_logprobs, engine_logprobs, mask) -> dict:
-    """How far the engine's log-probs are from the policy's on the sampled tokens.
-
-    Parameters
-    ----------
-    policy_logprobs, engine_logprobs : torch.Tensor of shape (n, length)
-        Per-token log-probs of the same tokens, at the same temperature.
-    mask : torch.Tensor of shape (n, length)
-        1 on response tokens.
-
-    Returns
-    -------
-    gap : dict
-        ``engine/logprob_gap_mean`` and ``engine/logprob_gap_max`` (absolute
-        differences over the response tokens), and ``engine/kl`` (the mean of
-        ``log pi_engine - log pi``, an estimate of KL(engine || policy), since
-        the tokens are the engine's samples).
-
-    Examples
-    --------
-    >>> import torch
-    >>> gap = logprob_gap(torch.tensor([[-1.0, -2.0]]), torch.tensor([[-1.5, -2.0]]),
-    ...                   torch.tensor([[1, 1]]))
-    >>> {k: round(v, 3) for k, v in gap.items()}
-    {'engine/logprob_gap_mean': 0.25, 'engine/logprob_gap_max': 0.5, 'engine/kl': -0.25}
-    """
-    valid = mask.bool()
-    diff = (engine_logprobs.detach().float() - policy_logprobs.detach().float())[valid]
-    if diff.numel() == 0:
-        return {"engine/logprob_gap_mean": 0.0, "engine/logprob_gap_max": 0.0, "engine/kl": 0.0}
-    return {
-        "engine/logprob_gap_mean": float(diff.abs().mean()),
-        "engine/logprob_gap_max": float(diff.abs().max()),
-        "engine/kl": float(diff.mean()),
-    }
-
-
-def truncated_importance_weights(policy_logprobs, engine_logprobs, mask=None, *, cap=2.0):
-    """Truncated importance-sampling weights ``min(pi / pi_engine, cap)`` per token.
-
-    The engine samples from ``pi_engine``, which differs from the policy ``pi``
-    the loss differentiates (another kernel, another precision); Yao et al.
-    (2025, "Your efficient RL framework secretly brings you off-policy RL
-    training") reweight each token's policy-gradient term by this ratio, truncated
-    at ``cap`` to bound the variance. The weights carry no gradient.
-
-    Parameters
-    ----------
-    policy_logprobs, engine_logprobs : torch.Tensor of shape (n, length)
-        Per-token log-probs of the sampled tokens under the policy (at rollout
-        time) and the engine.
-    mask : torch.Tensor of shape (n, length), default=None
-        1 on response tokens; the weights are 0 elsewhere.
-    cap : float, default=2.0
-        The truncation ``C`` (> 0).
-
-    Returns
-    -------
-    weights : torch.Tensor of shape (n, length)
-
-    Examples
-    --------
-    >>> import math, torch
-    >>> w = truncated_importance_weights(torch.tensor([[math.log(0.5), math.log(0.9)]]),
-    ...                                  torch.tensor([[math.log(0.25), math.log(0.9)]]), cap=1.5)
-    >>> w.tolist()
-    [[1.5, 1.0]]
-    """
-    if not cap > 0:
-        raise ValueError(f"cap must be > 0; got {cap!r}.")
-    ratio = torch.exp(policy_logprobs.detach().float() - engine_logprobs.detach().float())
-    weights = ratio.clamp(max=float(cap))
-    if mask is not None:
-        weights = weights * mask.to(weights.dtype)
-    return weights
