@@ -339,3 +339,26 @@ def test_long_prompts_over_several_scheduler_steps(monkeypatch):
     assert ids.shape == (6, 8) and torch.equal(ids, again)
     monkeypatch.undo()
     vllm_engine.close()  # built with the option: not for the other tests
+
+
+def test_a_lora_policy_is_pushed_as_its_merged_weights():
+    import copy
+
+    pytest.importorskip("peft")
+    from prefopt.lm import with_lora
+    from prefopt.worlds import TinyLMWorld
+
+    model = with_lora(
+        TinyLMWorld(random_state=0).policy_model(), {"r": 2, "target_modules": ["c_attn"]}
+    )
+    with torch.no_grad():  # a trained adapter: B is zero at the start
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(generator=torch.Generator().manual_seed(0))
+    merged = copy.deepcopy(model).merge_and_unload().state_dict()
+    pushed = dict(vllm_engine.named_weights(model))
+    assert pushed.keys() == merged.keys()
+    for name, tensor in merged.items():
+        torch.testing.assert_close(pushed[name], tensor, rtol=0, atol=1e-6)
+    base = model.get_base_model().transformer.h[0].attn.c_attn.base_layer.weight
+    assert not torch.equal(pushed["transformer.h.0.attn.c_attn.weight"], base)  # delta added
