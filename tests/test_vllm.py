@@ -187,6 +187,7 @@ def test_engine_logprobs_match_the_policy_and_seeds_repeat():
                   eos_token_id=EOS, return_logprobs=True)  # fmt: skip
     with prefopt.config_context(generation="vllm"):
         ids, logprobs = sample(model, enc, generator=make_generator(0), **kwargs)
+        last = vllm_engine.last_logprobs()  # this call's
         again, _ = sample(model, enc, generator=make_generator(0), **kwargs)
         other, _ = sample(model, enc, generator=make_generator(1), **kwargs)
     assert torch.equal(ids, again)  # the seeds come from the generator
@@ -194,6 +195,11 @@ def test_engine_logprobs_match_the_policy_and_seeds_repeat():
     assert not (ids == PAD).any()  # the suppressed id is never sampled
     response, mask, ended = truncate_after_eos(ids, EOS, PAD)
     policy = response_logprobs(model, enc, response, mask, temperature=0.7, suppress_ids=(PAD,))
+    # What the caller gets are the policy's own log-probs (the KL's old log-probs): the
+    # loss never sees the engine's, which are kept for the gap metric.
+    torch.testing.assert_close(logprobs * mask, policy, rtol=0, atol=1e-6)
+    assert torch.equal(last["mask"], mask)
+    logprobs = last["engine"]
     # The engine's log-probs are the tempered ones of the sampled tokens, 0 after the stop:
     # float32 on both sides, within 1e-4 (different kernels, same weights).
     torch.testing.assert_close(logprobs * mask, policy, rtol=0, atol=1e-4)

