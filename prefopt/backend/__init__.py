@@ -20,9 +20,9 @@ from .generation import (
     pad_right,
     position_ids_from_mask,
     response_logprobs,
-    sample,
     truncate_after_eos,
 )
+from .generation import sample as _native_sample
 from .heads import ScalarHeadModel, TokenValueTable
 from .models import (
     default_learning_rate,
@@ -34,6 +34,11 @@ from .models import (
     model_vocab_size,
 )
 from .scoring import join_right_padded, score_sequences, sequence_values, unpad
+from .vllm_engine import dispatch
+
+# The sampler every estimator calls: prefopt's own, or under set_config(generation="vllm")
+# the same call answered by a vLLM engine (vllm_engine builds on generation, not the reverse).
+sample = dispatch(_native_sample)
 
 __all__ = [
     "EncodedPrompts",

@@ -30,7 +30,6 @@ from ._forward import (  # noqa: F401 - position_ids_from_mask and the helpers a
 from ._masks import _READY_MASK_OK, _check_ready_mask, _may_take_ready_mask, _ready_mask
 from ._shared_prompts import fast_response_logprobs, is_transformers_model, prompt_groups
 from ._torch import autocast
-from .vllm_engine import dispatch
 
 
 @dataclass
@@ -199,7 +198,6 @@ def draw_tokens(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor
 
 
 @torch.no_grad()
-@dispatch  # set_config(generation="vllm"): the same call answered by a vLLM engine
 def sample(
     model,
     prompts: EncodedPrompts,
