@@ -181,7 +181,8 @@ def compare(
         raise ValueError(f"confidence must be in (0, 1); got {confidence!r}.")
     seeds = _check_seeds(seeds)
     # With no reward the data pass as given (comparisons, for DPOPolicy); prompts are checked.
-    prompts = prompts if reward_model is None else check_prompts(prompts)
+    if reward_model is not None:  # prompts are checked; a table keeps its reward columns
+        check_prompts(prompts)
     fit_params = {} if reward_model is None else {"reward_model": reward_model}
     for name, est in estimators.items():
         if seed_param not in est.get_params():

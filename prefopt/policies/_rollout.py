@@ -15,7 +15,7 @@ import torch
 
 from ..backend import response_logprobs, sequence_values, uses_bf16
 from ..kl import kl_estimate
-from ..rewards import check_rewards, check_token_rewards
+from ..rewards import WeightedRewards, call_with_columns, check_rewards, check_token_rewards
 from ._batch import RolloutBatch
 
 
@@ -85,7 +85,9 @@ def sample_and_score(loop, prompt_rows: np.ndarray) -> RolloutBatch:
     if callable(getattr(policy.reward_model_, "score_per_token", None)):
         token_scores = per_token_scores(policy, texts, response_ids, response_mask, ended)
     else:
-        scores = score_responses(loop, texts, prompts, response_ids, response_mask, ended)
+        scores = score_responses(
+            loop, texts, prompts, response_ids, response_mask, ended, rows=rows
+        )
         token_scores = torch.zeros_like(old)
         last = (response_mask.sum(1) - 1).clamp(min=0)  # the EOS, or the last token
         token_scores[torch.arange(len(rows)), last] = scores
@@ -116,16 +118,35 @@ def sample_and_score(loop, prompt_rows: np.ndarray) -> RolloutBatch:
     )
 
 
-def score_responses(loop, prompts, encoded, response_ids, response_mask, ended) -> torch.Tensor:
-    """The reward of each response, checked, with the missing-EOS rule applied."""
+def score_responses(
+    loop, prompts, encoded, response_ids, response_mask, ended, *, rows=None
+) -> torch.Tensor:
+    """The reward of each response, checked, with the missing-EOS rule applied.
+
+    ``rows`` (the prompt of each response) picks the prompt table's column values
+    the reward receives; several rewards log their own mean and std in
+    ``loop.rollout_stats``.
+    """
     policy = loop.policy
     reward = policy.reward_model_
+    columns = {}
+    if rows is not None and loop.columns:
+        columns = {name: [values[i] for i in rows] for name, values in loop.columns.items()}
+    source = f"the reward model (step {policy.n_iter_ + 1})"
     if loop.scores_tokens:
         # Same vocabulary: score the ids directly, no decoding and re-encoding.
         raw = reward.score_tokens(encoded, response_ids, response_mask)
+    elif isinstance(reward, WeightedRewards):
+        each = reward.score_each(prompts, policy._decode(response_ids, response_mask), **columns)
+        for name, values in each.items():
+            loop.rollout_stats[f"rewards/{name}/mean"] = float(np.mean(values))
+            loop.rollout_stats[f"rewards/{name}/std"] = float(np.std(values))
+        raw = reward.combine(each)
+        source = f"the weighted rewards (step {policy.n_iter_ + 1})"
     else:
-        raw = reward(prompts, policy._decode(response_ids, response_mask))
-    source = f"the reward model (step {policy.n_iter_ + 1})"
+        raw = call_with_columns(
+            reward, prompts, policy._decode(response_ids, response_mask), columns
+        )
     checked = check_rewards(raw, len(prompts), source)
     scores = torch.as_tensor(checked, dtype=torch.float32, device=response_ids.device)
     bad = torch.nonzero(~torch.isfinite(scores)).flatten()

@@ -328,6 +328,7 @@ class GRPOPolicy(BasePolicy):
         ptx_coef=0.0,
         refit_every=None,
         lora=None,
+        reward_weights=None,
     ):
         store_params(self, locals())
 
