@@ -214,7 +214,15 @@ def _reference_calls(beta, **kw):
     calls = Counter()
     handle = model.register_forward_hook(lambda m, a, o: calls.update([id(m)]))
     policy = GRPOPolicy(
-        model=model, beta=beta, k=2, max_new_tokens=3, batch_size=4, n_steps=2, random_state=0, **kw
+        model=model,
+        beta=beta,
+        k=2,
+        max_new_tokens=3,
+        batch_size=4,
+        n_steps=2,
+        min_eos_share=None,
+        random_state=0,
+        **kw,
     ).fit(["the movie was", "the plot was"], lambda p, c: [float(len(x)) for x in c])
     handle.remove()
     return calls[id(policy.ref_model_)], calls[id(policy.model_)], policy
@@ -230,3 +238,40 @@ def test_no_reference_pass_at_beta_zero_unless_log_kl():
     # One pass a step, as at beta > 0: two calls on shared prompts (the distinct prompts,
     # then the responses on their cache), over two steps.
     assert measured == shaped == 4
+
+
+# ----- REINFORCE++ ----------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "k, returns",
+    [
+        # Per-token rewards -beta*KL, the score at the last token: row 0 [-0.1, -0.2, 1 - 0.1],
+        # row 1 [2 - 0.3]. Returns (sums to the end): [0.6, 0.7, 0.9] and [1.7].
+        (1, [[0.6, 0.7, 0.9], [1.7, 0.0, 0.0]]),
+        # k = 2: the group's mean score 1.5 leaves each last token first.
+        (2, [[-0.9, -0.8, -0.6], [0.2, 0.0, 0.0]]),
+    ],
+)
+def test_reinforce_pp_whitens_token_returns_over_the_batch(k, returns):
+    from prefopt.policies.reinforce_pp import reinforce_pp_advantages
+
+    rewards = t([[-0.1, -0.2, 0.9], [1.7, 0.0, 0.0]])
+    tokens = np.array([returns[0][0], returns[0][1], returns[0][2], returns[1][0]])
+    mean, std = tokens.mean(), np.sqrt(tokens.var() + 1e-8)  # population std, over 4 tokens
+    expected = (np.array(returns) - mean) / std * np.array(MASK)
+    got = reinforce_pp_advantages(rewards, t(MASK), t([1.0, 2.0]), k)
+    close(got, expected, atol=1e-9)
+
+
+def test_reinforce_pp_fits_with_groups(world):
+    policy = prefopt.ReinforcePlusPlusPolicy(
+        model=world.policy_model(),
+        k=2,
+        batch_size=4,
+        n_steps=2,
+        n_minibatches=2,
+        learning_rate=0.1,
+        optimizer="sgd",
+        random_state=0,
+    ).fit(world.prompts, world.true_quality)
+    assert [row["step"] for row in policy.history_] == [1, 2]
+    assert 0.0 <= policy.history_[-1]["policy/clipfrac"] <= 1.0
