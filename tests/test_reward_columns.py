@@ -221,3 +221,22 @@ def test_reward_columns_reads_the_signature():
     assert prompts == ["a", "b"] and columns == {"x": [1, 2]}
     with pytest.raises(ValueError, match=r"row 1 has no \['x'\]"):
         check_prompt_table([{"prompt": "a", "x": 1}, {"prompt": "b"}])
+
+
+@pytest.mark.parametrize("as_rows", [False, True], ids=["DataFrame", "dict-rows"])
+def test_seed_search_splits_keep_each_rows_answer(world, as_rows):
+    from sklearn.model_selection import KFold
+
+    from prefopt import SeedSearchCV
+
+    frame = table(world)
+    truth = dict(zip(frame.prompt, frame.answer))
+    correct, calls = recorder()
+    # (A datasets.Dataset cannot be split by scikit-learn's _safe_indexing.)
+    X = frame.to_dict("records") if as_rows else frame
+    search = SeedSearchCV(small(world, n_steps=1), {"beta": [0.1]}, seeds=1, cv=KFold(2))
+    search.fit(X, reward_model=correct)
+    # Two folds: a fit on the training half, its score on the test half; then the refit.
+    assert len(calls) >= 5
+    for prompts, answers in calls:
+        assert answers == [truth[p] for p in prompts]
