@@ -26,7 +26,8 @@ from ..kl import FixedKLController
 from ..lm import GenerativeEstimator, RunState
 from ..lm import _checkpoint as ckpt
 from ..lm._run import one_fit_at_a_time
-from ..rewards import call_with_columns, check_reward_columns, check_rewards, combine_rewards
+from ..rewards import call_with_columns, check_reward_columns, check_rewards
+from ..rewards._combined import combine_rewards
 from . import _online as online
 from ._contract import Algorithm
 from ._health import check_temperature

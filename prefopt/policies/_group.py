@@ -141,7 +141,7 @@ def sequence_log_ratio(log_ratio: torch.Tensor, mask: torch.Tensor) -> torch.Ten
 
     Zheng et al. 2025 ("Group Sequence Policy Optimization"): the importance
     ratio of a response is the geometric mean of its token ratios,
-    s_i = (pi(y_i|x) / pi_old(y_i|x))^(1/|y_i|) = exp(mean_t log r_i,t), so it
+    ``s_i = (pi(y_i|x) / pi_old(y_i|x))^(1/|y_i|) = exp(mean_t log r_i,t)``, so it
     is clipped once per sequence rather than token by token. As TRL's
     ``importance_sampling_level="sequence"`` the value is broadcast to the
     response's tokens (with gradients through the mean).

@@ -92,7 +92,7 @@ class GRPOPolicy(BasePolicy):
     overlong_cache : int, default=None
         DAPO's soft overlong punishment (Yu et al. 2025): with L_max =
         ``max_new_tokens`` and L_cache this many tokens, a response of length
-        |y| > L_max - L_cache gets ((L_max - L_cache) - |y|) / L_cache added to
+        ``|y| > L_max - L_cache`` gets ``((L_max - L_cache) - |y|) / L_cache`` added to
         its reward (-1 at L_max) before the advantages (logged as
         ``policy/overlong_penalty``). Pair it with
         ``missing_eos_reward=None``, or a cut response is punished twice.

@@ -7,14 +7,7 @@ several. prefopt's :class:`RewardModel` is one; it is fitted on comparisons with
 the Bradley-Terry loss (Bradley and Terry 1952; Ziegler et al. 2019).
 """
 
-from ._combined import (
-    WeightedRewards,
-    call_with_columns,
-    check_reward_columns,
-    check_reward_weights,
-    combine_rewards,
-    reward_columns,
-)
+from ._combined import WeightedRewards, call_with_columns, check_reward_columns, reward_columns
 from ._reward_model import RewardModel
 from ._wrappers import NoisyReward, check_rewards, check_token_rewards
 
@@ -24,9 +17,7 @@ __all__ = [
     "WeightedRewards",
     "call_with_columns",
     "check_reward_columns",
-    "check_reward_weights",
     "check_rewards",
     "check_token_rewards",
-    "combine_rewards",
     "reward_columns",
 ]

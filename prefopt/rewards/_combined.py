@@ -216,7 +216,17 @@ class WeightedRewards:
         }
 
     def combine(self, values: dict[str, np.ndarray]) -> np.ndarray:
-        """The weighted sum of :meth:`score_each`'s values."""
+        """The weighted sum of :meth:`score_each`'s values.
+
+        Parameters
+        ----------
+        values : dict of str to ndarray of shape (n,)
+            What :meth:`score_each` returned.
+
+        Returns
+        -------
+        total : ndarray of shape (n,)
+        """
         return sum(w * values[n] for n, w in zip(self.names, self.weights))
 
     def __call__(self, prompts, completions, **columns) -> np.ndarray:
