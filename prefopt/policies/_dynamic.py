@@ -59,10 +59,12 @@ def dynamic_batch(loop, batch: RolloutBatch, parts: dict) -> tuple[RolloutBatch,
     ties = torch.nonzero(~rounds[0][2]).flatten()
     picks += [(0, g) for g in ties[: n_groups - len(picks)]]
     out, out_parts = _take(rounds, picks, k, policy.tokenizer_.pad_token_id)
+    # Counts over all ranks: the step's row averages the ranks' figures (reduce_row).
+    ranks = distributed.world_size()
     loop.rollout_stats.update(
         {
-            "sampling/extra_generations": float(extra),
-            "sampling/dropped_groups": float(dropped - max(0, n_groups - have)),
+            "sampling/extra_generations": float(extra * ranks),
+            "sampling/dropped_groups": float((dropped - max(0, n_groups - have)) * ranks),
             "sampling/rounds": float(count),
         }
     )

@@ -102,8 +102,8 @@ class GRPOPolicy(BasePolicy):
         topped up with groups of freshly drawn prompts, up to
         ``max_resamples`` extra rounds; a batch still short is filled with
         dropped groups. ``history_`` logs ``sampling/extra_generations`` (the
-        completions sampled beyond the batch), ``sampling/dropped_groups`` and
-        ``sampling/rounds``.
+        completions sampled beyond the batch, over all ranks),
+        ``sampling/dropped_groups`` and ``sampling/rounds``.
     max_resamples : int, default=4
         The cap on dynamic sampling's extra rounds per step.
     log_kl : bool, default=False
