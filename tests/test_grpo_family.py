@@ -275,3 +275,26 @@ def test_reinforce_pp_fits_with_groups(world):
     ).fit(world.prompts, world.true_quality)
     assert [row["step"] for row in policy.history_] == [1, 2]
     assert 0.0 <= policy.history_[-1]["policy/clipfrac"] <= 1.0
+
+
+def test_max_kl_keeps_the_reference_pass_at_beta_zero():
+    ref, _, policy = _reference_calls(0.0, max_kl=100.0)
+    assert ref == 4 and policy.needs_reference
+
+
+def test_new_policy_lists_every_common_parameter_and_clones():
+    import inspect
+
+    from sklearn.base import clone
+
+    from prefopt.policies import BasePolicy
+
+    signature = inspect.signature(prefopt.ReinforcePlusPlusPolicy).parameters
+    assert set(BasePolicy._common_parameters) <= set(signature)
+    assert clone(prefopt.ReinforcePlusPlusPolicy(k=2, reward_weights=[1.0])).get_params()[
+        "reward_weights"
+    ] == [1.0]
+    grpo = GRPOPolicy(epsilon_high=0.28, importance_sampling_level="sequence")
+    assert clone(grpo).get_params()["epsilon_high"] == 0.28
+    with pytest.raises(ValueError, match="importance_sampling_level"):
+        GRPOPolicy(importance_sampling_level="tokens").fit(["a"], lambda p, c: [0.0])

@@ -16,7 +16,7 @@ import torch
 from sklearn.utils._param_validation import Interval, StrOptions
 
 from ..backend import distributed
-from ..kl import kl_estimate
+from ..kl import FixedKLController, kl_estimate
 from ._base import BasePolicy, store_params
 from ._batch import Minibatch, RolloutBatch, masked_mean
 from ._docs import fill
@@ -108,8 +108,9 @@ class GRPOPolicy(BasePolicy):
         The cap on dynamic sampling's extra rounds per step.
     log_kl : bool, default=False
         At ``beta=0`` with a fixed KL coefficient the KL plays no part in the
-        loss, so the reference pass is skipped and ``objective/kl`` reads 0;
-        ``True`` runs it to measure the KL anyway.
+        loss, so the reference pass is skipped and ``objective/kl`` reads 0
+        (unless ``max_kl`` watches it); ``True`` runs it to measure the KL
+        anyway.
 
     Attributes
     ----------
@@ -234,8 +235,9 @@ class GRPOPolicy(BasePolicy):
         At beta = 0 under a fixed coefficient (TRL's default) the k3 term weighs
         nothing, so the pass is skipped unless ``log_kl`` asks for the KL.
         """
-        fixed = self.kl is None or type(self.kl).__name__ == "FixedKLController"
-        return self.log_kl or not (fixed and self.beta_ == 0)
+        fixed = self.kl is None or isinstance(self.kl, FixedKLController)
+        # max_kl watches the KL, so it needs the KL measured too.
+        return self.log_kl or self.max_kl is not None or not (fixed and self.beta_ == 0)
 
     def __init__(
         self,
