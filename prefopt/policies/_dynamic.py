@@ -16,7 +16,6 @@ import torch
 
 from ..backend import EncodedPrompts, distributed
 from ._batch import RolloutBatch
-from ._rollout import rollout_once
 
 
 def varied_groups(scores: torch.Tensor, k: int) -> torch.Tensor:
@@ -32,11 +31,15 @@ def varied_groups(scores: torch.Tensor, k: int) -> torch.Tensor:
     return ~(grouped == grouped[:, :1]).all(1)
 
 
-def dynamic_batch(loop, batch: RolloutBatch, parts: dict) -> tuple[RolloutBatch, dict]:
+def dynamic_batch(
+    loop, batch: RolloutBatch, parts: dict, rollout_once
+) -> tuple[RolloutBatch, dict]:
     """``batch`` with its tied groups replaced by varied groups of fresh prompts.
 
-    Distributed fits: every rank draws as many rounds as the rank that needs the
-    most, so the ranks' prompt streams stay in step.
+    ``rollout_once(loop, prompt_rows) -> (batch, parts)`` samples and scores new
+    prompts (``_rollout.rollout_once``). Distributed fits: every rank draws as
+    many rounds as the rank that needs the most, so the ranks' prompt streams
+    stay in step.
     """
     policy = loop.policy
     k = policy._samples_per_prompt()

@@ -17,6 +17,7 @@ from ..backend import response_logprobs, sequence_values, uses_bf16
 from ..kl import kl_estimate
 from ..rewards import WeightedRewards, call_with_columns, check_rewards, check_token_rewards
 from ._batch import RolloutBatch
+from ._dynamic import dynamic_batch
 
 
 def sample_and_score(loop, prompt_rows: np.ndarray) -> RolloutBatch:
@@ -30,9 +31,7 @@ def sample_and_score(loop, prompt_rows: np.ndarray) -> RolloutBatch:
     loop.rollout_stats = {}
     batch, parts = rollout_once(loop, prompt_rows)
     if getattr(loop.policy, "dynamic_sampling", False):
-        from ._dynamic import dynamic_batch  # it calls rollout_once again
-
-        batch, parts = dynamic_batch(loop, batch, parts)
+        batch, parts = dynamic_batch(loop, batch, parts, rollout_once)
     for name, values in parts.items():
         loop.rollout_stats[f"rewards/{name}/mean"] = float(np.mean(values))
         loop.rollout_stats[f"rewards/{name}/std"] = float(np.std(values))
