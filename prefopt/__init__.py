@@ -18,11 +18,12 @@ from .policies import (
     GRPOPolicy,
     PPOPolicy,
     RAFTPolicy,
+    ReinforcePlusPlusPolicy,
     ReinforcePolicy,
     RLOOPolicy,
     SFTPolicy,
 )
-from .rewards import NoisyReward, RewardModel
+from .rewards import NoisyReward, RewardModel, WeightedRewards
 
 __version__ = "0.1.0"
 
@@ -40,8 +41,10 @@ __all__ = [
     "compare",
     "metrics",
     "RLOOPolicy",
+    "ReinforcePlusPlusPolicy",
     "ReinforcePolicy",
     "RewardModel",
+    "WeightedRewards",
     "SFTPolicy",
     "config_context",
     "get_config",

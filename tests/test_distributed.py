@@ -262,10 +262,42 @@ class _Killed(Exception):
     pass
 
 
+def _columns_and_dynamic(rank, out):
+    # The prompt table's answer column follows each rank's rows; dynamic sampling's extra
+    # rounds run on both ranks alike (their draws of prompts stay in step).
+    import pandas as pd
+
+    world = _world()
+    table = pd.DataFrame(
+        {"prompt": world.prompts, "answer": [f"row{i}" for i in range(len(world.prompts))]}
+    )
+    seen = []
+
+    def reward(prompts, completions, answer):
+        seen.append((list(prompts), list(answer)))
+        return world.reward(prompts, completions)
+
+    policy = GRPOPolicy(
+        model=world.policy_model(), dynamic_sampling=True, max_resamples=2, **RL_KW
+    ).fit(table, reward)
+    _save(
+        out,
+        "columns",
+        rank,
+        {
+            "seen": seen,
+            "truth": dict(zip(table.prompt, table.answer)),
+            "weights": _weights(policy.model_),
+            "history": policy.history_,
+        },
+    )
+
+
 def _all_scenarios(rank, out):
     _gradients(rank, out)
     _fits(rank, out)
     _supervised(rank, out)
+    _columns_and_dynamic(rank, out)
     # A run stopped dead at step 2 of 4, right after its checkpoint, on both ranks (as the
     # launcher ends every rank when one dies), then resumed by a new fit.
     world = _world()
@@ -456,6 +488,23 @@ def test_ranks_end_with_identical_weights_and_one_global_history_row_a_step(runs
     assert len(set(betas)) == 3  # the controller moved beta, alike on both ranks
     # REINFORCE's moving baseline holds both ranks' rewards: 2 steps of the global batch 8.
     assert r0["baseline"] == r1["baseline"] and r0["baseline"]["count"] == 16
+
+
+@pytest.mark.slow  # one launch of 2 processes for all of these: about 60-90 s here
+def test_reward_columns_follow_each_ranks_rows_and_dynamic_sampling_stays_in_step(runs):
+    r0, r1 = _load(runs, "columns")
+    for r in (r0, r1):
+        assert r["seen"]
+        for prompts, answers in r["seen"]:
+            assert len(prompts) == 4  # this rank's half of the batch of 8
+            assert answers == [r["truth"][p] for p in prompts]
+    assert len(r0["seen"]) == len(r1["seen"])  # as many rounds on both ranks
+    for name in r0["weights"]:
+        torch.testing.assert_close(r0["weights"][name], r1["weights"][name], rtol=0, atol=0)
+    keys = ("sampling/rounds", "sampling/extra_generations")
+    assert [[row[k] for k in keys] for row in r0["history"]] == [
+        [row[k] for k in keys] for row in r1["history"]
+    ]
 
 
 @pytest.mark.slow  # one launch of 2 processes for all of these: about 60-90 s here

@@ -30,6 +30,7 @@ __all__ = [
     "Comparisons",
     "PreferenceData",
     "check_prompts",
+    "check_prompt_table",
     "check_comparisons",
     "check_demonstrations",
     "check_pretraining_texts",
@@ -149,6 +150,64 @@ def check_prompts(X) -> list:
     if len(values) == 0:
         raise ValueError("No prompts were given; pass at least one prompt.")
     return _check_text(values, "prompt", "Prompts", messages="keep")
+
+
+def check_prompt_table(X) -> tuple[list, dict[str, list]]:
+    """Validate prompts and return them with the table's other columns.
+
+    The columns besides ``prompt`` of a DataFrame, a ``datasets.Dataset``, a
+    dict of columns or a list of dict rows travel with the prompts, row for
+    row: a policy passes them to its reward as keyword arguments (TRL's
+    convention, ``reward(prompts, completions, answer, **kwargs)``).
+
+    Parameters
+    ----------
+    X : list, pandas Series, DataFrame, datasets.Dataset or dict of columns
+        Prompts as :func:`check_prompts` takes them.
+
+    Returns
+    -------
+    prompts : list of str or of list of dict
+        As :func:`check_prompts` returns them.
+    columns : dict of str to list
+        Every other column, one value per prompt, in row order; empty for a
+        plain list of prompts.
+
+    Examples
+    --------
+    >>> import pandas as pd
+    >>> check_prompt_table(pd.DataFrame({"prompt": ["2+2=", "3+1="], "answer": ["4", "4"]}))
+    (['2+2=', '3+1='], {'answer': ['4', '4']})
+    >>> check_prompt_table([{"prompt": "1+1=", "answer": "2"}])
+    (['1+1='], {'answer': ['2']})
+    """
+    prompts = check_prompts(X)
+    if isinstance(X, pd.DataFrame):
+        names = [c for c in X.columns if c != "prompt"]
+        columns = {str(c): X[c].tolist() for c in names}
+    elif _is_hf_dataset(X):
+        columns = {c: list(X[c]) for c in X.column_names if c != "prompt"}
+    elif isinstance(X, dict):
+        columns = {str(c): list(v) for c, v in X.items() if c != "prompt"}
+    elif isinstance(X, (list, tuple)) and X and all(isinstance(v, dict) for v in X):
+        names = [n for n in dict.fromkeys(n for row in X for n in row) if n != "prompt"]
+        for i, row in enumerate(X):
+            missing = [n for n in names if n not in row]
+            if missing:
+                raise ValueError(
+                    f"Prompts: row {i} has no {missing}, which other rows have; every row "
+                    f"needs the same keys ({['prompt', *names]})."
+                )
+        columns = {str(n): [row[n] for row in X] for n in names}
+    else:
+        columns = {}
+    for name, values in columns.items():
+        if len(values) != len(prompts):
+            raise ValueError(
+                f"Prompts: column {name!r} has {len(values)} values for {len(prompts)} "
+                "prompts; every column needs one value per prompt."
+            )
+    return prompts, columns
 
 
 def check_comparisons(X) -> Comparisons:

@@ -219,8 +219,11 @@ def compare(
     else:
         seeds, tuning_seeds = _check_seeds(seeds), None
     # With no reward the data pass as given (comparisons, for DPOPolicy); prompts are checked.
-    prompts = prompts if reward_model is None else check_prompts(prompts)
-    X_score = prompts if eval_prompts is None else check_prompts(eval_prompts)
+    if reward_model is not None:  # prompts are checked; a table keeps its reward columns
+        check_prompts(prompts)
+        if eval_prompts is not None:
+            check_prompts(eval_prompts)
+    X_score = prompts if eval_prompts is None else eval_prompts
     fit_params = {} if reward_model is None else {"reward_model": reward_model}
     for name, est in estimators.items():
         if seed_param not in est.get_params():

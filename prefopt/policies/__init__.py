@@ -13,6 +13,7 @@ from .grpo import GRPOPolicy
 from .ppo import PPOPolicy
 from .raft import RAFTPolicy
 from .reinforce import ReinforcePolicy
+from .reinforce_pp import ReinforcePlusPlusPolicy
 from .rloo import RLOOPolicy
 from .sft import SFTPolicy
 
@@ -25,6 +26,7 @@ __all__ = [
     "PPOPolicy",
     "RAFTPolicy",
     "RLOOPolicy",
+    "ReinforcePlusPlusPolicy",
     "ReinforcePolicy",
     "RolloutBatch",
     "SFTPolicy",

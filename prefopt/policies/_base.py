@@ -21,12 +21,13 @@ from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 
 from ..backend import default_learning_rate, distributed, make_generator, maybe_compile
-from ..data import PreferenceData, check_prompts
+from ..data import PreferenceData, check_prompt_table
 from ..kl import FixedKLController
 from ..lm import GenerativeEstimator, RunState
 from ..lm import _checkpoint as ckpt
 from ..lm._run import one_fit_at_a_time
-from ..rewards import check_rewards
+from ..rewards import call_with_columns, check_reward_columns, check_rewards
+from ..rewards._combined import combine_rewards
 from . import _online as online
 from ._contract import Algorithm
 from ._health import check_temperature
@@ -158,6 +159,7 @@ class BasePolicy(Algorithm, GenerativeEstimator):
     ptx_coef = 0.0
     refit_every = None
     lora = None
+    reward_weights = None
 
     # ----- fit ------------------------------------------------------------------------
     def fit(self, X, y=None, *, reward_model=None, labeler=None, ptx_data=None, callback=None):
@@ -166,14 +168,21 @@ class BasePolicy(Algorithm, GenerativeEstimator):
         Parameters
         ----------
         X : list of str, pandas Series or DataFrame, datasets.Dataset, or PreferenceData
-            Prompts (a ``prompt`` column for tables). In a ``Pipeline``, a
+            Prompts (a ``prompt`` column for tables; every other column of a
+            table, or key of dict rows, reaches the reward as a keyword
+            argument, see ``y``). In a ``Pipeline``, a
             :class:`~prefopt.data.PreferenceData` whose fitted SFT policy starts
             the run when ``model=None`` and whose reward model is the reward.
-        y : callable, default=None
+        y : callable or list of callables, default=None
             The reward: a fitted :class:`~prefopt.RewardModel` or any callable
             ``reward(prompts, completions) -> array (n,)``; one with a
-            ``score_per_token`` method is paid per token (see above).
-        reward_model : callable, default=None
+            ``score_per_token`` method is paid per token (see above). A reward
+            that names more arguments, ``reward(prompts, completions, answer)``
+            or ``**kwargs``, receives those columns of ``X``, one value per
+            completion (a prompt's value repeated for its k samples), as TRL
+            passes dataset columns. A list of rewards is summed with
+            ``reward_weights``.
+        reward_model : callable or list of callables, default=None
             The same, as a fit parameter (what ``GridSearchCV`` passes).
         labeler : callable, default=None
             With ``refit_every``: ``labeler(prompts, completions_a,
@@ -205,8 +214,9 @@ class BasePolicy(Algorithm, GenerativeEstimator):
             reward_model = reward_model if reward_model is not None else X.reward_model
             start_model = self.model if self.model is not None else X.policy
             X = X.require("prompts", type(self).__name__)
-        prompts = check_prompts(X)
+        prompts, columns = check_prompt_table(X)
         reward = reward_model if reward_model is not None else y
+        reward = combine_rewards(reward, self.reward_weights)  # a list: one weighted reward
         if start_model is None and reward is not None:
             start_model = starting_policy(reward, type(self).__name__)
         if reward is None:
@@ -219,6 +229,7 @@ class BasePolicy(Algorithm, GenerativeEstimator):
                 "The reward must be callable as reward(prompts, completions); "
                 f"got {type(reward).__name__}."
             )
+        check_reward_columns(reward, list(columns), f"{type(self).__name__}.fit")
         k = self._samples_per_prompt()
         if self.batch_size % k:
             raise ValueError(
@@ -229,9 +240,10 @@ class BasePolicy(Algorithm, GenerativeEstimator):
         online_state = online.start(self, reward, labeler)  # refused before any work
         ptx_texts = check_ptx(self, ptx_data)
         # The pretraining texts define the run too: a resume with other ones is refused.
-        data_key = ckpt.fingerprint(
-            prompts if ptx_texts is None else {"prompts": prompts, "ptx_data": ptx_texts}
-        )
+        key = prompts if ptx_texts is None else {"prompts": prompts, "ptx_data": ptx_texts}
+        if columns:  # the reward's columns too (a plain list of prompts keeps its old key)
+            key = {"prompts": prompts, "columns": columns, "ptx_data": ptx_texts}
+        data_key = ckpt.fingerprint(key)
         resumable = ckpt.resumable(self, data_key, reward=reward, labeler=labeler)
         with one_fit_at_a_time(self), resumable as resume:
             previous = self._loop
@@ -257,6 +269,7 @@ class BasePolicy(Algorithm, GenerativeEstimator):
                 self,
                 run=run,
                 prompts=prompts,
+                columns=columns,
                 reward=reward,
                 ptx_texts=ptx_texts,
                 checkpoint=resume,
@@ -335,7 +348,7 @@ class BasePolicy(Algorithm, GenerativeEstimator):
         Parameters
         ----------
         X : list of str or table with a ``prompt`` column
-            Prompts.
+            Prompts; a table's other columns reach the reward as in ``fit``.
         y : callable, default=None
             A reward to score with; ``None`` uses the one given to ``fit``.
 
@@ -350,12 +363,14 @@ class BasePolicy(Algorithm, GenerativeEstimator):
                 f"be callable as y(prompts, completions); got {type(y).__name__}. Pass "
                 "y=None to score with the reward given to fit."
             )
-        prompts = check_prompts(X)
+        prompts, columns = check_prompt_table(X)
         reward = self.reward_model_ if y is None else y
         if reward is None:  # a loaded policy whose reward could not be pickled
             raise ValueError(
                 f"{type(self).__name__} has no reward to score with (it was not saved); "
                 "pass one: score(X, y=reward)."
             )
+        check_reward_columns(reward, list(columns), f"{type(self).__name__}.score")
         completions = self.predict(prompts)
-        return float(np.mean(check_rewards(reward(prompts, completions), len(prompts))))
+        raw = call_with_columns(reward, prompts, completions, columns)
+        return float(np.mean(check_rewards(raw, len(prompts))))

@@ -107,7 +107,13 @@ COMMON_PARAMETERS = """model : str, transformers config, torch module or fitted 
         Train a LoRA adapter (peft) instead of all weights, e.g.
         ``{"r": 8, "lora_alpha": 16, "target_modules": ["c_attn"]}``. The
         reference is then the frozen base with the adapter disabled, so its
-        weights are not copied."""
+        weights are not copied.
+    reward_weights : list of float or None
+        With a list of rewards (``fit(prompts, [r1, r2])``): one finite
+        weight >= 0 per reward; the score is the weighted sum, and
+        ``history_`` logs each reward's ``rewards/<name>/mean`` and
+        ``rewards/<name>/std``. ``None`` weighs each reward 1 (TRL's
+        ``reward_weights``)."""
 
 COMMON_ATTRIBUTES = """model_ : torch.nn.Module
         The trained policy.
@@ -117,7 +123,8 @@ COMMON_ATTRIBUTES = """model_ : torch.nn.Module
     tokenizer_ : tokenizer
         With a pad token distinct from EOS.
     reward_model_ : callable
-        The reward given to ``fit``; ``score`` uses it.
+        The reward given to ``fit`` (a list of them as one
+        :class:`~prefopt.rewards.WeightedRewards`); ``score`` uses it.
     kl_ : KL controller
         The fitted controller.
     beta_ : float

@@ -77,6 +77,8 @@ class PolicyLoop:
         The random streams, the optimiser and the prompt stream.
     prompts : list of str
         The prompts of the fit.
+    columns : dict of str to list, default=None
+        The prompt table's other columns, one value per prompt, for the reward.
     reward : callable
         The reward given to ``fit`` (before any online refit).
     ptx_texts : list of str, default=None
@@ -96,6 +98,7 @@ class PolicyLoop:
         run: RunState,
         prompts,
         reward,
+        columns=None,
         ptx_texts=None,
         checkpoint=None,
         online=None,
@@ -104,6 +107,8 @@ class PolicyLoop:
         self.policy = policy
         self.run = run
         self.prompts = prompts
+        self.columns = columns or {}
+        self.rollout_stats: dict = {}  # the last rollout's figures for history_ (per reward)
         self.prompt_tokens = policy._tokenize_prompts(prompts)
         self.ptx_tokens = None if ptx_texts is None else policy._pretraining_tokens(ptx_texts)
         tokenizer = getattr(reward, "tokenizer_", None)  # rewards of any type
@@ -182,6 +187,7 @@ class PolicyLoop:
             "objective/rlhf_reward": float(batch.rlhf_rewards.mean()),
             "objective/beta": batch.beta,
             **stats,
+            **self.rollout_stats,
             "response/length": float(batch.response_mask.sum(1).float().mean()),
             "response/eos_share": float(batch.ended.float().mean()),
             "charts/learning_rate": run.optimizer.param_groups[0]["lr"],

@@ -15,17 +15,33 @@ import torch
 
 from ..backend import response_logprobs, sequence_values, uses_bf16
 from ..kl import kl_estimate
-from ..rewards import check_rewards, check_token_rewards
+from ..rewards import WeightedRewards, call_with_columns, check_rewards, check_token_rewards
 from ._batch import RolloutBatch
+from ._dynamic import dynamic_batch
 
 
 def sample_and_score(loop, prompt_rows: np.ndarray) -> RolloutBatch:
     """One step's rollouts: sample, old and reference log-probs, values, scores, KL, rewards.
 
     ``loop`` is the fit's :class:`~prefopt.policies._loop.PolicyLoop`; the phases'
-    seconds go into the batch's ``timings``.
+    seconds go into the batch's ``timings``. With several rewards, each one's mean
+    and std go into ``loop.rollout_stats``; with ``dynamic_sampling`` (DAPO) the
+    groups whose rewards all tie are replaced (:func:`dynamic_batch`).
     """
+    loop.rollout_stats = {}
+    batch, parts = rollout_once(loop, prompt_rows)
+    if getattr(loop.policy, "dynamic_sampling", False):
+        batch, parts = dynamic_batch(loop, batch, parts, rollout_once)
+    for name, values in parts.items():
+        loop.rollout_stats[f"rewards/{name}/mean"] = float(np.mean(values))
+        loop.rollout_stats[f"rewards/{name}/std"] = float(np.std(values))
+    return batch
+
+
+def rollout_once(loop, prompt_rows: np.ndarray) -> tuple[RolloutBatch, dict]:
+    """The rollouts of ``prompt_rows``, and each reward's values when there are several."""
     policy = loop.policy
+    parts: dict = {}
     rows = np.repeat(prompt_rows, policy._samples_per_prompt())
     index = torch.as_tensor(rows)  # equal values: one prompt, run once in every pass
     prompts = policy._encode([loop.prompt_tokens[i] for i in rows])
@@ -58,21 +74,24 @@ def sample_and_score(loop, prompt_rows: np.ndarray) -> RolloutBatch:
     # (logits over the whole vocabulary) is then no more than a training pass's, and on
     # a CPU the smaller chunks stay in cache.
     chunk = max(1, len(rows) // policy.n_minibatches)
-    with policy._reference() as reference:
-        ref = torch.cat(
-            [
-                response_logprobs(
-                    reference,
-                    prompts[i : i + chunk],
-                    response_ids[i : i + chunk],
-                    response_mask[i : i + chunk],
-                    temperature=policy.temperature_,
-                    suppress_ids=policy._suppress_ids,
-                    prompt_index=index[i : i + chunk],
-                )
-                for i in range(0, len(rows), chunk)
-            ]
-        )
+    if getattr(policy, "needs_reference", True):
+        with policy._reference() as reference:
+            ref = torch.cat(
+                [
+                    response_logprobs(
+                        reference,
+                        prompts[i : i + chunk],
+                        response_ids[i : i + chunk],
+                        response_mask[i : i + chunk],
+                        temperature=policy.temperature_,
+                        suppress_ids=policy._suppress_ids,
+                        prompt_index=index[i : i + chunk],
+                    )
+                    for i in range(0, len(rows), chunk)
+                ]
+            )
+    else:  # the KL weighs nothing (GRPO at beta = 0): no reference pass, a KL of 0
+        ref = old.clone()
     values = None
     if policy.value_model_ is not None:
         values = sequence_values(
@@ -85,7 +104,9 @@ def sample_and_score(loop, prompt_rows: np.ndarray) -> RolloutBatch:
     if callable(getattr(policy.reward_model_, "score_per_token", None)):
         token_scores = per_token_scores(policy, texts, response_ids, response_mask, ended)
     else:
-        scores = score_responses(loop, texts, prompts, response_ids, response_mask, ended)
+        scores = score_responses(
+            loop, texts, prompts, response_ids, response_mask, ended, rows=rows, parts=parts
+        )
         token_scores = torch.zeros_like(old)
         last = (response_mask.sum(1) - 1).clamp(min=0)  # the EOS, or the last token
         token_scores[torch.arange(len(rows)), last] = scores
@@ -98,7 +119,7 @@ def sample_and_score(loop, prompt_rows: np.ndarray) -> RolloutBatch:
     beta = policy.kl_.beta_  # the coefficient from before this step's update
     in_reward = policy.kl_penalty == "reward"
     rewards = token_scores - beta * kl if in_reward else token_scores
-    return RolloutBatch(
+    batch = RolloutBatch(
         prompts=prompts,
         prompt_index=torch.as_tensor(rows),
         response_ids=response_ids,
@@ -114,18 +135,37 @@ def sample_and_score(loop, prompt_rows: np.ndarray) -> RolloutBatch:
         values=values,
         timings=dict(zip(_PHASES, np.diff(clock).tolist())),
     )
+    return batch, parts
 
 
-def score_responses(loop, prompts, encoded, response_ids, response_mask, ended) -> torch.Tensor:
-    """The reward of each response, checked, with the missing-EOS rule applied."""
+def score_responses(
+    loop, prompts, encoded, response_ids, response_mask, ended, *, rows=None, parts=None
+) -> torch.Tensor:
+    """The reward of each response, checked, with the missing-EOS rule applied.
+
+    ``rows`` (the prompt of each response) picks the prompt table's column values
+    the reward receives; for several rewards, each one's values go into the dict
+    ``parts`` by name.
+    """
     policy = loop.policy
     reward = policy.reward_model_
+    columns = {}
+    if rows is not None and loop.columns:
+        columns = {name: [values[i] for i in rows] for name, values in loop.columns.items()}
+    source = f"the reward model (step {policy.n_iter_ + 1})"
     if loop.scores_tokens:
         # Same vocabulary: score the ids directly, no decoding and re-encoding.
         raw = reward.score_tokens(encoded, response_ids, response_mask)
+    elif isinstance(reward, WeightedRewards):
+        each = reward.score_each(prompts, policy._decode(response_ids, response_mask), **columns)
+        if parts is not None:
+            parts.update(each)
+        raw = reward.combine(each)
+        source = f"the weighted rewards (step {policy.n_iter_ + 1})"
     else:
-        raw = reward(prompts, policy._decode(response_ids, response_mask))
-    source = f"the reward model (step {policy.n_iter_ + 1})"
+        raw = call_with_columns(
+            reward, prompts, policy._decode(response_ids, response_mask), columns
+        )
     checked = check_rewards(raw, len(prompts), source)
     scores = torch.as_tensor(checked, dtype=torch.float32, device=response_ids.device)
     bad = torch.nonzero(~torch.isfinite(scores)).flatten()

@@ -16,126 +16,20 @@ import torch
 from sklearn.utils._param_validation import Interval, StrOptions
 
 from ..backend import distributed
-from ..kl import kl_estimate
+from ..kl import FixedKLController, kl_estimate
 from ._base import BasePolicy, store_params
 from ._batch import Minibatch, RolloutBatch, masked_mean
 from ._docs import fill
+from ._group import (  # noqa: F401 (re-exported: prefopt.policies.grpo's public functions)
+    STD_EPS,
+    aggregate_token_loss,
+    clipped_surrogate,
+    group_advantages,
+    overlong_penalty,
+    sequence_log_ratio,
+)
 
 __all__ = ["GRPOPolicy", "aggregate_token_loss", "group_advantages"]
-
-# TRL adds 1e-4 to the std, so a group whose samples all scored the same gets
-# advantage 0 rather than 0/0.
-STD_EPS = 1e-4
-
-
-def group_advantages(
-    rewards: torch.Tensor, k: int, scale: str = "group", eps: float = STD_EPS
-) -> torch.Tensor:
-    """(r_i - group mean) / (std + eps): GRPO's advantage of each sample.
-
-    ``rewards`` holds the k samples of each prompt together. The group's mean
-    and std include the sample itself (Shao et al. 2024). The std is the
-    sample (Bessel-corrected, n - 1) standard deviation, as ``torch.std`` and
-    TRL's ``GRPOTrainer`` compute it, plus ``eps``.
-
-    Parameters
-    ----------
-    rewards : torch.Tensor of shape (n,)
-        One reward per sample, k per prompt, each prompt's samples together.
-    k : int
-        Samples per prompt, at least 2.
-    scale : {"group", "batch", "none"}, default="group"
-        Divide by the group's std (Shao et al. 2024), by the std of all the
-        rewards in the batch (TRL's ``scale_rewards="batch"``; the mean
-        stays the group's), or not at all (Liu et al. 2025).
-    eps : float, default=1e-4
-        Added to the std.
-
-    Returns
-    -------
-    advantages : torch.Tensor of shape (n,)
-
-    Examples
-    --------
-    >>> import torch
-    >>> r = torch.tensor([1.0, 3.0, 0.0, 0.0])
-    >>> group_advantages(r, k=2, scale="none").tolist()
-    [-1.0, 1.0, 0.0, 0.0]
-    >>> [round(a, 4) for a in group_advantages(r, k=2).tolist()]   # group stds sqrt(2), 0
-    [-0.7071, 0.7071, 0.0, 0.0]
-    """
-    if k < 2:
-        raise ValueError(
-            f"GRPO needs k >= 2 samples per prompt; got k={k}: a group of one sample has "
-            "no std and its advantage r - mean is always 0."
-        )
-    if rewards.shape[0] % k:
-        raise ValueError(f"{rewards.shape[0]} rewards do not split into groups of k={k}.")
-    grouped = rewards.reshape(-1, k)
-    centred = grouped - grouped.mean(1, keepdim=True)
-    if scale == "group":
-        centred = centred / (grouped.std(1, keepdim=True) + eps)
-    elif scale == "batch":
-        centred = centred / (distributed.std(rewards) + eps)  # over all ranks when distributed
-    elif scale != "none":
-        raise ValueError(f"scale must be 'group', 'batch' or 'none'; got {scale!r}.")
-    return centred.reshape(-1)
-
-
-def aggregate_token_loss(
-    per_token: torch.Tensor,
-    mask: torch.Tensor,
-    loss_type: str = "dapo",
-    *,
-    max_new_tokens: int | None = None,
-    n_tokens: float | None = None,
-) -> torch.Tensor:
-    """One scalar from per-token losses, the way GRPO's variants weigh tokens.
-
-    * ``"grpo"``: the mean over each sequence's tokens, then the mean over
-      sequences (Shao et al. 2024). A token of a short response weighs more
-      than one of a long response, which biases length (Liu et al. 2025).
-    * ``"dr_grpo"``: the sum over tokens divided by
-      ``n_sequences * max_new_tokens``, a constant (Liu et al. 2025).
-    * ``"dapo"``: the sum over tokens divided by ``n_tokens``, the number of
-      response tokens in the step's whole batch (Yu et al. 2025; TRL's
-      default), so every token of a step weighs the same.
-
-    Parameters
-    ----------
-    per_token : torch.Tensor of shape (n, length)
-        Loss of each token.
-    mask : torch.Tensor of shape (n, length)
-        1 where a token belongs to the response.
-    loss_type : {"grpo", "dr_grpo", "dapo"}, default="dapo"
-    max_new_tokens : int, default=None
-        Tokens sampled per response (``"dr_grpo"``); ``None`` takes ``length``.
-    n_tokens : float, default=None
-        The ``"dapo"`` normaliser; ``None`` counts the tokens in ``mask``.
-
-    Returns
-    -------
-    loss : torch.Tensor
-
-    Examples
-    --------
-    >>> import torch
-    >>> x = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]])
-    >>> m = torch.tensor([[1, 1, 1], [1, 0, 0]])
-    >>> [round(aggregate_token_loss(x, m, t).item(), 4) for t in ("grpo", "dr_grpo", "dapo")]
-    [3.0, 1.6667, 2.5]
-    """
-    mask = mask.to(per_token.dtype)
-    total = per_token * mask
-    if loss_type == "grpo":
-        return (total.sum(1) / mask.sum(1).clamp(min=1.0)).mean()
-    if loss_type == "dr_grpo":
-        length = per_token.shape[1] if max_new_tokens is None else max_new_tokens
-        return total.sum() / (per_token.shape[0] * length)
-    if loss_type == "dapo":
-        count = mask.sum() if n_tokens is None else torch.as_tensor(float(n_tokens))
-        return total.sum() / count.clamp(min=1.0)
-    raise ValueError(f"loss_type must be 'grpo', 'dr_grpo' or 'dapo'; got {loss_type!r}.")
 
 
 class _GroupSize(Interval):
@@ -180,7 +74,43 @@ class GRPOPolicy(BasePolicy):
         (Yu et al. 2025; TRL's default).
     clip_coef : float, default=0.2
         Epsilon of the clipped ratio (DeepSeekMath does not state it; 0.2 is
-        PPO's and TRL's).
+        PPO's and TRL's): the ratio is clipped to [1 - clip_coef, 1 + epsilon_high].
+    epsilon_high : float, default=None
+        The upper clip bound, DAPO's clip-higher (Yu et al. 2025, who use 0.28
+        with ``clip_coef=0.2``); ``None`` is ``clip_coef``, a symmetric clip.
+    importance_sampling_level : {"token", "sequence"}, default="token"
+        ``"sequence"`` is GSPO (Zheng et al. 2025): one ratio per response,
+        s_i = exp(mean_t log(pi/pi_old)), clipped per sequence and broadcast
+        to its tokens (TRL's option of the same name); with
+        ``loss_type="grpo"`` the loss is the paper's
+        -mean_i min(s_i A_i, clip(s_i) A_i).
+    mask_truncated : bool, default=False
+        Leave responses with no stop token (cut at ``max_new_tokens``) out of
+        the loss (DAPO's overlong filtering, Yu et al. 2025; TRL's
+        ``mask_truncated_completions``); they still count in their group's
+        advantages.
+    overlong_cache : int, default=None
+        DAPO's soft overlong punishment (Yu et al. 2025): with L_max =
+        ``max_new_tokens`` and L_cache this many tokens, a response of length
+        ``|y| > L_max - L_cache`` gets ``((L_max - L_cache) - |y|) / L_cache`` added to
+        its reward (-1 at L_max) before the advantages (logged as
+        ``policy/overlong_penalty``). Pair it with
+        ``missing_eos_reward=None``, or a cut response is punished twice.
+    dynamic_sampling : bool, default=False
+        DAPO's dynamic sampling (Yu et al. 2025): groups whose rewards are all
+        equal (zero advantage, no gradient) are dropped and the batch is
+        topped up with groups of freshly drawn prompts, up to
+        ``max_resamples`` extra rounds; a batch still short is filled with
+        dropped groups. ``history_`` logs ``sampling/extra_generations`` (the
+        completions sampled beyond the batch, over all ranks),
+        ``sampling/dropped_groups`` and ``sampling/rounds``.
+    max_resamples : int, default=4
+        The cap on dynamic sampling's extra rounds per step.
+    log_kl : bool, default=False
+        At ``beta=0`` with a fixed KL coefficient the KL plays no part in the
+        loss, so the reference pass is skipped and ``objective/kl`` reads 0
+        (unless ``max_kl`` watches it); ``True`` runs it to measure the KL
+        anyway.
 
     Attributes
     ----------
@@ -277,6 +207,13 @@ class GRPOPolicy(BasePolicy):
         "scale_rewards": [StrOptions({"group", "batch", "none"})],
         "loss_type": [StrOptions({"grpo", "dr_grpo", "dapo"})],
         "clip_coef": [Interval(Real, 0, None, closed="neither")],
+        "epsilon_high": [Interval(Real, 0, None, closed="neither"), None],
+        "importance_sampling_level": [StrOptions({"token", "sequence"})],
+        "mask_truncated": ["boolean"],
+        "overlong_cache": [Interval(Integral, 1, None, closed="left"), None],
+        "dynamic_sampling": ["boolean"],
+        "max_resamples": [Interval(Integral, 0, None, closed="left")],
+        "log_kl": ["boolean"],
     }
 
     samples_per_prompt = "k"
@@ -290,6 +227,17 @@ class GRPOPolicy(BasePolicy):
         is taken, so the training pass's own detached log-probs are pi_old.
         """
         return self.n_epochs > 1 or self.n_minibatches > 1
+
+    @property
+    def needs_reference(self) -> bool:
+        """Whether a rollout runs the reference pass.
+
+        At beta = 0 under a fixed coefficient (TRL's default) the k3 term weighs
+        nothing, so the pass is skipped unless ``log_kl`` asks for the KL.
+        """
+        fixed = self.kl is None or isinstance(self.kl, FixedKLController)
+        # max_kl watches the KL, so it needs the KL measured too.
+        return self.log_kl or self.max_kl is not None or not (fixed and self.beta_ == 0)
 
     def __init__(
         self,
@@ -315,6 +263,13 @@ class GRPOPolicy(BasePolicy):
         scale_rewards="group",
         loss_type="dapo",
         clip_coef=0.2,
+        epsilon_high=None,
+        importance_sampling_level="token",
+        mask_truncated=False,
+        overlong_cache=None,
+        dynamic_sampling=False,
+        max_resamples=4,
+        log_kl=False,
         random_state=None,
         verbose=0,
         warm_start=False,
@@ -328,6 +283,7 @@ class GRPOPolicy(BasePolicy):
         ptx_coef=0.0,
         refit_every=None,
         lora=None,
+        reward_weights=None,
     ):
         store_params(self, locals())
 
@@ -343,7 +299,23 @@ class GRPOPolicy(BasePolicy):
         -------
         advantages : torch.Tensor of shape (n,)
         """
-        return group_advantages(batch.sequence_rewards, self.k, self.scale_rewards)
+        rewards = batch.sequence_rewards
+        if self.overlong_cache is not None:
+            rewards = rewards + self._overlong(batch)
+        return group_advantages(rewards, self.k, self.scale_rewards)
+
+    def _loss_mask(self, batch: RolloutBatch) -> torch.Tensor:
+        """The tokens the loss counts: the responses', less cut ones with ``mask_truncated``."""
+        if not self.mask_truncated:
+            return batch.response_mask
+        return batch.response_mask * batch.ended[:, None].to(batch.response_mask.dtype)
+
+    def _overlong(self, batch: RolloutBatch) -> torch.Tensor:
+        """DAPO's soft overlong penalty of each response of ``batch``."""
+        cache = min(self.overlong_cache, self.max_new_tokens_)
+        return overlong_penalty(batch.response_mask.sum(1), self.max_new_tokens_, cache).to(
+            batch.scores.dtype
+        )
 
     def compute_loss(self, batch: RolloutBatch, minibatch: Minibatch):
         """Clipped surrogate plus beta * k3 per token, aggregated by ``loss_type``.
@@ -363,10 +335,15 @@ class GRPOPolicy(BasePolicy):
         mask, logprobs = minibatch.mask, minibatch.logprobs
         old = minibatch.old_logprobs if self.uses_ratio else logprobs.detach()
         advantages = minibatch.advantages[:, None]
-        ratio = torch.exp(logprobs - old)
-        unclipped = ratio * advantages
-        clipped = torch.clamp(ratio, 1.0 - self.clip_coef, 1.0 + self.clip_coef) * advantages
-        surrogate = -torch.minimum(unclipped, clipped)
+        log_ratio = logprobs - old
+        if self.importance_sampling_level == "sequence":  # GSPO (Zheng et al. 2025)
+            log_ratio = sequence_log_ratio(log_ratio, mask)
+        if self.mask_truncated:  # DAPO's overlong filtering: cut responses out of the loss
+            mask = mask * batch.ended[minibatch.rows][:, None].to(mask.dtype)
+        high = self.clip_coef if self.epsilon_high is None else self.epsilon_high
+        surrogate, unclipped, clipped = clipped_surrogate(
+            log_ratio, advantages, self.clip_coef, high
+        )
         # k3 = pi_ref/pi - log(pi_ref/pi) - 1 at the sampled token (Shao et al. 2024, eq. 4;
         # Schulman 2020): its expected gradient is that of KL(pi_ref || pi) at the prefix.
         k3 = kl_estimate(logprobs, minibatch.ref_logprobs, "k3")
@@ -375,7 +352,7 @@ class GRPOPolicy(BasePolicy):
             "max_new_tokens": self.max_new_tokens_,
             # Distributed fits: the global token count over world size, so that DDP's average
             # of the ranks' losses divides the global token sum by the global count.
-            "n_tokens": distributed.global_count(int(batch.response_mask.sum()))
+            "n_tokens": distributed.global_count(int(self._loss_mask(batch).sum()))
             / distributed.world_size()
             if self.loss_type == "dapo"
             else None,
@@ -393,6 +370,8 @@ class GRPOPolicy(BasePolicy):
             "policy/ratio_mean": masked_mean(log_ratio.exp(), mask).item(),
             "policy/zero_std_share": (scores == scores[:, :1]).all(1).float().mean().item(),
         }
+        if self.overlong_cache is not None:
+            stats["policy/overlong_penalty"] = self._overlong(batch).mean().item()
         return policy_loss + kl_loss, stats
 
 

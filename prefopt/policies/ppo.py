@@ -291,6 +291,7 @@ class PPOPolicy(BasePolicy):
         ptx_coef=0.0,
         refit_every=None,
         lora=None,
+        reward_weights=None,
     ):
         store_params(self, locals())
 

@@ -138,6 +138,7 @@ class RAFTPolicy(BasePolicy):
         ptx_coef=0.0,
         refit_every=None,
         lora=None,
+        reward_weights=None,
     ):
         store_params(self, locals())
 

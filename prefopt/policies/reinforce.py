@@ -143,6 +143,7 @@ class ReinforcePolicy(BasePolicy):
         ptx_coef=0.0,
         refit_every=None,
         lora=None,
+        reward_weights=None,
     ):
         store_params(self, locals())
 
