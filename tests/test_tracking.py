@@ -517,3 +517,19 @@ def test_compare_is_one_run_per_algorithm_and_seed(tmp_path):
     assert sorted(os.listdir(tmp_path / group)) == names
     points, _ = _scalars(tmp_path / group / "RLOO-b-seed=1", "objective/reward")
     assert [s for s, _ in points] == [1, 2]
+
+
+def test_seed_search_evaluation_and_refit_runs_join_the_group(tmp_path):
+    from prefopt.model_selection import SeedSearchCV
+
+    rm = _world_reward()
+    search = SeedSearchCV(_rloo(n_steps=1), {"beta": [0.1]}, seeds=[0], evaluation_seeds=1)
+    with prefopt.config_context(report_to="tensorboard", logging_dir=tmp_path):
+        search.fit(WORLD.prompts, reward_model=rm)
+    (group,) = os.listdir(tmp_path)
+    (seed,) = search.evaluation_seeds_
+    assert sorted(os.listdir(tmp_path / group)) == [
+        "candidate=0-seed=0",
+        f"evaluation-seed={seed}",
+        f"refit-seed={seed}",
+    ]
