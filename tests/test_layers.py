@@ -38,11 +38,9 @@ RANK = {part: i for i, layer in enumerate(LAYERS) for part in layer}
 
 # Known cycles, each to be removed by the change that breaks it.
 ALLOWED_CYCLES: list[list[str]] = []  # none: every cycle is a failure
-# Top-level modules besides the packages. _progress is the old place of backend/progress.py,
-# re-exporting tqdm while policies/_steps.py and lm/_supervised.py still import it from there;
-# the coordinator deletes it (and this entry) once they import prefopt.backend.progress.
-TOP_LEVEL = {"__init__", "_config", "kl", "conftest", "_progress"}
-PART = {"_progress": "backend"}  # the layer a top-level module belongs to, where not its name
+# Top-level modules besides the packages.
+TOP_LEVEL = {"__init__", "_config", "kl", "conftest"}
+PART: dict[str, str] = {}  # the layer a top-level module belongs to, where not its name
 MAX_LINES = 500
 # Private names still imported across packages, in files other changes own; an entry goes
 # when its import does (a stale entry is harmless: the test checks no new one appears).

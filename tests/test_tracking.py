@@ -338,7 +338,7 @@ def test_open_run_calls_plain_callbacks_and_opens_loggers(tmp_path):
 
 
 def test_policy_callback_hook_logs_objective_reward_per_step(tmp_path):
-    # The policies' existing callback(policy, row) hook: the logger opens at the first row.
+    # A logger passed as the policies' callback= is opened before the first step.
     from prefopt import RLOOPolicy
 
     rm = RewardModel().fit(WORLD.comparisons(200, random_state=0))
@@ -356,3 +356,180 @@ def test_policy_callback_hook_logs_objective_reward_per_step(tmp_path):
     assert _same_points(points, rloo.history_, "objective/reward")
     (params,) = _tb_text(acc, "parameters")
     assert "| k | 2 |" in params and "| n_steps | 4 |" in params
+
+
+# -- every fit: SFT/DPO callbacks, the policy loop, searches and comparisons -------------------
+
+
+def _rloo(**params):
+    from prefopt import RLOOPolicy
+
+    settings = dict(
+        model=WORLD.policy_model(),
+        k=2,
+        learning_rate=0.3,
+        optimizer="sgd",
+        n_steps=4,
+        batch_size=8,
+        random_state=0,
+    )
+    return RLOOPolicy(**{**settings, **params})
+
+
+def _world_reward():
+    return RewardModel(random_state=0).fit(WORLD.comparisons(200, random_state=0))
+
+
+def test_sft_and_dpo_callbacks_see_every_row_and_can_stop():
+    seen = []
+    sft = _sft().fit(DEMOS, callback=lambda est, row: seen.append(row))
+    assert len(seen) == 8 and seen == sft.history_  # 8 demonstrations / 2 a step, 2 epochs
+    sft = _sft().fit(DEMOS, callback=lambda est, row: row["step"] == 3)
+    assert sft.n_iter_ == 3 and [r["step"] for r in sft.history_] == [1, 2, 3]
+    data = WORLD.comparisons(64, random_state=0)
+    dpo = DPOPolicy(batch_size=16, n_epochs=1, random_state=0)
+    dpo.fit(data, callback=lambda est, row: row["step"] == 2)
+    assert [r["step"] for r in dpo.history_] == [1, 2]
+    for estimator, X in ((_sft(), DEMOS), (dpo, data)):
+        with pytest.raises(TypeError, match="callback must be a callable"):
+            estimator.fit(X, callback="tensorboard")
+
+
+def test_dpo_mlflow_logger_as_callback_is_finished_with_the_fit(tmp_path):
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'store.db'}"
+    logger = MLflowLogger(uri, experiment_name="dpo")
+    dpo = DPOPolicy(beta=0.5, batch_size=16, n_epochs=1, random_state=0)
+    dpo.fit(WORLD.comparisons(64, random_state=0), callback=logger)
+    client = MlflowClient(tracking_uri=uri)
+    assert client.get_run(logger.run_id_).info.status == "FINISHED"
+    points = sorted(
+        (m.step, m.value) for m in client.get_metric_history(logger.run_id_, "loss/dpo")
+    )
+    assert _same_points(points, dpo.history_, "loss/dpo")
+
+
+def test_policy_fit_under_report_to_logs_every_step_and_samples(tmp_path):
+    rm = _world_reward()
+    logger = TensorBoardLogger(tmp_path / "cb", samples_every=2)
+    with prefopt.config_context(report_to="tensorboard", logging_dir=tmp_path / "runs"):
+        rloo = _rloo().fit(WORLD.prompts, rm, callback=logger)
+    assert not logger._open  # closed with the fit, not left to the caller
+    (run,) = os.listdir(tmp_path / "runs")
+    assert run.startswith("RLOOPolicy_")
+    for folder in (tmp_path / "runs" / run, tmp_path / "cb"):
+        points, acc = _scalars(folder, "objective/reward")
+        assert _same_points(points, rloo.history_, "objective/reward")
+        assert [s for s, _ in points] == [1, 2, 3, 4]  # one point per step
+        (params,) = _tb_text(acc, "parameters")
+        assert "| k | 2 |" in params and "| n_steps | 4 |" in params
+    # Text samples: at steps 2 and 4 for samples_every=2, none in 4 steps for the default 10.
+    _, acc = _scalars(tmp_path / "cb", "objective/reward")
+    tables = _tb_text(acc, "samples/completions")
+    assert len(tables) == 2
+    lines = tables[0].splitlines()
+    assert lines[0] == "| prompt | completion | reward |" and len(lines) == 2 + 8
+    assert {line.split(" | ")[0][2:] for line in lines[2:]} <= set(WORLD.prompts)
+    _, acc = _scalars(tmp_path / "runs" / run, "objective/reward")
+    assert "samples/completions/text_summary" not in acc.Tags()["tensors"]
+
+
+def test_policy_mlflow_logger_as_callback_is_finished(tmp_path):
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'store.db'}"
+    logger = MLflowLogger(uri, experiment_name="rloo")
+    rloo = _rloo().fit(WORLD.prompts, _world_reward(), callback=logger)
+    client = MlflowClient(tracking_uri=uri)
+    run = client.get_run(logger.run_id_)
+    assert run.info.status == "FINISHED" and run.data.params["k"] == "2"
+    history = client.get_metric_history(logger.run_id_, "objective/reward")
+    points = sorted((m.step, m.value) for m in history)
+    assert _same_points(points, rloo.history_, "objective/reward")
+
+
+def test_policy_verbose_prints_a_line_per_logging_step(capsys):
+    rm = _world_reward()
+    capsys.readouterr()
+    _rloo(n_steps=12, verbose=1).fit(WORLD.prompts, rm)
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in lines] == [
+        "RLOOPolicy step 10/12",
+        "RLOOPolicy step 12/12",
+    ]
+    assert lines[0].split(": ")[1].startswith("objective/reward ")
+    _rloo(n_steps=3, verbose=2).fit(WORLD.prompts, rm)
+    assert len(capsys.readouterr().out.splitlines()) == 3
+    _rloo(n_steps=3).fit(WORLD.prompts, rm)
+    assert capsys.readouterr().out == ""
+
+
+def test_seed_search_is_one_nested_run_per_candidate_and_seed(tmp_path, monkeypatch):
+    from mlflow import MlflowClient
+
+    from prefopt.model_selection import SeedSearchCV
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    rm = _world_reward()
+    search = SeedSearchCV(_rloo(n_steps=2), {"beta": [0.1, 0.5]}, seeds=[0, 1], refit=False)
+    with prefopt.config_context(report_to=["mlflow", "tensorboard"], logging_dir=tmp_path):
+        search.fit(WORLD.prompts, reward_model=rm)
+    names = sorted(f"candidate={c}-seed={s}" for c in (0, 1) for s in (0, 1))
+    (group,) = [f for f in os.listdir(tmp_path) if f != "mlflow.db"]
+    assert group.startswith("SeedSearchCV_")
+    assert sorted(os.listdir(tmp_path / group)) == names  # <logging_dir>/<group>/<run>
+    points, _ = _scalars(tmp_path / group / "candidate=1-seed=0", "objective/reward")
+    assert [s for s, _ in points] == [1, 2]
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path.resolve() / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("prefopt").experiment_id])
+    (parent,) = [r for r in runs if r.info.run_name == group]
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert sorted(r.info.run_name for r in children) == names and len(runs) == 5
+    by_name = {r.info.run_name: r for r in children}
+    assert by_name["candidate=1-seed=0"].data.params["beta"] == "0.5"
+    assert by_name["candidate=0-seed=1"].data.params["random_state"] == "1"
+    assert {r.info.status for r in runs} == {"FINISHED"}
+
+
+def test_search_and_compare_without_report_to_log_nothing(tmp_path):
+    from prefopt.model_selection import SeedSearchCV, compare
+
+    rm = _world_reward()
+    with prefopt.config_context(logging_dir=tmp_path):  # report_to="none", the default
+        SeedSearchCV(_rloo(n_steps=1), {"beta": [0.1]}, seeds=[0], refit=False).fit(
+            WORLD.prompts, reward_model=rm
+        )
+        compare({"RLOO": _rloo(n_steps=1)}, WORLD.prompts, reward_model=rm, seeds=[0])
+    assert os.listdir(tmp_path) == []
+
+
+def test_compare_is_one_run_per_algorithm_and_seed(tmp_path):
+    from prefopt.model_selection import compare
+
+    rm = _world_reward()
+    algorithms = {"RLOO": _rloo(n_steps=2), "RLOO-b": _rloo(n_steps=2, beta=0.5)}
+    with prefopt.config_context(report_to="tensorboard", logging_dir=tmp_path):
+        compare(algorithms, WORLD.prompts, reward_model=rm, seeds=[0, 1])
+    (group,) = os.listdir(tmp_path)
+    assert group.startswith("compare_")
+    names = sorted(f"{a}-seed={s}" for a in algorithms for s in (0, 1))
+    assert sorted(os.listdir(tmp_path / group)) == names
+    points, _ = _scalars(tmp_path / group / "RLOO-b-seed=1", "objective/reward")
+    assert [s for s, _ in points] == [1, 2]
+
+
+def test_seed_search_evaluation_and_refit_runs_join_the_group(tmp_path):
+    from prefopt.model_selection import SeedSearchCV
+
+    rm = _world_reward()
+    search = SeedSearchCV(_rloo(n_steps=1), {"beta": [0.1]}, seeds=[0], evaluation_seeds=1)
+    with prefopt.config_context(report_to="tensorboard", logging_dir=tmp_path):
+        search.fit(WORLD.prompts, reward_model=rm)
+    (group,) = os.listdir(tmp_path)
+    (seed,) = search.evaluation_seeds_
+    assert sorted(os.listdir(tmp_path / group)) == [
+        "candidate=0-seed=0",
+        f"evaluation-seed={seed}",
+        f"refit-seed={seed}",
+    ]

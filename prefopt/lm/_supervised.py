@@ -13,8 +13,8 @@ import time
 import torch
 
 from .._config import get_config
-from .._progress import tqdm
 from ..backend import adamw, distributed, gradient_step
+from ..backend.progress import tqdm
 from ..tracking import open_run
 
 __all__ = ["schedule_scale", "train_minibatches"]

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import time
 import warnings
+from contextlib import contextmanager, nullcontext
 
 import numpy as np
 from sklearn.metrics import check_scoring
 from sklearn.model_selection import cross_validate
 
-from .._config import config_context
+from .._config import config_context, get_config
+from ..tracking import run_group
+from ..tracking._base import default_run_name
 
 
 class _AllPrompts:
@@ -48,18 +51,38 @@ def _scorers(estimator, scoring):
     return check_scoring(estimator, scoring)
 
 
-def _cell(estimator, X, y, split, scorers, params, train_score, error_score, config, where):
+@contextmanager
+def tracked_group(owner):
+    """A :func:`~prefopt.tracking.run_group` named after ``owner`` (an estimator or a
+    name) when ``report_to`` logs somewhere, else ``None``; hand it to the cells, each a
+    member run of it."""
+    if all(name == "none" for name in get_config()["report_to"]):
+        yield None
+        return
+    with run_group(default_run_name(owner)) as group:
+        yield group
+
+
+def member(group, run_name: str):
+    """``group.member(run_name)``, or nothing without a group (``report_to="none"``)."""
+    return nullcontext() if group is None else group.member(run_name)
+
+
+def _cell(
+    estimator, X, y, split, scorers, params, train_score, error_score, config, where, run=(None, "")
+):
     """Fit and score one (candidate, seed, split) under the caller's prefopt configuration.
 
     Runs in a joblib worker (a thread, a loky process, a Ray actor), which starts
     from prefopt's defaults: ``config`` carries the caller's ``set_config``
-    settings there, as ``compare`` hands them to its tasks. Returns the times and
+    settings there, as ``compare`` hands them to its tasks, and ``run`` the
+    ``(group, run name)`` its fit is tracked as (see :func:`tracked_group`). Returns the times and
     ``test_<metric>`` (``train_<metric>``) scores of ``cross_validate`` and ``healthy``
     (:func:`run_healthy` of the fitted estimator, 1, 0 or NaN); a failure, when
     ``error_score`` is not ``"raise"``, warns and returns its fit time and ``failed``.
     """
     start = time.perf_counter()
-    with config_context(**config):
+    with config_context(**config), member(*run):
         try:
             out = cross_validate(
                 estimator,

@@ -17,7 +17,7 @@ from sklearn.utils.parallel import Parallel, delayed
 
 from .._config import config_context, get_config
 from ..data import check_prompts
-from ._cells import run_healthy
+from ._cells import member, run_healthy, tracked_group
 from ._comparison import BUDGETS, Comparison, summarise
 from ._stats import _check_seeds, split_seeds
 from ._tuning import check_tune, tune_algorithms
@@ -25,10 +25,13 @@ from ._tuning import check_tune, tune_algorithms
 START = "start"  # the name of the starting policy's row
 
 
-def _fit_and_score_seed(estimator, X, X_score, fit_params, seed_param, seed, scorer, keep, config):
+def _fit_and_score_seed(
+    estimator, X, X_score, fit_params, seed_param, seed, scorer, keep, config, run=(None, "")
+):
     # The caller's prefopt configuration travels with the task, so worker processes
-    # (loky, Ray) use the same device and progress-bar settings as the caller.
-    with config_context(**config):
+    # (loky, Ray) use the same device and progress-bar settings as the caller; ``run``
+    # is the (group, run name) the fit is tracked as under report_to.
+    with config_context(**config), member(*run):
         estimator = clone(estimator).set_params(**{seed_param: seed})
         start = time.perf_counter()
         estimator.fit(X, **fit_params)
@@ -252,20 +255,22 @@ def compare(
         estimators = _with_start(estimators, include_start, baseline)
     scorers = {name: check_scoring(est, scoring) for name, est in estimators.items()}
     jobs = [(name, seed) for name in estimators for seed in seeds]
-    out = Parallel(n_jobs=n_jobs)(
-        delayed(_fit_and_score_seed)(
-            estimators[name],
-            prompts,
-            X_score,
-            fit_params,
-            seed_param,
-            seed,
-            scorers[name],
-            return_estimators,
-            get_config(),
+    with tracked_group("compare") as group:  # report_to: one run per algorithm and seed
+        out = Parallel(n_jobs=n_jobs)(
+            delayed(_fit_and_score_seed)(
+                estimators[name],
+                prompts,
+                X_score,
+                fit_params,
+                seed_param,
+                seed,
+                scorers[name],
+                return_estimators,
+                get_config(),
+                (group, f"{name}-seed={seed}"),
+            )
+            for name, seed in jobs
         )
-        for name, seed in jobs
-    )
     flip = dict.fromkeys(positive_kl, -1.0)
     rows = [
         {"algorithm": name, "seed": seed, "metric": metric, "value": flip.get(metric, 1.0) * value}

@@ -23,10 +23,15 @@ from sklearn.utils.parallel import Parallel, delayed
 
 from .._config import get_config
 from ._best import _BestEstimatorMethods
-from ._cells import _AllPrompts, _cell, _param_arrays, _scorers
+from ._cells import _AllPrompts, _cell, _param_arrays, _scorers, member, tracked_group
 from ._stats import _check_seeds, split_seeds, t_interval
 
 __all__ = ["SeedSearchCV"]
+
+
+def _run_name(cell: str, split: int, splits: list) -> str:
+    """A cell's tracked run: ``candidate=<i>-seed=<s>``, with ``-split=<k>`` under folds."""
+    return cell + (f"-split={split}" if len(splits) > 1 else "")
 
 
 def _rank(means: np.ndarray, n_unhealthy: np.ndarray | None = None) -> np.ndarray:
@@ -285,37 +290,45 @@ class SeedSearchCV(_BestEstimatorMethods, MetaEstimatorMixin, BaseEstimator):
                 f"{len(self.seeds_)} seeds, totalling {len(candidates) * self.n_splits_} fits"
             )
         config = get_config()  # every cell carries the caller's set_config settings
-        out = Parallel(n_jobs=self.n_jobs, pre_dispatch=self.pre_dispatch, verbose=self.verbose)(
-            delayed(_cell)(
-                clone(self.estimator).set_params(**clone(p, safe=False), **{self.seed_param: seed}),
-                X,
-                y,
-                split,
-                self.scorer_,
-                params,
-                self.return_train_score,
-                self.error_score,
-                config,
-                f"{p} with {self.seed_param}={seed} on split {i}",
+        # With report_to: one tracked run per (candidate, seed) (and split), grouped.
+        with tracked_group(self) as group:
+            out = Parallel(
+                n_jobs=self.n_jobs, pre_dispatch=self.pre_dispatch, verbose=self.verbose
+            )(
+                delayed(_cell)(
+                    clone(self.estimator).set_params(
+                        **clone(p, safe=False), **{self.seed_param: seed}
+                    ),
+                    X,
+                    y,
+                    split,
+                    self.scorer_,
+                    params,
+                    self.return_train_score,
+                    self.error_score,
+                    config,
+                    f"{p} with {self.seed_param}={seed} on split {i}",
+                    (group, _run_name(f"candidate={c // len(self.seeds_)}-seed={seed}", i, splits)),
+                )
+                for c, (p, seed) in enumerate(candidates)
+                for i, split in enumerate(splits)
             )
-            for p, seed in candidates
-            for i, split in enumerate(splits)
-        )
-        self.cv_results_ = self._results(list(grid), out, folds=self.cv is not None)
-        self._select_best()
-        refit_seed = self.seeds_[0]
-        if self.evaluation_seeds is not None:
-            self._evaluate(X, y, splits, params, config)
-            refit_seed = self.evaluation_seeds_[0]
-        if self.refit:
-            best = {**clone(self.best_params_, safe=False), self.seed_param: refit_seed}
-            self.best_estimator_ = clone(self.estimator).set_params(**best)
-            start = time.perf_counter()
-            self.best_estimator_.fit(X, y, **params)
-            self.refit_time_ = time.perf_counter() - start
+            self.cv_results_ = self._results(list(grid), out, folds=self.cv is not None)
+            self._select_best()
+            refit_seed = self.seeds_[0]
+            if self.evaluation_seeds is not None:
+                self._evaluate(X, y, splits, params, config, group)
+                refit_seed = self.evaluation_seeds_[0]
+            if self.refit:
+                best = {**clone(self.best_params_, safe=False), self.seed_param: refit_seed}
+                self.best_estimator_ = clone(self.estimator).set_params(**best)
+                start = time.perf_counter()
+                with member(group, f"refit-seed={refit_seed}"):
+                    self.best_estimator_.fit(X, y, **params)
+                self.refit_time_ = time.perf_counter() - start
         return self
 
-    def _evaluate(self, X, y, splits, params, config) -> None:
+    def _evaluate(self, X, y, splits, params, config, group=None) -> None:
         """Fit and score the selected candidate on every evaluation seed."""
         if not hasattr(self, "best_params_"):
             raise ValueError(
@@ -336,6 +349,7 @@ class SeedSearchCV(_BestEstimatorMethods, MetaEstimatorMixin, BaseEstimator):
                 self.error_score,
                 config,
                 f"{best} with {self.seed_param}={s} on split {i} (evaluation)",
+                (group, _run_name(f"evaluation-seed={s}", i, splits)),
             )
             for s in self.evaluation_seeds_
             for i, split in enumerate(splits)

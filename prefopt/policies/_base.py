@@ -28,6 +28,7 @@ from ..lm import _checkpoint as ckpt
 from ..lm._run import one_fit_at_a_time
 from ..rewards import call_with_columns, check_reward_columns, check_rewards
 from ..rewards._combined import combine_rewards
+from ..tracking import check_callback
 from . import _online as online
 from ._contract import Algorithm
 from ._health import check_temperature
@@ -196,10 +197,11 @@ class BasePolicy(Algorithm, GenerativeEstimator):
             (:func:`~prefopt.data.check_pretraining_texts`). They define the run:
             a checkpoint written with other texts is not resumed. Given with
             ``ptx_coef=0`` they are ignored, with a warning.
-        callback : callable, default=None
+        callback : callable, Logger or list of them, default=None
             ``callback(policy, row)`` after every step, with that step's
             ``history_`` row; returning ``True`` stops the run early. Use it to
-            track exact metrics along a run or to stop on a condition.
+            track exact metrics along a run or to stop on a condition. A
+            :mod:`prefopt.tracking` logger logs the fit and is closed with it.
 
         Returns
         -------
@@ -207,6 +209,7 @@ class BasePolicy(Algorithm, GenerativeEstimator):
             The fitted policy.
         """
         self._validate_params()
+        check_callback(callback)
         self._check_algorithm_params()
         self._tell_hidden_parameters()
         start_model = self.model

@@ -52,7 +52,8 @@ COMMON_PARAMETERS = """model : str, transformers config, torch module or fitted 
     random_state : int, RandomState instance or None
         Same seed, same CPU run. No global seed is set.
     verbose : int
-        Log a line every 10 steps through the ``prefopt`` logger.
+        ``1`` prints a line (step, reward, KL, losses) every 10 steps and at the
+        last, ``2`` every step; no ``logging`` setup needed.
     warm_start : bool
         Continue from the fitted state (model, reference, optimiser, beta,
         history) for ``n_steps`` more steps instead of starting over; a linear

@@ -11,22 +11,23 @@ in ``_rollout.py``, the gradient passes of an update in ``_steps.py``.
 
 from __future__ import annotations
 
-import logging
 import math
 import time
 
 import torch
 
 from .._config import get_config
-from .._progress import tqdm
 from ..backend import adamw, distributed
+from ..backend.progress import tqdm
 from ..lm import RunState
+from ..tracking import open_run
 from ._batch import RolloutBatch
 from ._health import check_health
 from ._rollout import sample_and_score
 from ._steps import update
 
-logger = logging.getLogger("prefopt")
+# Completions shown per text sample: enough to read what the policy does, not the batch.
+_SAMPLES = 8
 
 
 def trainable_parameters(policy) -> list:
@@ -151,8 +152,12 @@ class PolicyLoop:
         for group in self.run.optimizer.param_groups:
             group["lr"] = frac * policy.learning_rate_
 
-    def step(self) -> dict:
-        """One step: rollout, advantages, update, beta; returns the ``history_`` row."""
+    def step(self, tracked=None) -> dict:
+        """One step: rollout, advantages, update, beta; returns the ``history_`` row.
+
+        ``tracked`` (the fit's :class:`~prefopt.tracking.TrackedRun`) gets a text
+        sample of the completions every so often.
+        """
         policy, run = self.policy, self.run
         self.set_learning_rate()
         start = time.perf_counter()
@@ -195,6 +200,8 @@ class PolicyLoop:
         }
         row = distributed.reduce_row(row, elapsed, len(batch))  # global figures
         row.update(self.budget(batch, n_episodes, elapsed))
+        if tracked is not None:
+            self.log_samples(tracked, batch)
         return row
 
     def budget(self, batch: RolloutBatch, n_episodes: int, elapsed: float) -> dict:
@@ -228,37 +235,44 @@ class PolicyLoop:
         return totals
 
     def train(self, n_steps: int, callback=None) -> None:
-        """``n_steps`` steps, each logged to ``history_``, checked and checkpointed."""
+        """``n_steps`` steps, each logged to ``history_``, checked and checkpointed.
+
+        The trackers of ``set_config(report_to=...)`` and the loggers among
+        ``callback`` open (and log the parameters) before the first step and close
+        with the fit; each row goes to them, to ``verbose`` and to the callbacks.
+        """
         policy = self.policy
         total = policy.n_iter_ + max(n_steps, 0)
         show = get_config()["show_progress_bar"] and distributed.is_main()  # rank 0 alone
         name = type(policy).__name__
-        bar = tqdm(range(max(n_steps, 0)), desc=name, disable=not show, leave=False)
-        for _ in bar:
-            row = self.step()
-            policy.history_.append(row)
-            check_health(self, row)
-            bar.set_postfix(
-                reward=f"{row['objective/reward']:.3f}", kl=f"{row['objective/kl']:.3f}"
-            )
-            last = policy.n_iter_ == total
-            if policy.verbose and distributed.is_main() and (policy.n_iter_ % 10 == 0 or last):
-                logger.info(
-                    "%s step %d: reward %.4f kl %.4f beta %.4g",
-                    name,
-                    policy.n_iter_,
-                    row["objective/reward"],
-                    row["objective/kl"],
-                    row["objective/beta"],
+        with open_run(policy, callback, name=name, total=total) as tracked:
+            bar = tqdm(range(max(n_steps, 0)), desc=name, disable=not show, leave=False)
+            for _ in bar:
+                row = self.step(tracked)
+                policy.history_.append(row)
+                check_health(self, row)
+                bar.set_postfix(
+                    reward=f"{row['objective/reward']:.3f}", kl=f"{row['objective/kl']:.3f}"
                 )
-            if self.checkpoint is not None and (
-                policy.n_iter_ % policy.checkpoint_every == 0 or last
-            ):
-                self.save_checkpoint()
-            stop = callback is not None and callback(policy, row) is True
-            if distributed.any_rank(stop):  # every rank stops at the same step
-                break
-        bar.close()
+                last = policy.n_iter_ == total
+                if self.checkpoint is not None and (
+                    policy.n_iter_ % policy.checkpoint_every == 0 or last
+                ):
+                    self.save_checkpoint()
+                stop = tracked(policy, row)
+                if distributed.any_rank(stop):  # every rank stops at the same step
+                    break
+            bar.close()
+
+    def log_samples(self, tracked, batch: RolloutBatch) -> None:
+        """A few of the step's prompts and completions as text, when a tracker wants them."""
+        step = self.policy.n_iter_
+        if not tracked.samples_due(step):
+            return
+        n = min(len(batch), _SAMPLES)
+        prompts = [self.prompts[int(i)] for i in batch.prompt_index[:n]]
+        completions = self.policy._decode(batch.response_ids[:n], batch.response_mask[:n])
+        tracked.log_samples(prompts, completions, step, batch.scores[:n].tolist())
 
     def save_checkpoint(self) -> None:
         """Write the policy's fitted state and this run's state to the checkpoint folder."""

@@ -36,6 +36,7 @@ from ..backend import (
 from ..data import PreferenceData, check_comparisons
 from ..lm import GenerativeStep, context_length, train_minibatches
 from ..lm import _checkpoint as ckpt
+from ..tracking import check_callback
 
 __all__ = ["DPOPolicy"]
 
@@ -104,7 +105,8 @@ class DPOPolicy(GenerativeStep):
         Seeds a model built from a config, the adapter, the order of the
         comparisons and :meth:`sample`.
     verbose : int, default=0
-        Unused; kept for scikit-learn's interface.
+        ``1`` prints a line (step, loss, reward margin) every 10 steps and at
+        the last, ``2`` every step; no ``logging`` setup needed.
     checkpoint_dir : str or path, default=None
         Save the fit every ``checkpoint_every`` steps and at the end (JSON and
         safetensors, no pickle); ``fit`` with the same folder, parameters and
@@ -234,7 +236,7 @@ class DPOPolicy(GenerativeStep):
         self.checkpoint_dir = checkpoint_dir
         self.checkpoint_every = checkpoint_every
 
-    def fit(self, X, y=None):
+    def fit(self, X, y=None, *, callback=None):
         """Fit the policy on comparisons.
 
         Parameters
@@ -246,12 +248,17 @@ class DPOPolicy(GenerativeStep):
             ``model=None`` the policy fitted by the step before (an SFT model).
         y : None
             Ignored.
+        callback : callable, Logger or list of them, default=None
+            ``callback(policy, row)`` after every gradient step, with that
+            step's ``history_`` row; returning ``True`` stops the fit. A
+            :mod:`prefopt.tracking` logger logs the fit and is closed with it.
 
         Returns
         -------
         self : DPOPolicy
         """
         self._validate_params()
+        check_callback(callback)
         start = self.model
         if isinstance(X, PreferenceData):  # a step of a Pipeline
             start = X.policy if start is None else start
@@ -321,6 +328,7 @@ class DPOPolicy(GenerativeStep):
                 name="DPOPolicy",
                 resume=resume,
                 model_key=model_key,
+                callback=callback,
             )
         return self
 

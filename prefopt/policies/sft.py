@@ -22,6 +22,7 @@ from ..backend import default_learning_rate, make_generator, response_logprobs
 from ..data import PreferenceData, check_demonstrations
 from ..lm import GenerativeStep, context_length, train_minibatches
 from ..lm import _checkpoint as ckpt
+from ..tracking import check_callback
 from ._batch import masked_mean
 
 __all__ = ["SFTPolicy"]
@@ -67,6 +68,8 @@ class SFTPolicy(GenerativeStep):
         ``generate`` after ``save_pretrained``) stop there too.
     random_state : int, RandomState instance or None, default=None
     verbose : int, default=0
+        ``1`` prints a line (step, loss) every 10 steps and at the last, ``2``
+        every step; no ``logging`` setup needed.
     warm_start : bool, default=False
         Continue training the fitted model.
     checkpoint_dir : str or path, default=None
@@ -171,7 +174,7 @@ class SFTPolicy(GenerativeStep):
         self.checkpoint_every = checkpoint_every
         self.pad_token = pad_token
 
-    def fit(self, X, y=None):
+    def fit(self, X, y=None, *, callback=None):
         """Fit on demonstrations.
 
         Parameters
@@ -183,12 +186,17 @@ class SFTPolicy(GenerativeStep):
             one assistant message, which ends with the template's end of turn).
         y : None
             Ignored.
+        callback : callable, Logger or list of them, default=None
+            ``callback(policy, row)`` after every gradient step, with that
+            step's ``history_`` row; returning ``True`` stops the fit. A
+            :mod:`prefopt.tracking` logger logs the fit and is closed with it.
 
         Returns
         -------
         self : SFTPolicy
         """
         self._validate_params()
+        check_callback(callback)
         if isinstance(X, PreferenceData):  # a step of a Pipeline
             X = X.require("demonstrations", "SFTPolicy")
         prompts, completions = check_demonstrations(X)
@@ -223,10 +231,10 @@ class SFTPolicy(GenerativeStep):
         data_key = ckpt.fingerprint([prompts, completions])
         with ckpt.resumable(self, data_key) as resume:
             model_key = None if resume is None else ckpt.module_fingerprint(self.model_)
-            self._train(ptoks, ctoks, make_generator(int(seeds[1])), resume, model_key)
+            self._train(ptoks, ctoks, make_generator(int(seeds[1])), resume, model_key, callback)
         return self
 
-    def _train(self, ptoks, ctoks, generator, resume=None, model_key=None) -> None:
+    def _train(self, ptoks, ctoks, generator, resume=None, model_key=None, callback=None) -> None:
         def batch_loss(rows):
             loss, n_tokens = self._batch_loss(
                 self.model_, [ptoks[i] for i in rows], [ctoks[i] for i in rows]
@@ -243,6 +251,7 @@ class SFTPolicy(GenerativeStep):
             name="SFTPolicy",
             resume=resume,
             model_key=model_key,
+            callback=callback,
         )
 
     def _batch_loss(self, model, ptoks, ctoks):

@@ -63,9 +63,13 @@ def check_writable(folder) -> str:
 
 
 def default_run_name(estimator) -> str:
-    """``<Estimator>_<date-time>_<n>``: unique within a process, sorted by start time."""
+    """``<Estimator>_<date-time>_<n>``: unique within a process, sorted by start time.
+
+    ``estimator`` may be a name itself (a group's: ``"compare"``).
+    """
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    return f"{type(estimator).__name__}_{stamp}_{os.getpid()}-{next(_run_numbers)}"
+    name = estimator if isinstance(estimator, str) else type(estimator).__name__
+    return f"{name}_{stamp}_{os.getpid()}-{next(_run_numbers)}"
 
 
 def _flat_value(value):
