@@ -44,6 +44,7 @@ NOT_DEFINING = frozenset(
         "max_kl",
         "max_kl_action",
         "min_eos_share",
+        "on_unhealthy",
     }
 )
 # Fitted attributes rebuilt by ``fit`` from the caller's arguments, never stored.

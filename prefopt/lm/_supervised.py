@@ -15,6 +15,7 @@ import torch
 from .._config import get_config
 from .._progress import tqdm
 from ..backend import adamw, distributed, gradient_step
+from ._health import supervised_monitor
 
 __all__ = ["schedule_scale", "train_minibatches"]
 
@@ -65,7 +66,10 @@ def train_minibatches(
     Each step draws ``batch_size`` rows (a new order each epoch from
     ``generator``), sets the learning rate from ``estimator.learning_rate_`` and
     the schedule, calls ``batch_loss(rows) -> (loss, stats)``, takes one AdamW
-    step that refuses a non-finite loss, and appends a ``history_`` row.
+    step that refuses a non-finite loss, and appends a ``history_`` row; the
+    run-health detectors (non-finite values, loss blow-up, no learning) add its
+    ``health/`` columns and write ``estimator.health_``, acting on the
+    estimator's ``on_unhealthy`` (default ``"warn"``).
 
     Parameters
     ----------
@@ -115,6 +119,7 @@ def train_minibatches(
     distributed.prepare(
         getattr(estimator, "model_", None), getattr(estimator, "device_", None), shard=False
     )
+    parameters = list(parameters)
     optimizer = adamw(parameters, estimator.learning_rate_)
     per_epoch = math.ceil(n_rows / estimator.batch_size)
     total = per_epoch * estimator.n_epochs
@@ -128,9 +133,13 @@ def train_minibatches(
         if int(saved["epoch"]) < (estimator.n_iter_ - start_iter) // per_epoch:
             torch.randperm(n_rows, generator=generator)  # that epoch's order, drawn again
     step = estimator.n_iter_ - start_iter
+    health = supervised_monitor(estimator, parameters, first_row=len(estimator.history_) - step)
+    stop = False
     show = get_config()["show_progress_bar"] and distributed.is_main()
     bar = tqdm(total=total, initial=step, desc=name, disable=not show, leave=False)
     for epoch in range(step // per_epoch, estimator.n_epochs):
+        if stop:
+            break
         epoch_generator = generator.get_state()
         order = torch.randperm(n_rows, generator=generator).tolist()
         skip = step % per_epoch if epoch == step // per_epoch else 0
@@ -153,6 +162,7 @@ def train_minibatches(
                 "time/step_s": time.perf_counter() - began,
             }
             estimator.history_.append(row)
+            stop = health.observe()
             bar.update(1)
             bar.set_postfix(loss=f"{loss.item():.3f}")
             if resume is not None and (step % estimator.checkpoint_every == 0 or step == total):
@@ -163,5 +173,8 @@ def train_minibatches(
                     "epoch_generator": epoch_generator,
                 }
                 resume.save(estimator, run)
+            if stop:  # on_unhealthy="stop"
+                break
     bar.close()
+    health.finish()
     return optimizer

@@ -22,7 +22,7 @@ from .._progress import tqdm
 from ..backend import adamw, distributed
 from ..lm import RunState
 from ._batch import RolloutBatch
-from ._health import check_health
+from ._health import check_health, health_statistics, policy_monitor
 from ._rollout import sample_and_score
 from ._steps import update
 
@@ -186,6 +186,7 @@ class PolicyLoop:
             "response/eos_share": float(batch.ended.float().mean()),
             "charts/learning_rate": run.optimizer.param_groups[0]["lr"],
             "time/episodes_per_s": len(batch) / elapsed,
+            **health_statistics(policy, batch),  # what the run-health detectors read
         }
         return distributed.reduce_row(row, elapsed, len(batch))  # global figures
 
@@ -196,10 +197,13 @@ class PolicyLoop:
         show = get_config()["show_progress_bar"] and distributed.is_main()  # rank 0 alone
         name = type(policy).__name__
         bar = tqdm(range(max(n_steps, 0)), desc=name, disable=not show, leave=False)
+        done = policy.n_iter_ - self.run.start_step  # rows of this fit before (a resume)
+        health = policy_monitor(policy, first_row=len(policy.history_) - done)
         for _ in bar:
             row = self.step()
             policy.history_.append(row)
             check_health(self, row)
+            unhealthy = health.observe()  # the health/ columns; True: on_unhealthy="stop"
             bar.set_postfix(
                 reward=f"{row['objective/reward']:.3f}", kl=f"{row['objective/kl']:.3f}"
             )
@@ -218,9 +222,11 @@ class PolicyLoop:
             ):
                 self.save_checkpoint()
             stop = callback is not None and callback(policy, row) is True
+            stop = stop or unhealthy
             if distributed.any_rank(stop):  # every rank stops at the same step
                 break
         bar.close()
+        health.finish()
 
     def save_checkpoint(self) -> None:
         """Write the policy's fitted state and this run's state to the checkpoint folder."""
