@@ -56,6 +56,8 @@ class Detector:
         Fire when the number is below the threshold (else above it).
     at_end : bool, default=False
         Judged once, on the last row, when the fit ends.
+    min_rows : int, default=1
+        Rows needed before the detector is judged at all.
     """
 
     name: str
@@ -64,6 +66,7 @@ class Detector:
     advice: str
     below: bool = False
     at_end: bool = False
+    min_rows: int = 1
 
     def fires(self, value: float) -> bool:
         """Whether ``value`` is beyond the threshold (``nan`` never fires)."""
@@ -164,6 +167,8 @@ class HealthMonitor:
         return self._write()
 
     def _judge(self, detector: Detector, value: float, step: int) -> bool:
+        if len(self.rows()) < detector.min_rows:
+            return False
         if self.first_step[detector.name] is not None or not detector.fires(value):
             return False
         self.first_step[detector.name] = int(step)

@@ -125,6 +125,11 @@ def dead_groups(rows) -> float:
     return smoothed([r["objective/dead_group_share"] for r in rows])
 
 
+def _largest_shift(rows) -> float:
+    """The run's largest log-prob shift (judged from 2 steps: the first samples the start)."""
+    return max(r["policy/logprob_shift"] for r in rows)
+
+
 def _last(key: str):
     return lambda rows: rows[-1][key]
 
@@ -152,7 +157,8 @@ def policy_monitor(policy, *, first_row: int) -> HealthMonitor:
       row; fires above 0.
     - ``no_learning``: the largest ``policy/logprob_shift`` of the fit (mean
       absolute log-prob change from the reference per response token), judged
-      at the end; fires below 1e-4 nats (nothing moved).
+      at the end of a fit of 2 steps or more (the first step samples the
+      starting policy); fires below 1e-4 nats (nothing moved).
     """
     max_kl = policy.max_kl
     detectors = [
@@ -203,10 +209,11 @@ def policy_monitor(policy, *, first_row: int) -> HealthMonitor:
         Detector(
             "no_learning",
             NO_LEARNING,
-            lambda rows: max(r["policy/logprob_shift"] for r in rows),
+            _largest_shift,
             advice="The policy's log-probs did not move: raise learning_rate.",
             below=True,
             at_end=True,
+            min_rows=2,
         ),
     ]
     return HealthMonitor(policy, detectors, first_row=first_row)

@@ -197,8 +197,9 @@ class PolicyLoop:
         show = get_config()["show_progress_bar"] and distributed.is_main()  # rank 0 alone
         name = type(policy).__name__
         bar = tqdm(range(max(n_steps, 0)), desc=name, disable=not show, leave=False)
-        done = policy.n_iter_ - self.run.start_step  # rows of this fit before (a resume)
-        health = policy_monitor(policy, first_row=len(policy.history_) - done)
+        # The detectors read the run's whole history_: a warm start continues the run, and
+        # its rows then equal those of one uninterrupted fit.
+        health = policy_monitor(policy, first_row=0)
         for _ in bar:
             row = self.step()
             policy.history_.append(row)
