@@ -86,8 +86,8 @@ COMMON_PARAMETERS = """model : str, transformers config, torch module or fitted 
         run after that step, or only record it in ``health_``. The detectors
         and their default thresholds: ``reward_collapse`` (the smoothed reward
         falls below the mean of the first 3 steps by more than half their
-        per-episode spread), ``empty_responses`` (over half the responses
-        empty), ``repetitive_responses`` (over half a response's trigrams
+        per-episode spread), ``empty_responses`` (the smoothed share of empty
+        responses above 0.8), ``repetitive_responses`` (over half a response's trigrams
         repeated, on average), ``kl_blowup`` (mean KL above ``max_kl``, else
         20 nats), ``dead_groups`` (k > 1: over 90% of groups with equal scores
         while the reward has not risen), ``non_finite`` (a nan or inf in the

@@ -91,7 +91,7 @@ def health_statistics(policy, batch) -> dict:
 
 # ----- the detectors ------------------------------------------------------------------
 REWARD_COLLAPSE = 0.5
-EMPTY_RESPONSES = 0.5
+EMPTY_RESPONSES = 0.8
 REPETITIVE_RESPONSES = 0.5
 KL_BLOWUP = 20.0
 DEAD_GROUPS = 0.9
@@ -130,6 +130,10 @@ def _largest_shift(rows) -> float:
     return max(r["policy/logprob_shift"] for r in rows)
 
 
+def _smoothed(key: str):
+    return lambda rows: smoothed([r[key] for r in rows])
+
+
 def _last(key: str):
     return lambda rows: rows[-1][key]
 
@@ -142,8 +146,9 @@ def policy_monitor(policy, *, first_row: int) -> HealthMonitor:
       its exponential moving average (weight 0.3 on the newest step) and
       ``spread`` the mean per-episode standard deviation of the first 3 steps;
       fires above 0.5 (the reward fell half a starting spread below its start).
-    - ``empty_responses``: the share of responses with no token but a stop
-      token; fires above 0.5.
+    - ``empty_responses``: the smoothed share of responses with no token but a
+      stop token; fires above 0.8 (an empty answer can be common, even best
+      for a while, in a healthy run: not four in five for several steps).
     - ``repetitive_responses``: the mean share of a response's trigrams that
       repeat an earlier trigram of it (degenerate loops); fires above 0.5.
       ``response/distinct_tokens`` reports the distinct-token share beside it.
@@ -171,7 +176,7 @@ def policy_monitor(policy, *, first_row: int) -> HealthMonitor:
         Detector(
             "empty_responses",
             EMPTY_RESPONSES,
-            _last("response/empty_share"),
+            _smoothed("response/empty_share"),
             advice="The responses are empty: check that the reward does not favour them, "
             "lower learning_rate or raise beta.",
         ),
