@@ -78,7 +78,8 @@ def test_a_healthy_run_warns_nothing_and_reports_every_detector():
     assert health["detectors"]["no_learning"]["value"] == max(
         row["policy/logprob_shift"] for row in policy.history_
     )
-    assert policy.history_[0]["policy/logprob_shift"] == 0.0  # step 1 samples the start
+    # step 1 samples the start: the sampling pass and the reference agree to float rounding
+    assert policy.history_[0]["policy/logprob_shift"] < 1e-6
 
 
 def test_one_sample_a_prompt_has_no_dead_groups_detector():
@@ -107,22 +108,39 @@ def test_a_reward_that_makes_the_empty_answer_best_fires_empty_responses():
     assert policy.history_[-1]["response/empty_share"] == 1.0
 
 
-@pytest.mark.parametrize("cls", [RLOOPolicy, GRPOPolicy])
-def test_a_learning_rate_of_0_05_degenerates_and_fires(cls):
+def count_good(prompts, completions):
+    return np.array([float(c.split().count("good")) for c in completions])
+
+
+def test_a_learning_rate_of_0_05_collapses_the_reward():
+    # RLOO at 0.05 on a reward in {0, 1}: the reward falls below its start (issue 25's case)
+    with pytest.warns(RunHealthWarning, match="'reward_collapse' fired at step 8"):
+        policy = lm_policy(learning_rate=0.05).fit(PROMPTS, says_good)
+    assert fired(policy) == {"reward_collapse"}
+    rewards = [row["objective/reward"] for row in policy.history_]
+    assert smoothed(rewards) < np.mean(rewards[:3])
+
+
+def test_a_learning_rate_of_0_05_degenerates_into_repetition():
+    # GRPO at 0.05 on a reward counting "good": "good good good ..." (a degenerate loop)
     with pytest.warns(RunHealthWarning, match="'repetitive_responses' fired"):
-        policy = lm_policy(cls, learning_rate=0.05).fit(PROMPTS, says_good)
+        policy = lm_policy(GRPOPolicy, learning_rate=0.05).fit(PROMPTS, count_good)
     assert "repetitive_responses" in fired(policy) and not policy.health_["healthy"]
     assert policy.history_[-1]["response/repeated_ngrams"] > 0.5
 
 
-@pytest.mark.parametrize("cls", [RLOOPolicy, GRPOPolicy])
-def test_an_all_zero_reward_in_a_group_method_fires_dead_groups(cls):
+# GRPO's advantages are exactly 0 and nothing moves; RLOO's KL-shaped reward differs by
+# float rounding between samples, which Adam's normalised step turns into a random walk.
+@pytest.mark.parametrize(
+    "cls, expected",
+    [(RLOOPolicy, {"dead_groups"}), (GRPOPolicy, {"dead_groups", "no_learning"})],
+)
+def test_an_all_zero_reward_in_a_group_method_fires_dead_groups(cls, expected):
     with pytest.warns(RunHealthWarning, match="'dead_groups' fired at step 1"):
         policy = lm_policy(cls, learning_rate=3e-3).fit(PROMPTS, all_zero)
-    assert fired(policy) == {"dead_groups", "no_learning"}  # no signal: nothing moves
+    assert fired(policy) == expected
     assert [row["objective/dead_group_share"] for row in policy.history_] == [1.0] * 12
     assert policy.health_["detectors"]["dead_groups"]["first_step"] == 1
-    assert policy.health_["detectors"]["no_learning"]["value"] == 0.0
 
 
 def test_a_frozen_run_fires_no_learning_at_its_end():
@@ -153,7 +171,7 @@ def test_on_unhealthy_raise_stop_and_ignore():
     with warnings.catch_warnings():
         warnings.simplefilter("error", RunHealthWarning)
         quiet = lm_policy(on_unhealthy="ignore").fit(PROMPTS, all_zero)
-    assert fired(quiet) == {"dead_groups", "no_learning"} and not quiet.health_["healthy"]
+    assert fired(quiet) == {"dead_groups"} and not quiet.health_["healthy"]
     with pytest.raises(ValueError, match="on_unhealthy"):
         lm_policy(on_unhealthy="loud").fit(PROMPTS, all_zero)
 
@@ -219,13 +237,13 @@ def sft(**kw):
     return SFTPolicy(**params)
 
 
-TEXTS = (["the movie was", "the plot was"], ["good .", "bad ."])
+DEMOS = [("the movie was", "good ."), ("the plot was", "bad .")]
 
 
 def test_sft_health_silent_when_learning_and_no_learning_when_frozen():
     with warnings.catch_warnings():
         warnings.simplefilter("error", RunHealthWarning)
-        healthy = sft(learning_rate=1e-3).fit(*TEXTS)
+        healthy = sft(learning_rate=1e-3).fit(DEMOS)
     assert healthy.health_["healthy"] and set(healthy.health_["detectors"]) == {
         "non_finite",
         "loss_blowup",
@@ -233,5 +251,5 @@ def test_sft_health_silent_when_learning_and_no_learning_when_frozen():
     }
     assert all("health/loss_blowup" in row for row in healthy.history_)
     with pytest.warns(RunHealthWarning, match="'no_learning' fired at step 2"):
-        frozen = sft(learning_rate=1e-12).fit(*TEXTS)
+        frozen = sft(learning_rate=1e-12).fit(DEMOS)
     assert fired(frozen) == {"no_learning"}
