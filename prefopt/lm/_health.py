@@ -226,24 +226,28 @@ def loss_blowup(rows) -> float:
 
 
 class WeightProbe:
-    """The first ``PROBE_SIZE`` entries of each trained tensor, to tell whether they moved."""
+    """The first ``PROBE_SIZE`` entries of each trained tensor, to tell whether they moved.
+
+    Each step's change goes into its row (``model/weight_change``), so a resumed
+    fit reads the same numbers as an uninterrupted one.
+    """
 
     def __init__(self, parameters):
         self.parameters = [p for p in parameters if p.numel() and p.device.type != "meta"]
-        self.start = [self._take(p) for p in self.parameters]
-        self.scale = math.sqrt(sum(float((s**2).sum()) for s in self.start)) or 1.0
+        self.last = [self._take(p) for p in self.parameters]
 
     @staticmethod
     def _take(p) -> torch.Tensor:
         return p.detach().reshape(-1)[:PROBE_SIZE].float().cpu().clone()
 
-    def relative_change(self, rows=None) -> float:
-        """``||w - w_start|| / ||w_start||`` over the probed entries."""
-        moved = sum(
-            float(((self._take(p) - s) ** 2).sum())
-            for p, s in zip(self.parameters, self.start, strict=True)
-        )
-        return math.sqrt(moved) / self.scale
+    def largest_change(self, rows) -> float:
+        """The largest step's ``||w - w_before|| / ||w_before||`` of the fit so far."""
+        now = [self._take(p) for p in self.parameters]
+        moved = sum(float(((a - b) ** 2).sum()) for a, b in zip(now, self.last, strict=True))
+        scale = math.sqrt(sum(float((b**2).sum()) for b in self.last)) or 1.0
+        rows[-1]["model/weight_change"] = math.sqrt(moved) / scale
+        self.last = now
+        return max(r.get("model/weight_change", 0.0) for r in rows)
 
 
 def supervised_monitor(estimator, parameters, *, first_row: int) -> HealthMonitor:
@@ -254,9 +258,10 @@ def supervised_monitor(estimator, parameters, *, first_row: int) -> HealthMonito
     - ``loss_blowup``: the smoothed loss (exponential moving average, weight
       0.3 on the newest row) over the mean loss of the fit's first 3 rows;
       fires above 2.0 (the loss doubled: a learning rate too high).
-    - ``no_learning``: the relative change ``||w - w0|| / ||w0||`` of the
-      trained weights (their first 4096 entries each) at the end of the fit;
-      fires below 1e-6 (nothing moved: a learning rate of about 0).
+    - ``no_learning``: the largest relative change of a step,
+      ``||w - w_before|| / ||w_before||`` over the trained weights' first 4096
+      entries each (``model/weight_change`` in each row), at the end of the
+      fit; fires below 1e-6 (nothing moved: a learning rate of about 0).
 
     Examples
     --------
@@ -287,7 +292,7 @@ def supervised_monitor(estimator, parameters, *, first_row: int) -> HealthMonito
             Detector(
                 "no_learning",
                 NO_LEARNING_SUPERVISED,
-                probe.relative_change,
+                probe.largest_change,
                 advice="The weights did not move: raise learning_rate.",
                 below=True,
                 at_end=True,

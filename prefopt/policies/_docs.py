@@ -156,10 +156,9 @@ COMMON_ATTRIBUTES = """model_ : torch.nn.Module
         ``response/repeated_ngrams``, ``policy/logprob_shift`` and, for k > 1,
         ``objective/dead_group_share``) and a ``health/<detector>`` column each.
     health_ : dict
-        The run's health: ``{"healthy": bool, "detectors": {name: {"fired":
-        bool, "first_step": int or None, "value": float, "threshold":
-        float}}}``, ``value`` being the detector's last reading (see
-        ``on_unhealthy``)."""
+        The run's health: ``healthy`` (bool) and ``detectors``, by name,
+        each with ``fired`` (bool), ``first_step`` (int or None), ``value``
+        (its last reading, float) and ``threshold`` (float); see ``on_unhealthy``."""
 
 
 def fill(cls) -> str:

@@ -10,7 +10,7 @@ import numpy as np
 from scipy.special import expit
 from sklearn.linear_model import LogisticRegression
 from sklearn.utils import check_random_state
-from sklearn.utils._param_validation import Interval
+from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
 from ..backend import unpad
@@ -89,6 +89,8 @@ class RewardModel(LanguageModelEstimator):
         the same folder, parameters and comparisons resumes from it.
     checkpoint_every : int, default=100
         Gradient steps between checkpoints.
+    on_unhealthy : {"warn", "raise", "stop", "ignore"}, default="warn"
+        Language-model reward only: as :class:`~prefopt.SFTPolicy`'s.
 
     Attributes
     ----------
@@ -113,7 +115,8 @@ class RewardModel(LanguageModelEstimator):
     reference_texts_ : list or None
         Language-model reward only: ``fit``'s references, as texts.
     history_ : list of dict
-        ``loss/reward`` and ``reward/accuracy`` per step.
+        ``loss/reward`` and ``reward/accuracy`` per step; the run's health is in
+        ``health_``, as :class:`~prefopt.SFTPolicy`'s (language-model reward only).
     n_comparisons_ : int
         Comparisons seen in ``fit``.
     starting_policy_ : object or None
@@ -162,6 +165,7 @@ class RewardModel(LanguageModelEstimator):
         "verbose": ["verbose"],
         "checkpoint_dir": [str, os.PathLike, None],
         "checkpoint_every": [Interval(Integral, 1, None, closed="left")],
+        "on_unhealthy": [StrOptions({"warn", "raise", "stop", "ignore"})],
     }
 
     def __init__(
@@ -184,6 +188,7 @@ class RewardModel(LanguageModelEstimator):
         verbose=0,
         checkpoint_dir=None,
         checkpoint_every=100,
+        on_unhealthy="warn",
     ):
         self.model = model
         self.tokenizer = tokenizer
@@ -202,6 +207,7 @@ class RewardModel(LanguageModelEstimator):
         self.verbose = verbose
         self.checkpoint_dir = checkpoint_dir
         self.checkpoint_every = checkpoint_every
+        self.on_unhealthy = on_unhealthy
 
     def fit(self, X, y=None, *, references=None):
         """Fit the reward on comparisons.
