@@ -253,3 +253,13 @@ def test_sft_health_silent_when_learning_and_no_learning_when_frozen():
     with pytest.warns(RunHealthWarning, match="'no_learning' fired at step 2"):
         frozen = sft(learning_rate=1e-12).fit(DEMOS)
     assert fired(frozen) == {"no_learning"}
+    with pytest.raises(RunHealthError, match="SFTPolicy: run health detector 'no_learning'"):
+        sft(learning_rate=1e-12, on_unhealthy="raise").fit(DEMOS)
+    assert frozen.history_[-1]["model/weight_change"] < 1e-6
+
+
+def test_the_supervised_estimators_take_on_unhealthy():
+    from prefopt import DPOPolicy, RewardModel
+
+    for cls in (SFTPolicy, DPOPolicy, RewardModel):
+        assert cls().get_params()["on_unhealthy"] == "warn"

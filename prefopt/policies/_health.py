@@ -152,7 +152,7 @@ def policy_monitor(policy, *, first_row: int) -> HealthMonitor:
     - ``repetitive_responses``: the mean share of a response's trigrams that
       repeat an earlier trigram of it (degenerate loops); fires above 0.5.
       ``response/distinct_tokens`` reports the distinct-token share beside it.
-    - ``kl_blowup``: the step's mean KL to the reference (``objective/kl``,
+    - ``kl_blowup``: the smoothed mean KL to the reference (``objective/kl``,
       nats a response); fires above ``max_kl`` when it is set, else above 20.
     - ``dead_groups`` (k > 1 samples a prompt): the smoothed share of groups
       whose k scores are all equal, counted while the smoothed reward has not
@@ -189,7 +189,7 @@ def policy_monitor(policy, *, first_row: int) -> HealthMonitor:
         Detector(
             "kl_blowup",
             KL_BLOWUP if max_kl is None else float(max_kl),
-            _last("objective/kl"),
+            _smoothed("objective/kl"),
             advice="The policy ran far from the reference: raise beta, use an adaptive KL "
             "controller or lower learning_rate.",
         ),
