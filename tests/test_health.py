@@ -9,7 +9,7 @@ import torch
 from _tiny import tiny_lm
 
 from prefopt import GRPOPolicy, RLOOPolicy, RunHealthError, RunHealthWarning, SFTPolicy
-from prefopt.lm._health import loss_blowup, smoothed
+from prefopt.lm._health import count_non_finite, loss_blowup, smoothed
 from prefopt.policies._health import dead_groups, health_statistics, reward_collapse
 
 PROMPTS = ["the movie was", "the plot was", "the movie", "the plot"]
@@ -100,8 +100,10 @@ def test_one_sample_a_prompt_has_no_dead_groups_detector():
 def test_a_reward_that_makes_the_empty_answer_best_fires_empty_responses():
     with pytest.warns(RunHealthWarning, match="'empty_responses' fired") as record:
         policy = lm_policy(learning_rate=1e-2, n_steps=20).fit(PROMPTS, empty_is_best)
-    assert fired(policy) == {"empty_responses"}
-    assert len(health_warnings(record)) == 1  # once per detector per fit
+    # the empty answer was rare under the start: reaching it is a KL blow-up too
+    assert fired(policy) == {"empty_responses", "kl_blowup"}
+    messages = health_warnings(record)  # once per detector per fit
+    assert sorted(m.split("'")[1] for m in messages) == ["empty_responses", "kl_blowup"]
     step = policy.health_["detectors"]["empty_responses"]["first_step"]
     shares = [row["response/empty_share"] for row in policy.history_]
     assert smoothed(shares[:step]) > 0.8 >= smoothed(shares[: step - 1])
@@ -151,14 +153,6 @@ def test_a_frozen_run_fires_no_learning_at_its_end():
     assert d["first_step"] == 12 and d["value"] < 1e-4 and d["threshold"] == 1e-4
 
 
-def test_max_kl_is_the_kl_blowup_threshold():
-    policy = lm_policy(learning_rate=3e-3, n_steps=4, max_kl=1e-6, on_unhealthy="ignore")
-    with pytest.warns(RuntimeWarning, match="beyond max_kl"):
-        policy.fit(PROMPTS, says_good)
-    d = policy.health_["detectors"]["kl_blowup"]
-    assert d["threshold"] == 1e-6 and d["fired"] and d["first_step"] == 2
-
-
 # ----- what a firing does -----------------------------------------------------------------
 
 
@@ -206,6 +200,12 @@ def test_loss_blowup_by_hand():
     history = [{"loss/sft": v} for v in (2.0, 2.0, 2.0, 2.0, 12.0)]
     assert loss_blowup(history) == pytest.approx((0.7 * 2.0 + 0.3 * 12.0) / 2.0)
     assert loss_blowup(history[:3]) == 0.0
+
+
+def test_non_finite_counts_the_rows_numbers_but_not_its_health_columns():
+    row = {"step": 3, "objective/kl": float("nan"), "loss/policy": float("inf"), "x": 1.0}
+    assert count_non_finite([{**row, "health/kl_blowup": float("nan")}]) == 2.0
+    assert count_non_finite([{"step": 1, "objective/kl": 0.5}]) == 0.0
 
 
 def test_health_statistics_by_hand():

@@ -88,8 +88,8 @@ COMMON_PARAMETERS = """model : str, transformers config, torch module or fitted 
         falls below the mean of the first 3 steps by more than half their
         per-episode spread), ``empty_responses`` (the smoothed share of empty
         responses above 0.8), ``repetitive_responses`` (over half a response's trigrams
-        repeated, on average), ``kl_blowup`` (the smoothed mean KL above
-        ``max_kl``, else 20 nats), ``dead_groups`` (k > 1: over 90% of groups with equal scores
+        repeated, on average), ``kl_blowup`` (the smoothed KL per response
+        token above 2 nats), ``dead_groups`` (k > 1: over 90% of groups with equal scores
         while the reward has not risen), ``non_finite`` (a nan or inf in the
         step's row) and ``no_learning`` (at the end: the log-probs never moved
         1e-4 nats a token from the reference's).

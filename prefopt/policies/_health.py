@@ -93,7 +93,7 @@ def health_statistics(policy, batch) -> dict:
 REWARD_COLLAPSE = 0.5
 EMPTY_RESPONSES = 0.8
 REPETITIVE_RESPONSES = 0.5
-KL_BLOWUP = 20.0
+KL_BLOWUP = 2.0
 DEAD_GROUPS = 0.9
 NO_LEARNING = 1e-4
 
@@ -130,6 +130,11 @@ def _largest_shift(rows) -> float:
     return max(r["policy/logprob_shift"] for r in rows)
 
 
+def kl_per_token(rows) -> float:
+    """The smoothed KL to the reference per response token (``objective/kl`` / length)."""
+    return smoothed([r["objective/kl"] / max(r["response/length"], 1.0) for r in rows])
+
+
 def _smoothed(key: str):
     return lambda rows: smoothed([r[key] for r in rows])
 
@@ -152,8 +157,11 @@ def policy_monitor(policy, *, first_row: int) -> HealthMonitor:
     - ``repetitive_responses``: the mean share of a response's trigrams that
       repeat an earlier trigram of it (degenerate loops); fires above 0.5.
       ``response/distinct_tokens`` reports the distinct-token share beside it.
-    - ``kl_blowup``: the smoothed mean KL to the reference (``objective/kl``,
-      nats a response); fires above ``max_kl`` when it is set, else above 20.
+    - ``kl_blowup``: the smoothed KL to the reference per response token (a
+      step's ``objective/kl`` over its ``response/length``, so that long and
+      short answers compare); fires above 2 nats a token (the policy then
+      puts e^-2, about 0.14, of the reference's probability on its own tokens,
+      per token). ``max_kl`` stays a separate check, per response.
     - ``dead_groups`` (k > 1 samples a prompt): the smoothed share of groups
       whose k scores are all equal, counted while the smoothed reward has not
       risen a quarter spread above its start (a converged run's equal scores
@@ -165,7 +173,6 @@ def policy_monitor(policy, *, first_row: int) -> HealthMonitor:
       at the end of a fit of 2 steps or more (the first step samples the
       starting policy); fires below 1e-4 nats (nothing moved).
     """
-    max_kl = policy.max_kl
     detectors = [
         Detector(
             "reward_collapse",
@@ -188,8 +195,8 @@ def policy_monitor(policy, *, first_row: int) -> HealthMonitor:
         ),
         Detector(
             "kl_blowup",
-            KL_BLOWUP if max_kl is None else float(max_kl),
-            _smoothed("objective/kl"),
+            KL_BLOWUP,
+            kl_per_token,
             advice="The policy ran far from the reference: raise beta, use an adaptive KL "
             "controller or lower learning_rate.",
         ),
