@@ -34,8 +34,6 @@ ACTIONS = ("warn", "raise", "stop", "ignore")
 # The exponential moving average's weight on the newest row: about the last 5 rows count,
 # so one noisy minibatch neither fires a detector nor hides a trend.
 SMOOTHING = 0.3
-# Rows that make the run's start: a mean of a few, as one minibatch is noisy.
-START_ROWS = 3
 
 
 @dataclass(frozen=True)
@@ -214,15 +212,14 @@ def loss_key(row: dict) -> str | None:
 
 
 def loss_blowup(rows) -> float:
-    """The smoothed loss over the mean loss of the fit's first rows (0 while unmeasured)."""
+    """The smoothed loss over the first step's loss (at the starting weights); 0 at first."""
     key = loss_key(rows[0])
     if key is None:
         return 0.0
     losses = [r[key] for r in rows if math.isfinite(r.get(key, math.nan))]
-    start = sum(losses[:START_ROWS]) / max(len(losses[:START_ROWS]), 1)
-    if len(losses) <= START_ROWS or start <= 0:
+    if len(losses) < 2 or losses[0] <= 0:
         return 0.0
-    return smoothed(losses) / start
+    return smoothed(losses) / losses[0]
 
 
 class WeightProbe:
@@ -256,8 +253,9 @@ def supervised_monitor(estimator, parameters, *, first_row: int) -> HealthMonito
     - ``non_finite``: the number of non-finite values (nan, inf) in a row;
       fires above 0.
     - ``loss_blowup``: the smoothed loss (exponential moving average, weight
-      0.3 on the newest row) over the mean loss of the fit's first 3 rows;
-      fires above 2.0 (the loss doubled: a learning rate too high).
+      0.3 on the newest row) over the first row's loss (computed at the
+      starting weights); fires above 2.0 (the loss doubled: a learning rate
+      too high).
     - ``no_learning``: the largest relative change of a step,
       ``||w - w_before|| / ||w_before||`` over the trained weights' first 4096
       entries each (``model/weight_change`` in each row), at the end of the

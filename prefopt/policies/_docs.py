@@ -85,7 +85,7 @@ COMMON_PARAMETERS = """model : str, transformers config, torch module or fitted 
         raise :class:`~prefopt.exceptions.RunHealthError`, warn and stop the
         run after that step, or only record it in ``health_``. The detectors
         and their default thresholds: ``reward_collapse`` (the smoothed reward
-        falls below the mean of the first 3 steps by more than half their
+        falls below the first step's mean by more than half its
         per-episode spread), ``empty_responses`` (the smoothed share of empty
         responses above 0.8), ``repetitive_responses`` (over half a response's trigrams
         repeated, on average), ``kl_blowup`` (the smoothed KL per response

@@ -13,7 +13,6 @@ import numpy as np
 import torch
 
 from ..lm._health import (
-    START_ROWS,
     Detector,
     HealthMonitor,
     count_non_finite,
@@ -99,8 +98,8 @@ NO_LEARNING = 1e-4
 
 
 def _start(rows, key: str) -> float:
-    values = [r[key] for r in rows[:START_ROWS]]
-    return float(np.mean(values))
+    """The first step's value: its samples are the starting policy's (no update yet)."""
+    return float(rows[0][key])
 
 
 def _spread(rows) -> float:
@@ -111,7 +110,7 @@ def _spread(rows) -> float:
 
 def reward_collapse(rows) -> float:
     """How far the smoothed reward fell below the start, in start spreads (0 at first)."""
-    if len(rows) <= START_ROWS:
+    if len(rows) < 2:
         return 0.0
     rewards = [r["objective/reward"] for r in rows]
     return (_start(rows, "objective/reward") - smoothed(rewards)) / _spread(rows)
@@ -147,10 +146,11 @@ def policy_monitor(policy, *, first_row: int) -> HealthMonitor:
     """The run-health detectors of a policy's fit, with their default thresholds.
 
     - ``reward_collapse``: ``(start - smoothed) / spread``, where ``start`` is the
-      mean reward (``objective/reward``) of the fit's first 3 steps, ``smoothed``
-      its exponential moving average (weight 0.3 on the newest step) and
-      ``spread`` the mean per-episode standard deviation of the first 3 steps;
-      fires above 0.5 (the reward fell half a starting spread below its start).
+      mean reward (``objective/reward``) of the run's first step (the starting
+      policy's samples), ``smoothed`` its exponential moving average (weight
+      0.3 on the newest step) and ``spread`` the first step's per-episode
+      standard deviation; fires above 0.5 (the reward fell half a starting
+      spread below its start).
     - ``empty_responses``: the smoothed share of responses with no token but a
       stop token; fires above 0.8 (an empty answer can be common, even best
       for a while, in a healthy run: not four in five for several steps).

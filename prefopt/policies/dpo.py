@@ -114,7 +114,7 @@ class DPOPolicy(GenerativeStep):
     on_unhealthy : {"warn", "raise", "stop", "ignore"}, default="warn"
         What a run-health detector that fires does (``non_finite``: a nan or
         inf in a step's row; ``loss_blowup``: the smoothed loss above twice
-        the mean of the first 3 steps; ``no_learning``: the trained weights
+        the first step's; ``no_learning``: the trained weights
         moved less than 1e-6 of their norm at every step): warn once per
         detector with :class:`~prefopt.exceptions.RunHealthWarning`, raise
         :class:`~prefopt.exceptions.RunHealthError`, warn and stop the fit, or
