@@ -7,9 +7,10 @@ DPO, and compare algorithms exactly where the answer is known.
 
 # First, so that this is where tqdm.auto is imported: see backend.progress (no ipywidgets warning).
 from .backend import progress  # noqa: F401  # isort: skip
-from . import metrics
+from . import exceptions, metrics  # noqa: F401  (prefopt.exceptions, as sklearn's)
 from ._config import config_context, get_config, set_config
 from .data import PreferenceData
+from .exceptions import RunHealthError, RunHealthWarning
 from .kl import AdaptiveKLController, FixedKLController, KLController, kl_estimate
 from .lm import load, save
 from .model_selection import SeedSearchCV, compare
@@ -44,6 +45,8 @@ __all__ = [
     "ReinforcePlusPlusPolicy",
     "ReinforcePolicy",
     "RewardModel",
+    "RunHealthError",
+    "RunHealthWarning",
     "WeightedRewards",
     "SFTPolicy",
     "config_context",

@@ -133,7 +133,10 @@ def test_a_tiny_temperature_warns_at_fit(pref):
         policy.fit(world.prompts, world.true_quality)
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
-        policy.set_params(temperature=0.05).fit(world.prompts, world.true_quality)
+        # Nearly greedy: the 2 samples of a prompt coincide, which the dead_groups health
+        # detector reports; this test is about the temperature warning alone.
+        policy.set_params(temperature=0.05, on_unhealthy="ignore")
+        policy.fit(world.prompts, world.true_quality)
 
 
 def test_max_new_tokens_beyond_the_context_names_it():

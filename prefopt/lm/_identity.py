@@ -44,6 +44,7 @@ NOT_DEFINING = frozenset(
         "max_kl",
         "max_kl_action",
         "min_eos_share",
+        "on_unhealthy",
     }
 )
 # Config keys that name where a model came from, not what it is.

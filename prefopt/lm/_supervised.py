@@ -16,6 +16,7 @@ from .._config import get_config
 from ..backend import adamw, distributed, gradient_step
 from ..backend.progress import tqdm
 from ..tracking import open_run
+from ._health import supervised_monitor
 
 __all__ = ["schedule_scale", "train_minibatches"]
 
@@ -70,6 +71,9 @@ def train_minibatches(
     step that refuses a non-finite loss, and appends a ``history_`` row, which goes to
     the trackers of ``set_config(report_to=...)`` and to ``callback``; with
     ``estimator.verbose`` it is printed every 10 steps (every step from ``verbose=2``).
+    The run-health detectors (non-finite values, loss blow-up, no learning) add its
+    ``health/`` columns and write ``estimator.health_``, acting on the estimator's
+    ``on_unhealthy`` (default ``"warn"``).
 
     Parameters
     ----------
@@ -122,6 +126,7 @@ def train_minibatches(
     distributed.prepare(
         getattr(estimator, "model_", None), getattr(estimator, "device_", None), shard=False
     )
+    parameters = list(parameters)
     optimizer = adamw(parameters, estimator.learning_rate_)
     per_epoch = math.ceil(n_rows / estimator.batch_size)
     total = per_epoch * estimator.n_epochs
@@ -135,12 +140,13 @@ def train_minibatches(
         if int(saved["epoch"]) < (estimator.n_iter_ - start_iter) // per_epoch:
             torch.randperm(n_rows, generator=generator)  # that epoch's order, drawn again
     step = estimator.n_iter_ - start_iter
+    health = supervised_monitor(estimator, parameters, first_row=len(estimator.history_) - step)
+    stop = False
     show = get_config()["show_progress_bar"] and distributed.is_main()
     # Trackers open (and log the parameters) before the first step: a missing package or
     # an unwritable folder fails here, not after minutes of training.
     with open_run(estimator, callback, name=name, total=start_iter + total) as run:
         bar = tqdm(total=total, initial=step, desc=name, disable=not show, leave=False)
-        stop = False
         for epoch in range(step // per_epoch, estimator.n_epochs):
             epoch_generator = generator.get_state()
             order = torch.randperm(n_rows, generator=generator).tolist()
@@ -164,6 +170,7 @@ def train_minibatches(
                     "time/step_s": time.perf_counter() - began,
                 }
                 estimator.history_.append(row)
+                unhealthy = health.observe()  # on_unhealthy="stop" ends the run here
                 bar.update(1)
                 bar.set_postfix(loss=f"{loss.item():.3f}")
                 if resume is not None and (step % estimator.checkpoint_every == 0 or step == total):
@@ -174,10 +181,12 @@ def train_minibatches(
                         "epoch_generator": epoch_generator,
                     }
                     resume.save(estimator, run_state)
-                stop = distributed.any_rank(run(estimator, row))  # every rank stops together
+                # Every rank stops together (health reads rows reduced over the ranks).
+                stop = distributed.any_rank(run(estimator, row)) or unhealthy
                 if stop:
                     break
             if stop:
                 break
         bar.close()
+        health.finish()
     return optimizer

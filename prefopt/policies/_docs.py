@@ -81,6 +81,20 @@ COMMON_PARAMETERS = """model : str, transformers config, torch module or fitted 
     min_eos_share : float or None
         Warn when fewer responses than this end with EOS: the fixed
         ``missing_eos_reward`` then dominates the reward.
+    on_unhealthy : {"warn", "raise", "stop", "ignore"}
+        What a run-health detector that fires does: warn (one
+        :class:`~prefopt.exceptions.RunHealthWarning` per detector per fit),
+        raise :class:`~prefopt.exceptions.RunHealthError`, warn and stop the
+        run after that step, or only record it in ``health_``. The detectors
+        and their default thresholds: ``reward_collapse`` (the smoothed reward
+        falls below the first step's mean by more than half its
+        per-episode spread), ``empty_responses`` (the smoothed share of empty
+        responses above 0.8), ``repetitive_responses`` (over half a response's trigrams
+        repeated, on average), ``kl_blowup`` (the smoothed KL per response
+        token above 2 nats), ``dead_groups`` (k > 1: over 90% of groups with equal scores
+        while the reward has not risen), ``non_finite`` (a nan or inf in the
+        step's row) and ``no_learning`` (at the end: the log-probs never moved
+        1e-4 nats a token from the reference's).
     entropy_coef : float
         Weight of an entropy bonus in the policy loss: minus this times the
         policy's mean per-token entropy on the minibatch's responses (at the
@@ -152,7 +166,15 @@ COMMON_ATTRIBUTES = """model_ : torch.nn.Module
         ``loss/entropy_bonus``, entropy_coef times the mean entropy subtracted
         from the loss, when ``entropy_coef > 0``; ``loss/ptx``, the pretraining
         cross-entropy before ``ptx_coef``, when ``ptx_coef > 0``);
-        ``pandas.DataFrame(history_)`` makes a table."""
+        ``pandas.DataFrame(history_)`` makes a table. Each row also has the
+        columns the run-health detectors read (``objective/reward_std``,
+        ``response/empty_share``, ``response/distinct_tokens``,
+        ``response/repeated_ngrams``, ``policy/logprob_shift`` and, for k > 1,
+        ``objective/dead_group_share``) and a ``health/<detector>`` column each.
+    health_ : dict
+        The run's health: ``healthy`` (bool) and ``detectors``, by name,
+        each with ``fired`` (bool), ``first_step`` (int or None), ``value``
+        (its last reading, float) and ``threshold`` (float); see ``on_unhealthy``."""
 
 
 def fill(cls) -> str:

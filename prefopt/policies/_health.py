@@ -1,8 +1,23 @@
-"""What a policy's run watches: a runaway KL, responses that never end, a greedy temperature."""
+"""What a policy's run watches: the run-health detectors, a runaway KL, a greedy temperature.
+
+The detectors (:func:`policy_monitor`) read the columns :func:`health_statistics`
+adds to each ``history_`` row; the framework (the ``health/`` columns, ``health_``
+and ``on_unhealthy``) is ``prefopt/lm/_health.py``'s.
+"""
 
 from __future__ import annotations
 
 import warnings
+
+import numpy as np
+import torch
+
+from ..lm._health import (
+    Detector,
+    HealthMonitor,
+    count_non_finite,
+    smoothed,
+)
 
 # Below this sampling temperature nothing is learned: log pi = log softmax(z / T), so at
 # T = 0.05 a 1-nat gap between the two likeliest tokens becomes 20 nats and the runner-up
@@ -24,6 +39,196 @@ def check_temperature(policy) -> None:
             UserWarning,
             stacklevel=3,  # the caller of fit
         )
+
+
+# ----- the statistics of a step the detectors read --------------------------------
+NGRAM = 3  # repeated trigrams: the loops of a degenerate sampler ("the the the", "a b a b a")
+
+
+def health_statistics(policy, batch) -> dict:
+    """A step's columns for the detectors: reward spread, response shape, movement.
+
+    ``objective/reward_std`` (the scores' standard deviation),
+    ``response/empty_share`` (responses with no token besides a stop token),
+    ``response/distinct_tokens`` (distinct tokens over tokens, the mean over
+    non-empty responses: distinct-1 of Li et al. 2016), ``response/repeated_ngrams``
+    (the share of a response's trigrams that repeat an earlier one, the mean over
+    non-empty responses), ``policy/logprob_shift`` (the mean absolute difference
+    of the sampling and reference log-probs per response token) and, for
+    ``k > 1`` samples a prompt, ``objective/dead_group_share`` (groups whose
+    scores are all equal: no group-relative signal).
+    """
+    mask = batch.response_mask.bool()
+    stops = torch.as_tensor(list(policy.stop_token_ids_ or []), dtype=batch.response_ids.dtype)
+    content = mask & ~torch.isin(batch.response_ids, stops.to(batch.response_ids.device))
+    ids = batch.response_ids.cpu().numpy()
+    keep = content.cpu().numpy()
+    distinct, repeated = [], []
+    for row, ok in zip(ids, keep, strict=True):
+        tokens = row[ok].tolist()
+        if not tokens:
+            continue
+        distinct.append(len(set(tokens)) / len(tokens))
+        grams = [tuple(tokens[i : i + NGRAM]) for i in range(len(tokens) - NGRAM + 1)]
+        repeated.append(1 - len(set(grams)) / len(grams) if grams else 0.0)
+    n_tokens = mask.sum().clamp(min=1)
+    shift = ((batch.old_logprobs - batch.ref_logprobs).abs() * mask).sum() / n_tokens
+    scores = batch.scores.float()
+    out = {
+        "objective/reward_std": float(scores.std(unbiased=False)),
+        "response/empty_share": float((content.sum(1) == 0).float().mean()),
+        "response/distinct_tokens": float(np.mean(distinct)) if distinct else 0.0,
+        "response/repeated_ngrams": float(np.mean(repeated)) if repeated else 0.0,
+        "policy/logprob_shift": float(shift),
+    }
+    k = policy._samples_per_prompt()
+    if k > 1:  # the loop draws the k samples of a prompt in consecutive rows
+        groups = scores.reshape(-1, k)
+        out["objective/dead_group_share"] = float((groups == groups[:, :1]).all(1).float().mean())
+    return out
+
+
+# ----- the detectors ------------------------------------------------------------------
+REWARD_COLLAPSE = 0.5
+EMPTY_RESPONSES = 0.8
+REPETITIVE_RESPONSES = 0.5
+KL_BLOWUP = 2.0
+DEAD_GROUPS = 0.9
+NO_LEARNING = 1e-4
+
+
+def _start(rows, key: str) -> float:
+    """The first step's value: its samples are the starting policy's (no update yet)."""
+    return float(rows[0][key])
+
+
+def _spread(rows) -> float:
+    """The reward's spread at the start; a floor keeps a constant reward's ratio finite."""
+    start = _start(rows, "objective/reward")
+    return max(_start(rows, "objective/reward_std"), 1e-8 * (1 + abs(start)))
+
+
+def reward_collapse(rows) -> float:
+    """How far the smoothed reward fell below the start, in start spreads (0 at first)."""
+    if len(rows) < 2:
+        return 0.0
+    rewards = [r["objective/reward"] for r in rows]
+    return (_start(rows, "objective/reward") - smoothed(rewards)) / _spread(rows)
+
+
+def dead_groups(rows) -> float:
+    """The smoothed share of dead groups while the reward has not risen (else 0)."""
+    rewards = [r["objective/reward"] for r in rows]
+    if smoothed(rewards) - _start(rows, "objective/reward") > 0.25 * _spread(rows):
+        return 0.0  # learning, or converged: equal scores at the best answer are fine
+    return smoothed([r["objective/dead_group_share"] for r in rows])
+
+
+def _largest_shift(rows) -> float:
+    """The run's largest log-prob shift (judged from 2 steps: the first samples the start)."""
+    return max(r["policy/logprob_shift"] for r in rows)
+
+
+def kl_per_token(rows) -> float:
+    """The smoothed KL to the reference per response token (``objective/kl`` / length)."""
+    return smoothed([r["objective/kl"] / max(r["response/length"], 1.0) for r in rows])
+
+
+def _smoothed(key: str):
+    return lambda rows: smoothed([r[key] for r in rows])
+
+
+def _last(key: str):
+    return lambda rows: rows[-1][key]
+
+
+def policy_monitor(policy, *, first_row: int) -> HealthMonitor:
+    """The run-health detectors of a policy's fit, with their default thresholds.
+
+    - ``reward_collapse``: ``(start - smoothed) / spread``, where ``start`` is the
+      mean reward (``objective/reward``) of the run's first step (the starting
+      policy's samples), ``smoothed`` its exponential moving average (weight
+      0.3 on the newest step) and ``spread`` the first step's per-episode
+      standard deviation; fires above 0.5 (the reward fell half a starting
+      spread below its start).
+    - ``empty_responses``: the smoothed share of responses with no token but a
+      stop token; fires above 0.8 (an empty answer can be common, even best
+      for a while, in a healthy run: not four in five for several steps).
+    - ``repetitive_responses``: the mean share of a response's trigrams that
+      repeat an earlier trigram of it (degenerate loops); fires above 0.5.
+      ``response/distinct_tokens`` reports the distinct-token share beside it.
+    - ``kl_blowup``: the smoothed KL to the reference per response token (a
+      step's ``objective/kl`` over its ``response/length``, so that long and
+      short answers compare); fires above 2 nats a token (the policy then
+      puts e^-2, about 0.14, of the reference's probability on its own tokens,
+      per token). ``max_kl`` stays a separate check, per response.
+    - ``dead_groups`` (k > 1 samples a prompt): the smoothed share of groups
+      whose k scores are all equal, counted while the smoothed reward has not
+      risen a quarter spread above its start (a converged run's equal scores
+      are not dead); fires above 0.9.
+    - ``non_finite``: the number of non-finite values (nan, inf) in the step's
+      row; fires above 0.
+    - ``no_learning``: the largest ``policy/logprob_shift`` of the fit (mean
+      absolute log-prob change from the reference per response token), judged
+      at the end of a fit of 2 steps or more (the first step samples the
+      starting policy); fires below 1e-4 nats (nothing moved).
+    """
+    detectors = [
+        Detector(
+            "reward_collapse",
+            REWARD_COLLAPSE,
+            reward_collapse,
+            advice="The reward fell below its start: lower learning_rate or raise beta.",
+        ),
+        Detector(
+            "empty_responses",
+            EMPTY_RESPONSES,
+            _smoothed("response/empty_share"),
+            advice="The responses are empty: check that the reward does not favour them, "
+            "lower learning_rate or raise beta.",
+        ),
+        Detector(
+            "repetitive_responses",
+            REPETITIVE_RESPONSES,
+            _last("response/repeated_ngrams"),
+            advice="The responses repeat themselves: lower learning_rate or raise beta.",
+        ),
+        Detector(
+            "kl_blowup",
+            KL_BLOWUP,
+            kl_per_token,
+            advice="The policy ran far from the reference: raise beta, use an adaptive KL "
+            "controller or lower learning_rate.",
+        ),
+    ]
+    if policy._samples_per_prompt() > 1:
+        detectors.append(
+            Detector(
+                "dead_groups",
+                DEAD_GROUPS,
+                dead_groups,
+                advice="The k samples of a prompt score alike, so group-relative advantages "
+                "are 0: check the reward (is it constant?), raise temperature or k.",
+            )
+        )
+    detectors += [
+        Detector(
+            "non_finite",
+            0.0,
+            count_non_finite,
+            advice="Lower learning_rate, set max_grad_norm, or check the reward.",
+        ),
+        Detector(
+            "no_learning",
+            NO_LEARNING,
+            _largest_shift,
+            advice="The policy's log-probs did not move: raise learning_rate.",
+            below=True,
+            at_end=True,
+            min_rows=2,
+        ),
+    ]
+    return HealthMonitor(policy, detectors, first_row=first_row)
 
 
 def check_health(loop, row: dict) -> None:

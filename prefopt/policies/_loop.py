@@ -22,7 +22,7 @@ from ..backend.progress import tqdm
 from ..lm import RunState
 from ..tracking import open_run
 from ._batch import RolloutBatch
-from ._health import check_health
+from ._health import check_health, health_statistics, policy_monitor
 from ._rollout import sample_and_score
 from ._steps import update
 
@@ -197,6 +197,7 @@ class PolicyLoop:
             "response/eos_share": float(batch.ended.float().mean()),
             "charts/learning_rate": run.optimizer.param_groups[0]["lr"],
             "time/episodes_per_s": len(batch) / elapsed,
+            **health_statistics(policy, batch),  # what the run-health detectors read
         }
         row = distributed.reduce_row(row, elapsed, len(batch))  # global figures
         row.update(self.budget(batch, n_episodes, elapsed))
@@ -245,12 +246,16 @@ class PolicyLoop:
         total = policy.n_iter_ + max(n_steps, 0)
         show = get_config()["show_progress_bar"] and distributed.is_main()  # rank 0 alone
         name = type(policy).__name__
+        # The detectors read the run's whole history_: a warm start continues the run, and
+        # its rows then equal those of one uninterrupted fit.
+        health = policy_monitor(policy, first_row=0)
         with open_run(policy, callback, name=name, total=total) as tracked:
             bar = tqdm(range(max(n_steps, 0)), desc=name, disable=not show, leave=False)
             for _ in bar:
                 row = self.step(tracked)
                 policy.history_.append(row)
                 check_health(self, row)
+                unhealthy = health.observe()  # the health/ columns; True: on_unhealthy="stop"
                 bar.set_postfix(
                     reward=f"{row['objective/reward']:.3f}", kl=f"{row['objective/kl']:.3f}"
                 )
@@ -259,10 +264,11 @@ class PolicyLoop:
                     policy.n_iter_ % policy.checkpoint_every == 0 or last
                 ):
                     self.save_checkpoint()
-                stop = tracked(policy, row)
+                stop = tracked(policy, row) or unhealthy
                 if distributed.any_rank(stop):  # every rank stops at the same step
                     break
             bar.close()
+            health.finish()
 
     def log_samples(self, tracked, batch: RolloutBatch) -> None:
         """A few of the step's prompts and completions as text, when a tracker wants them."""

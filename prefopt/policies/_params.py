@@ -36,6 +36,7 @@ COMMON_CONSTRAINTS = {
     "max_kl": [Interval(Real, 0, None, closed="neither"), None],
     "max_kl_action": [StrOptions({"warn", "raise"})],
     "min_eos_share": [Interval(Real, 0, 1, closed="both"), None],
+    "on_unhealthy": [StrOptions({"warn", "raise", "stop", "ignore"})],
     "entropy_coef": [Interval(Real, 0, None, closed="left")],
     "ptx_coef": [Interval(Real, 0, None, closed="left")],
     "refit_every": [Interval(Integral, 1, None, closed="left"), None],

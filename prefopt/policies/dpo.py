@@ -113,6 +113,14 @@ class DPOPolicy(GenerativeStep):
         comparisons resumes from it, as :class:`SFTPolicy` does.
     checkpoint_every : int, default=100
         Gradient steps between checkpoints.
+    on_unhealthy : {"warn", "raise", "stop", "ignore"}, default="warn"
+        What a run-health detector that fires does (``non_finite``: a nan or
+        inf in a step's row; ``loss_blowup``: the smoothed loss above twice
+        the first step's; ``no_learning``: the trained weights
+        moved less than 1e-6 of their norm at every step): warn once per
+        detector with :class:`~prefopt.exceptions.RunHealthWarning`, raise
+        :class:`~prefopt.exceptions.RunHealthError`, warn and stop the fit, or
+        only record it in ``health_`` and the ``health/`` columns of ``history_``.
 
     Attributes
     ----------
@@ -136,6 +144,10 @@ class DPOPolicy(GenerativeStep):
         larger, ties counting as wrong); ``rewards/margin`` (mean chosen minus
         rejected reward); ``logps/chosen`` and ``logps/rejected``;
         ``charts/learning_rate`` and ``time/step_s``.
+    health_ : dict
+        The run's health: ``healthy`` (bool) and ``detectors``, by name,
+        each with ``fired`` (bool), ``first_step`` (int or None), ``value``
+        (its last reading, float) and ``threshold`` (float); see ``on_unhealthy``.
 
     See Also
     --------
@@ -197,6 +209,7 @@ class DPOPolicy(GenerativeStep):
         "verbose": ["verbose"],
         "checkpoint_dir": [str, os.PathLike, None],
         "checkpoint_every": [Interval(Integral, 1, None, closed="left")],
+        "on_unhealthy": [StrOptions({"warn", "raise", "stop", "ignore"})],
     }
 
     def __init__(
@@ -218,6 +231,7 @@ class DPOPolicy(GenerativeStep):
         verbose=0,
         checkpoint_dir=None,
         checkpoint_every=100,
+        on_unhealthy="warn",
     ):
         self.model = model
         self.tokenizer = tokenizer
@@ -235,6 +249,7 @@ class DPOPolicy(GenerativeStep):
         self.verbose = verbose
         self.checkpoint_dir = checkpoint_dir
         self.checkpoint_every = checkpoint_every
+        self.on_unhealthy = on_unhealthy
 
     def fit(self, X, y=None, *, callback=None):
         """Fit the policy on comparisons.

@@ -78,6 +78,14 @@ class SFTPolicy(GenerativeStep):
         demonstrations resumes from it, as the policies do.
     checkpoint_every : int, default=100
         Gradient steps between checkpoints.
+    on_unhealthy : {"warn", "raise", "stop", "ignore"}, default="warn"
+        What a run-health detector that fires does (``non_finite``: a nan or
+        inf in a step's row; ``loss_blowup``: the smoothed loss above twice
+        the first step's; ``no_learning``: the trained weights
+        moved less than 1e-6 of their norm at every step): warn once per
+        detector with :class:`~prefopt.exceptions.RunHealthWarning`, raise
+        :class:`~prefopt.exceptions.RunHealthError`, warn and stop the fit, or
+        only record it in ``health_`` and the ``health/`` columns of ``history_``.
     pad_token : {"distinct", "eos"}, default="distinct"
         For experiments only; keep the default. ``"eos"`` reproduces the shortcut
         of padding with the EOS token itself: a collator that marks padding by
@@ -97,6 +105,10 @@ class SFTPolicy(GenerativeStep):
         Gradient steps done.
     history_ : list of dict
         ``loss/sft``, ``data/tokens``, ``charts/learning_rate`` and ``time/step_s`` per step.
+    health_ : dict
+        The run's health: ``healthy`` (bool) and ``detectors``, by name,
+        each with ``fired`` (bool), ``first_step`` (int or None), ``value``
+        (its last reading, float) and ``threshold`` (float); see ``on_unhealthy``.
 
     See Also
     --------
@@ -136,6 +148,7 @@ class SFTPolicy(GenerativeStep):
         "warm_start": ["boolean"],
         "checkpoint_dir": [str, os.PathLike, None],
         "checkpoint_every": [Interval(Integral, 1, None, closed="left")],
+        "on_unhealthy": [StrOptions({"warn", "raise", "stop", "ignore"})],
         "pad_token": [StrOptions({"distinct", "eos"})],
     }
 
@@ -156,6 +169,7 @@ class SFTPolicy(GenerativeStep):
         warm_start=False,
         checkpoint_dir=None,
         checkpoint_every=100,
+        on_unhealthy="warn",
         pad_token="distinct",
     ):
         self.model = model
@@ -172,6 +186,7 @@ class SFTPolicy(GenerativeStep):
         self.warm_start = warm_start
         self.checkpoint_dir = checkpoint_dir
         self.checkpoint_every = checkpoint_every
+        self.on_unhealthy = on_unhealthy
         self.pad_token = pad_token
 
     def fit(self, X, y=None, *, callback=None):

@@ -9,7 +9,7 @@ from numbers import Integral, Real
 import numpy as np
 from scipy.special import expit
 from sklearn.utils import check_random_state
-from sklearn.utils._param_validation import Interval
+from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
 from ..backend import unpad
@@ -92,6 +92,8 @@ class RewardModel(LinearBradleyTerry, SequenceClassifierExport, LanguageModelEst
         the same folder, parameters and comparisons resumes from it.
     checkpoint_every : int, default=100
         Gradient steps between checkpoints.
+    on_unhealthy : {"warn", "raise", "stop", "ignore"}, default="warn"
+        Language-model reward only: as :class:`~prefopt.SFTPolicy`'s.
 
     Attributes
     ----------
@@ -116,7 +118,8 @@ class RewardModel(LinearBradleyTerry, SequenceClassifierExport, LanguageModelEst
     reference_texts_ : list or None
         Language-model reward only: ``fit``'s references, as texts.
     history_ : list of dict
-        ``loss/reward`` and ``reward/accuracy`` per step.
+        ``loss/reward`` and ``reward/accuracy`` per step; the run's health is in
+        ``health_``, as :class:`~prefopt.SFTPolicy`'s (language-model reward only).
     n_comparisons_ : int
         Comparisons seen in ``fit``.
     starting_policy_ : object or None
@@ -165,6 +168,7 @@ class RewardModel(LinearBradleyTerry, SequenceClassifierExport, LanguageModelEst
         "verbose": ["verbose"],
         "checkpoint_dir": [str, os.PathLike, None],
         "checkpoint_every": [Interval(Integral, 1, None, closed="left")],
+        "on_unhealthy": [StrOptions({"warn", "raise", "stop", "ignore"})],
     }
 
     def __init__(
@@ -187,6 +191,7 @@ class RewardModel(LinearBradleyTerry, SequenceClassifierExport, LanguageModelEst
         verbose=0,
         checkpoint_dir=None,
         checkpoint_every=100,
+        on_unhealthy="warn",
     ):
         self.model = model
         self.tokenizer = tokenizer
@@ -205,6 +210,7 @@ class RewardModel(LinearBradleyTerry, SequenceClassifierExport, LanguageModelEst
         self.verbose = verbose
         self.checkpoint_dir = checkpoint_dir
         self.checkpoint_every = checkpoint_every
+        self.on_unhealthy = on_unhealthy
 
     def fit(self, X, y=None, *, references=None, callback=None):
         """Fit the reward on comparisons.

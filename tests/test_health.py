@@ -1,0 +1,268 @@
+"""Run health: each detector fires on a constructed failure and stays silent on a healthy run."""
+
+import warnings
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from _tiny import tiny_lm
+
+from prefopt import GRPOPolicy, RLOOPolicy, RunHealthError, RunHealthWarning, SFTPolicy
+from prefopt.lm._health import count_non_finite, loss_blowup, smoothed
+from prefopt.policies._health import dead_groups, health_statistics, reward_collapse
+
+PROMPTS = ["the movie was", "the plot was", "the movie", "the plot"]
+POLICY_DETECTORS = {
+    "reward_collapse",
+    "empty_responses",
+    "repetitive_responses",
+    "kl_blowup",
+    "dead_groups",
+    "non_finite",
+    "no_learning",
+}
+
+
+def lm_policy(cls=RLOOPolicy, **kw):
+    params = dict(
+        model=tiny_lm(),
+        k=4,
+        batch_size=16,
+        n_steps=12,
+        max_new_tokens=6,
+        missing_eos_reward=None,
+        random_state=0,
+    )
+    params.update(kw)
+    return cls(**params)
+
+
+def says_good(prompts, completions):
+    return np.array([float("good" in c.split()) for c in completions])
+
+
+def empty_is_best(prompts, completions):
+    return np.array([-float(len(c.split())) for c in completions])
+
+
+def all_zero(prompts, completions):
+    return np.zeros(len(completions))
+
+
+def fired(estimator):
+    return {name for name, d in estimator.health_["detectors"].items() if d["fired"]}
+
+
+def health_warnings(record):
+    return [str(w.message) for w in record if issubclass(w.category, RunHealthWarning)]
+
+
+# ----- healthy runs are silent ------------------------------------------------------------
+
+
+def test_a_healthy_run_warns_nothing_and_reports_every_detector():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RunHealthWarning)
+        policy = lm_policy(learning_rate=3e-3).fit(PROMPTS, says_good)
+    health = policy.health_
+    assert health["healthy"] is True and set(health["detectors"]) == POLICY_DETECTORS
+    for name, d in health["detectors"].items():
+        assert set(d) == {"fired", "first_step", "value", "threshold"}
+        assert d["fired"] is False and d["first_step"] is None
+        assert isinstance(d["value"], float) and isinstance(d["threshold"], float)
+        # one column per detector in every row, the last row's value in health_
+        assert [f"health/{name}" in row for row in policy.history_] == [True] * 12
+        if name != "no_learning":  # judged at the end on the run's largest shift
+            assert d["value"] == policy.history_[-1][f"health/{name}"]
+    assert health["detectors"]["no_learning"]["value"] == max(
+        row["policy/logprob_shift"] for row in policy.history_
+    )
+    # step 1 samples the start: the sampling pass and the reference agree to float rounding
+    assert policy.history_[0]["policy/logprob_shift"] < 1e-6
+
+
+def test_one_sample_a_prompt_has_no_dead_groups_detector():
+    policy = lm_policy(GRPOPolicy, k=2, learning_rate=3e-3, n_steps=2).fit(PROMPTS, says_good)
+    assert "dead_groups" in policy.health_["detectors"]
+    from prefopt import ReinforcePolicy
+
+    single = ReinforcePolicy(
+        model=tiny_lm(), batch_size=8, n_steps=2, max_new_tokens=6, random_state=0
+    ).fit(PROMPTS, says_good)
+    assert set(single.health_["detectors"]) == POLICY_DETECTORS - {"dead_groups"}
+    assert "objective/dead_group_share" not in single.history_[0]
+
+
+# ----- each detector fires on its failure -------------------------------------------------
+
+
+def test_a_reward_that_makes_the_empty_answer_best_fires_empty_responses():
+    with pytest.warns(RunHealthWarning, match="'empty_responses' fired") as record:
+        policy = lm_policy(learning_rate=1e-2, n_steps=20).fit(PROMPTS, empty_is_best)
+    # the empty answer was rare under the start: reaching it is a KL blow-up too
+    assert fired(policy) == {"empty_responses", "kl_blowup"}
+    messages = health_warnings(record)  # once per detector per fit
+    assert sorted(m.split("'")[1] for m in messages) == ["empty_responses", "kl_blowup"]
+    step = policy.health_["detectors"]["empty_responses"]["first_step"]
+    shares = [row["response/empty_share"] for row in policy.history_]
+    assert smoothed(shares[:step]) > 0.8 >= smoothed(shares[: step - 1])
+    assert policy.history_[-1]["response/empty_share"] == 1.0
+
+
+def count_good(prompts, completions):
+    return np.array([float(c.split().count("good")) for c in completions])
+
+
+def test_a_learning_rate_of_0_05_collapses_the_reward():
+    # RLOO at 0.05 on a reward in {0, 1}: the reward rises to 1 by step 3, then every
+    # response but one in 32 turns empty and all score 0 (issue 25's case), below 0.38
+    with pytest.warns(RunHealthWarning, match="'reward_collapse' fired at step 8"):
+        policy = lm_policy(learning_rate=0.05, batch_size=32).fit(PROMPTS, says_good)
+    assert fired(policy) == {"reward_collapse", "empty_responses", "dead_groups", "kl_blowup"}
+    rewards = [row["objective/reward"] for row in policy.history_]
+    start, spread = rewards[0], policy.history_[0]["objective/reward_std"]
+    assert smoothed(rewards[:8]) < start - 0.5 * spread < smoothed(rewards[:7])
+    assert rewards[-1] == 0.0 and policy.history_[-1]["response/empty_share"] > 0.9
+
+
+def test_a_learning_rate_of_0_05_degenerates_into_repetition():
+    # GRPO at 0.05 on a reward counting "good": "good good good ..." (a degenerate loop)
+    with pytest.warns(RunHealthWarning, match="'repetitive_responses' fired"):
+        policy = lm_policy(GRPOPolicy, learning_rate=0.05).fit(PROMPTS, count_good)
+    assert "repetitive_responses" in fired(policy) and not policy.health_["healthy"]
+    assert policy.history_[-1]["response/repeated_ngrams"] > 0.5
+
+
+# GRPO's advantages are exactly 0 and nothing moves; RLOO's KL-shaped reward differs by
+# float rounding between samples, which Adam's normalised step turns into a random walk.
+@pytest.mark.parametrize(
+    "cls, expected",
+    [(RLOOPolicy, {"dead_groups"}), (GRPOPolicy, {"dead_groups", "no_learning"})],
+)
+def test_an_all_zero_reward_in_a_group_method_fires_dead_groups(cls, expected):
+    with pytest.warns(RunHealthWarning, match="'dead_groups' fired at step 1"):
+        policy = lm_policy(cls, learning_rate=3e-3).fit(PROMPTS, all_zero)
+    assert fired(policy) == expected
+    assert [row["objective/dead_group_share"] for row in policy.history_] == [1.0] * 12
+    assert policy.health_["detectors"]["dead_groups"]["first_step"] == 1
+
+
+def test_a_frozen_run_fires_no_learning_at_its_end():
+    with pytest.warns(RunHealthWarning, match="'no_learning' fired at step 12"):
+        policy = lm_policy(learning_rate=1e-12).fit(PROMPTS, says_good)
+    assert fired(policy) == {"no_learning"}
+    d = policy.health_["detectors"]["no_learning"]
+    assert d["first_step"] == 12 and d["value"] < 1e-4 and d["threshold"] == 1e-4
+
+
+# ----- what a firing does -----------------------------------------------------------------
+
+
+def test_on_unhealthy_raise_stop_and_ignore():
+    with pytest.raises(RunHealthError, match="'dead_groups' fired at step 1"):
+        lm_policy(on_unhealthy="raise").fit(PROMPTS, all_zero)
+    with pytest.warns(RunHealthWarning, match="dead_groups"):
+        stopped = lm_policy(on_unhealthy="stop").fit(PROMPTS, all_zero)
+    assert stopped.n_iter_ == 1 and len(stopped.history_) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RunHealthWarning)
+        quiet = lm_policy(on_unhealthy="ignore").fit(PROMPTS, all_zero)
+    assert fired(quiet) == {"dead_groups"} and not quiet.health_["healthy"]
+    with pytest.raises(ValueError, match="on_unhealthy"):
+        lm_policy(on_unhealthy="loud").fit(PROMPTS, all_zero)
+
+
+# ----- the detectors' numbers by hand -----------------------------------------------------
+
+
+def rows(rewards, stds, dead=None):
+    out = [{"objective/reward": r, "objective/reward_std": s} for r, s in zip(rewards, stds)]
+    for row, d in zip(out, dead or [0.0] * len(out)):
+        row["objective/dead_group_share"] = d
+    return out
+
+
+def test_reward_collapse_by_hand():
+    # start = the first step's mean 1 (the starting policy's samples), spread its std 0.4
+    assert reward_collapse(rows([1], [0.4])) == 0.0
+    history = rows([1, 0], [0.4, 0.4])
+    # smoothed = 0.7 * 1 + 0.3 * 0 = 0.7: a fall of 0.3 = 0.75 spreads
+    assert reward_collapse(history) == pytest.approx(0.75)
+    assert reward_collapse(rows([1, 2], [0.4, 0.9])) == pytest.approx(-0.75)
+
+
+def test_dead_groups_count_only_while_the_reward_has_not_risen():
+    assert dead_groups(rows([0, 0], [0, 0], dead=[1.0, 1.0])) == 1.0
+    # risen by 0.3 (smoothed) over a start spread of 0.4: more than a quarter, converged
+    assert dead_groups(rows([1, 2], [0.4, 0.0], dead=[0, 1.0])) == 0.0
+    assert dead_groups(rows([1, 1], [0.4, 0.4], dead=[0, 1.0])) == pytest.approx(0.3)
+
+
+def test_loss_blowup_by_hand():
+    history = [{"loss/sft": v} for v in (2.0, 12.0)]
+    assert loss_blowup(history) == pytest.approx((0.7 * 2.0 + 0.3 * 12.0) / 2.0)
+    assert loss_blowup(history[:1]) == 0.0
+
+
+def test_non_finite_counts_the_rows_numbers_but_not_its_health_columns():
+    row = {"step": 3, "objective/kl": float("nan"), "loss/policy": float("inf"), "x": 1.0}
+    assert count_non_finite([{**row, "health/kl_blowup": float("nan")}]) == 2.0
+    assert count_non_finite([{"step": 1, "objective/kl": 0.5}]) == 0.0
+
+
+def test_health_statistics_by_hand():
+    eos = 2
+    batch = SimpleNamespace(
+        # "a a a a a" (trigram "a a a" thrice: 2 of 3 repeat), empty, "b c" then EOS
+        response_ids=torch.tensor([[5, 5, 5, 5, 5], [eos, 0, 0, 0, 0], [6, 7, eos, 0, 0]]),
+        response_mask=torch.tensor([[1, 1, 1, 1, 1], [1, 0, 0, 0, 0], [1, 1, 1, 0, 0]]),
+        old_logprobs=torch.tensor([[-1.0] * 5, [-2.0, 0, 0, 0, 0], [-1.0, -1.0, -1.0, 0, 0]]),
+        ref_logprobs=torch.tensor([[-1.5] * 5, [-1.0, 0, 0, 0, 0], [-1.0, -1.0, -1.0, 0, 0]]),
+        scores=torch.tensor([1.0, 0.0, 2.0]),
+    )
+    policy = SimpleNamespace(stop_token_ids_=[eos], _samples_per_prompt=lambda: 1)
+    stats = health_statistics(policy, batch)
+    assert stats["response/empty_share"] == pytest.approx(1 / 3)
+    assert stats["response/distinct_tokens"] == pytest.approx((1 / 5 + 1) / 2)
+    assert stats["response/repeated_ngrams"] == pytest.approx((2 / 3 + 0) / 2)
+    assert stats["policy/logprob_shift"] == pytest.approx((5 * 0.5 + 1.0) / 9)
+    assert stats["objective/reward_std"] == pytest.approx(float(np.std([1.0, 0.0, 2.0])))
+    assert "objective/dead_group_share" not in stats
+
+
+# ----- the supervised loop ----------------------------------------------------------------
+
+
+def sft(**kw):
+    params = dict(model=tiny_lm(), n_epochs=2, batch_size=2, random_state=0)
+    params.update(kw)
+    return SFTPolicy(**params)
+
+
+DEMOS = [("the movie was", "good ."), ("the plot was", "bad .")]
+
+
+def test_sft_health_silent_when_learning_and_no_learning_when_frozen():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RunHealthWarning)
+        healthy = sft(learning_rate=1e-3).fit(DEMOS)
+    assert healthy.health_["healthy"] and set(healthy.health_["detectors"]) == {
+        "non_finite",
+        "loss_blowup",
+        "no_learning",
+    }
+    assert all("health/loss_blowup" in row for row in healthy.history_)
+    with pytest.warns(RunHealthWarning, match="'no_learning' fired at step 2"):
+        frozen = sft(learning_rate=1e-12).fit(DEMOS)
+    assert fired(frozen) == {"no_learning"}
+    with pytest.raises(RunHealthError, match="SFTPolicy: run health detector 'no_learning'"):
+        sft(learning_rate=1e-12, on_unhealthy="raise").fit(DEMOS)
+    assert frozen.history_[-1]["model/weight_change"] < 1e-6
+
+
+def test_the_supervised_estimators_take_on_unhealthy():
+    from prefopt import DPOPolicy, RewardModel
+
+    for cls in (SFTPolicy, DPOPolicy, RewardModel):
+        assert cls().get_params()["on_unhealthy"] == "warn"
