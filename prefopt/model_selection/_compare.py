@@ -283,7 +283,8 @@ def compare(
         [{"algorithm": name, "seed": seed, **run} for (name, seed), (_, run, _) in zip(jobs, out)]
     )
     if START in estimators:
-        runs.loc[runs["algorithm"] == START, "healthy"] = None  # not a run
+        runs["healthy"] = runs["healthy"].astype(object)  # True, False, or None: not a run
+        runs.loc[runs["algorithm"] == START, "healthy"] = None
     budgets = runs.groupby("algorithm", sort=False)[list(BUDGETS)].mean().reset_index()
     _check_budgets(budgets[budgets["algorithm"] != START], matched_budget)
     kept = None
