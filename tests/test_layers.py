@@ -46,16 +46,7 @@ PART = {"exceptions": "_config"}
 MAX_LINES = 500
 # Private names still imported across packages, in files other changes own; an entry goes
 # when its import does (a stale entry is harmless: the test checks no new one appears).
-KNOWN_PRIVATE = {
-    ("prefopt.lm._checkpoint", "_qualname"),  # backend/serialization.py's
-    ("prefopt.lm._persist", "_is_fitted"),  # backend/models.py's
-    ("prefopt.lm._persist", "_qualname"),
-    ("prefopt.policies._base", "_checkpoint"),  # lm/_checkpoint.py, the checkpoint format
-    ("prefopt.policies.dpo", "_checkpoint"),
-    ("prefopt.policies.sft", "_checkpoint"),
-    ("prefopt.rewards._lm", "_checkpoint"),
-    ("prefopt.policies._params", "_KLController"),  # kl.py's
-}
+KNOWN_PRIVATE: set[tuple[str, str]] = set()
 
 
 def part(module: str) -> str:

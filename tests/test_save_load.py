@@ -153,3 +153,16 @@ def test_planted_pickles_in_a_saved_folder_never_run(tmp_path, monkeypatch):
                 f.write(original)
     assert not (tmp_path / "PWNED").exists()
     assert prefopt.load(folder).sample(world.prompts) == sft.sample(world.prompts)
+
+
+def test_load_leaves_the_callers_torch_random_state_alone(tmp_path):
+    world = TinyLMWorld(random_state=0)
+    sft = SFTPolicy(model=world.policy_model(), n_epochs=1, random_state=0)
+    folder = sft.fit([(world.prompts[0], "a b")] * 8).save(tmp_path / "sft")
+    torch.manual_seed(7)
+    expected = torch.rand(3)
+    torch.manual_seed(7)
+    loaded = prefopt.load(folder)  # builds the model from its config: random weights, replaced
+    assert torch.equal(torch.rand(3), expected)
+    for a, b in zip(sft.model_.state_dict().values(), loaded.model_.state_dict().values()):
+        assert torch.equal(a, b)

@@ -7,6 +7,7 @@ supervised loop (SFT, the reward model, DPO); :class:`RunState` is a run's
 state apart from the fitted model. Both ``rewards`` and ``policies`` import it.
 """
 
+from . import _checkpoint as checkpoint  # the checkpoint format, for policies and rewards
 from ._base import (
     DEFAULT_MAX_NEW_TOKENS,
     DEFAULT_TEMPERATURE,
@@ -26,6 +27,7 @@ __all__ = [
     "GenerativeStep",
     "LanguageModelEstimator",
     "RunState",
+    "checkpoint",
     "context_length",
     "load",
     "save",

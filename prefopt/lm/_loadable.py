@@ -25,6 +25,7 @@ ESTIMATORS = frozenset(
         "GRPOPolicy",
         "PPOPolicy",
         "RAFTPolicy",
+        "ReinforcePlusPlusPolicy",
         "ReinforcePolicy",
         "RewardModel",
         "RLOOPolicy",

@@ -25,6 +25,7 @@ from safetensors.torch import save as st_save
 from sklearn.base import BaseEstimator
 from torch import nn
 
+from ..backend import local_seed
 from ..backend.serialization import (
     failed_write,
     qualname,
@@ -88,13 +89,17 @@ def _build(spec: dict, name: str, given: dict, built: dict) -> nn.Module:
     if not isinstance(spec, dict):
         raise ValueError(f"The saved description of {name} is not a mapping: {spec!r}.")
     kind = spec.get("kind")
+    # The weights drawn here are overwritten by the saved tensors; drawing them under a
+    # local seed leaves the caller's torch random state as it was before load.
     if kind == "transformers":
-        return _loadable.transformers_model(spec)
+        with local_seed(0):
+            return _loadable.transformers_model(spec)
     if kind == "peft":
         from peft import get_peft_model
 
         base = _build(spec["base"], name, given, built)
-        return get_peft_model(base, _loadable.lora_config(spec["lora"]))
+        with local_seed(0):
+            return get_peft_model(base, _loadable.lora_config(spec["lora"]))
     if kind == "scalar_head":
         return ScalarHeadModel(_build(spec["backbone"], name, given, built))
     if kind == "shared_head":

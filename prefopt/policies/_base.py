@@ -24,7 +24,7 @@ from ..backend import default_learning_rate, distributed, make_generator, maybe_
 from ..data import PreferenceData, check_prompt_table
 from ..kl import FixedKLController
 from ..lm import GenerativeEstimator, RunState
-from ..lm import _checkpoint as ckpt
+from ..lm import checkpoint as ckpt
 from ..lm._run import one_fit_at_a_time
 from ..rewards import call_with_columns, check_reward_columns, check_rewards
 from ..rewards._combined import combine_rewards

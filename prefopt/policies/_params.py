@@ -7,13 +7,13 @@ from numbers import Integral, Real
 
 from sklearn.utils._param_validation import Interval, StrOptions
 
-from ..kl import _KLController
+from ..kl import KLController
 
 COMMON_CONSTRAINTS = {
     "model": "no_validation",
     "tokenizer": "no_validation",
     "beta": [Interval(Real, 0, None, closed="left")],
-    "kl": [_KLController, None],
+    "kl": [KLController, None],
     "kl_estimator": [StrOptions({"k1", "k2", "k3"})],
     "learning_rate": [Interval(Real, 0, None, closed="neither"), None],
     "optimizer": [StrOptions({"adam", "sgd"})],

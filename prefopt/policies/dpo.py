@@ -35,7 +35,7 @@ from ..backend import (
 )
 from ..data import PreferenceData, check_comparisons
 from ..lm import GenerativeStep, context_length, train_minibatches
-from ..lm import _checkpoint as ckpt
+from ..lm import checkpoint as ckpt
 from ..tracking import check_callback
 
 __all__ = ["DPOPolicy"]

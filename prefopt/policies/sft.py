@@ -21,7 +21,7 @@ from .._config import get_config
 from ..backend import default_learning_rate, make_generator, response_logprobs
 from ..data import PreferenceData, check_demonstrations
 from ..lm import GenerativeStep, context_length, train_minibatches
-from ..lm import _checkpoint as ckpt
+from ..lm import checkpoint as ckpt
 from ..tracking import check_callback
 from ._batch import masked_mean
 

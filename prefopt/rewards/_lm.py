@@ -20,7 +20,7 @@ from ..backend import (
     score_sequences,
 )
 from ..data import check_demonstrations
-from ..lm import _checkpoint as ckpt
+from ..lm import checkpoint as ckpt
 from ..lm import context_length, train_minibatches
 
 
