@@ -166,6 +166,7 @@ class ReinforcePlusPlusPolicy(BasePolicy):
         max_kl=None,
         max_kl_action="warn",
         min_eos_share=0.5,
+        on_unhealthy="warn",
         entropy_coef=0.0,
         ptx_coef=0.0,
         refit_every=None,
