@@ -308,12 +308,13 @@ def clone_keeping_models(estimator):
 
     params = {}
     for name, value in estimator.get_params(deep=False).items():
-        keep = isinstance(value, nn.Module) or _is_fitted(value)
+        keep = isinstance(value, nn.Module) or is_fitted(value)
         params[name] = value if keep else clone(value, safe=False)
     return type(estimator)(**params)
 
 
-def _is_fitted(value) -> bool:
+def is_fitted(value) -> bool:
+    """Whether ``value`` is a fitted estimator (scikit-learn's own test)."""
     if not (hasattr(value, "get_params") and hasattr(value, "fit")):
         return False
     from sklearn.exceptions import NotFittedError

@@ -33,6 +33,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..backend.models import is_fitted
+
 IDENTITY_ATTRIBUTE = "__prefopt_identity__"
 # Parameters that set a run's length or how it is watched and saved; all others define it.
 NOT_DEFINING = frozenset(
@@ -170,20 +172,6 @@ def _describe_tokenizer(tok) -> dict:
         "add_bos_token": describe(getattr(tok, "add_bos_token", None)),
         "add_eos_token": describe(getattr(tok, "add_eos_token", None)),
     }
-
-
-def is_fitted(value) -> bool:
-    """Whether ``value`` is a fitted estimator (scikit-learn's own test)."""
-    from sklearn.exceptions import NotFittedError
-    from sklearn.utils.validation import check_is_fitted
-
-    if not (hasattr(value, "get_params") and hasattr(value, "fit")):
-        return False
-    try:
-        check_is_fitted(value)
-    except (NotFittedError, TypeError):
-        return False
-    return True
 
 
 def _describe_estimator(est, seen) -> dict:
