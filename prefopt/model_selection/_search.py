@@ -22,6 +22,7 @@ from sklearn.utils import get_tags
 from sklearn.utils.parallel import Parallel, delayed
 
 from .._config import get_config
+from ..backend.progress import verbose_log
 from ._best import _BestEstimatorMethods
 from ._cells import _AllPrompts, _cell, _param_arrays, _scorers, member, tracked_group
 from ._stats import _check_seeds, split_seeds, t_interval
@@ -285,7 +286,7 @@ class SeedSearchCV(_BestEstimatorMethods, MetaEstimatorMixin, BaseEstimator):
         # Seeds vary fastest: candidate g under seed j is entry g * n_seeds + j.
         candidates = [(p, seed) for p in grid for seed in self.seeds_]
         if self.verbose > 0:
-            print(
+            verbose_log.info(
                 f"Fitting {self.n_splits_} folds for each of {len(grid)} candidates x "
                 f"{len(self.seeds_)} seeds, totalling {len(candidates) * self.n_splits_} fits"
             )

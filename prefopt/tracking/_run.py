@@ -6,6 +6,7 @@ from contextlib import contextmanager
 
 from .._config import get_config
 from ..backend import distributed
+from ..backend.progress import verbose_log
 from ._base import Logger, _local, check_writable, current_member
 from ._mlflow import MLflowLogger
 from ._tensorboard import TensorBoardLogger
@@ -199,7 +200,7 @@ class TrackedRun:
         verbose = getattr(estimator, "verbose", 0)
         if verbose and distributed.is_main():
             if verbose > 1 or step % self.print_every == 0 or step == self.total:
-                print(progress_line(self.name, row, self.total), flush=True)
+                verbose_log.info(progress_line(self.name, row, self.total))
         stop = False
         for callback in self.callbacks:
             stop = (callback(estimator, row) is True) or stop
