@@ -13,8 +13,8 @@ from numbers import Integral, Real
 
 import numpy as np
 
-from ..data import check_prompts
-from ..rewards import check_rewards
+from ..data import check_prompt_table
+from ..rewards import call_with_columns, check_reward_columns, check_rewards
 from ._scorer import _check_n_samples, _draw, _reward_of, _SampledScorer
 
 __all__ = ["make_pass_at_k_scorer", "pass_at_k"]
@@ -119,29 +119,36 @@ class _PassAtKScorer(_SampledScorer):
         self.threshold = float(threshold)
 
     def __call__(self, estimator, X, y=None) -> float:
-        prompts = check_prompts(X)
+        prompts, columns = check_prompt_table(X)
         if y is not None and len(y) != len(prompts):
             raise ValueError(
                 f"y holds {len(y)} answers for {len(prompts)} prompts; give one answer per prompt."
             )
         reward = _reward_of(estimator, self.reward)
-        rep, completions = _draw(estimator, prompts, self.n_samples, self.random_state)
-        if len(completions) != len(prompts) * self.n_samples:
-            raise ValueError(
-                f"{type(estimator).__name__} returned {len(completions)} completions for "
-                f"{len(prompts)} prompts; pass@k needs n_samples={self.n_samples} for each "
-                "(a policy with sample(X, n=...))."
-            )
-        kwargs = {}
         if y is not None:
+            if "answer" in columns:
+                raise ValueError(
+                    "The prompts have an 'answer' column and y gives answers too; pass one "
+                    "of them (the column reaches the reward as answer= on its own)."
+                )
             if not _accepts(reward, "answer"):
                 raise TypeError(
                     f"The answers y reach the reward as answer=, but "
                     f"{getattr(reward, '__name__', type(reward).__name__)} takes no such "
                     "keyword; give it an answer=None keyword or call the scorer without y."
                 )
-            kwargs["answer"] = [a for a in y for _ in range(self.n_samples)]
-        scores = check_rewards(reward(rep, completions, **kwargs), len(rep))
+            columns = {**columns, "answer": list(y)}
+        check_reward_columns(reward, list(columns), "make_pass_at_k_scorer")
+        rep, completions, columns = _draw(
+            estimator, prompts, self.n_samples, self.random_state, columns
+        )
+        if len(completions) != len(prompts) * self.n_samples:
+            raise ValueError(
+                f"{type(estimator).__name__} returned {len(completions)} completions for "
+                f"{len(prompts)} prompts; pass@k needs n_samples={self.n_samples} for each "
+                "(a policy with sample(X, n=...))."
+            )
+        scores = check_rewards(call_with_columns(reward, rep, completions, columns), len(rep))
         correct = (scores >= self.threshold).reshape(len(prompts), self.n_samples).sum(1)
         return float(pass_at_k(self.n_samples, correct, self.k).mean())
 
@@ -186,10 +193,12 @@ def make_pass_at_k_scorer(
     Returns
     -------
     scorer : callable
-        ``scorer(estimator, X, y=None) -> float``. ``y``, when given, holds one
-        answer per prompt, passed to the reward as ``answer=`` (repeated for
-        each prompt's samples, as dataset columns are); without it the reward
-        must know the answers itself.
+        ``scorer(estimator, X, y=None) -> float``. The other columns of a
+        prompt table ``X`` (an ``answer`` column, say) reach the reward as
+        keyword arguments, as in ``fit``, each prompt's value repeated for its
+        samples. ``y``, when given, holds one answer per prompt, passed to the
+        reward as ``answer=`` in the same way; without either the reward must
+        know the answers itself.
 
     See Also
     --------

@@ -12,8 +12,8 @@ from numbers import Integral, Real
 
 import numpy as np
 
-from ..data import check_prompts
-from ..rewards import check_rewards
+from ..data import check_prompt_table
+from ..rewards import call_with_columns, check_reward_columns, check_rewards
 
 __all__ = [
     "gold_reward_scorer",
@@ -52,28 +52,46 @@ def _sample_groups(estimator, prompts: list[str], n_samples: int, random_state) 
     return groups
 
 
-def _draw(estimator, prompts: list[str], n_samples: int, random_state):
-    """``n_samples`` completions per prompt: (repeated prompts, completions), flat."""
+def _draw(estimator, prompts: list[str], n_samples: int, random_state, columns=None):
+    """``n_samples`` completions per prompt: (repeated prompts, completions), flat.
+
+    With ``columns`` (the prompt table's other columns), also those columns with
+    each prompt's values repeated for its completions, as ``fit`` passes them.
+    """
     groups = _sample_groups(estimator, prompts, n_samples, random_state)
     rep = [p for p, group in zip(prompts, groups) for _ in group]
     completions = [c for group in groups for c in group]
-    return rep, completions
+    if columns is None:
+        return rep, completions
+    rows = [i for i, group in enumerate(groups) for _ in group]
+    return rep, completions, {name: [v[i] for i in rows] for name, v in columns.items()}
 
 
 class _SampledScorer:
     """Base of the scorers: draws the completions, subclasses say what to average."""
 
     _name = "score"
+    _reads_reward = False  # the reward and objective scorers call a reward
 
     def __init__(self, n_samples: int, random_state):
         self.n_samples = _check_n_samples(n_samples)
         self.random_state = random_state
 
     def __call__(self, estimator, X, y=None) -> float:
-        prompts, completions = _draw(estimator, check_prompts(X), self.n_samples, self.random_state)
-        return float(self._value(estimator, prompts, completions))
+        prompts, columns = check_prompt_table(X)
+        self._check_columns(estimator, columns)
+        rep, completions, columns = _draw(
+            estimator, prompts, self.n_samples, self.random_state, columns
+        )
+        return float(self._value(estimator, rep, completions, columns))
 
-    def _value(self, estimator, prompts, completions):  # pragma: no cover - abstract
+    def _check_columns(self, estimator, columns) -> None:
+        """Refuse, before sampling, a reward that names a column the prompts lack."""
+        if self._reads_reward:
+            reward = _reward_of(estimator, self.reward)
+            check_reward_columns(reward, list(columns), f"{self._name} scorer")
+
+    def _value(self, estimator, prompts, completions, columns):  # pragma: no cover - abstract
         raise NotImplementedError
 
     def _args(self) -> str:
@@ -116,6 +134,8 @@ def _log_ratio(estimator, prompts, completions) -> np.ndarray:
 
 
 class _RewardScorer(_SampledScorer):
+    _reads_reward = True
+
     def __init__(self, reward, n_samples, random_state, name="make_reward_scorer"):
         super().__init__(n_samples, random_state)
         if reward is not None and not callable(reward):
@@ -126,20 +146,22 @@ class _RewardScorer(_SampledScorer):
         self.reward = reward
         self._name = name
 
-    def _value(self, estimator, prompts, completions):
+    def _value(self, estimator, prompts, completions, columns):
         reward = _reward_of(estimator, self.reward)
-        return check_rewards(reward(prompts, completions), len(prompts)).mean()
+        raw = call_with_columns(reward, prompts, completions, columns)
+        return check_rewards(raw, len(prompts)).mean()
 
 
 class _KLScorer(_SampledScorer):
     _name = "make_kl_scorer"
 
-    def _value(self, estimator, prompts, completions):
+    def _value(self, estimator, prompts, completions, columns):
         return -_log_ratio(estimator, prompts, completions).mean()
 
 
 class _ObjectiveScorer(_SampledScorer):
     _name = "make_objective_scorer"
+    _reads_reward = True
 
     def __init__(self, reward, beta, n_samples, random_state):
         super().__init__(n_samples, random_state)
@@ -148,12 +170,12 @@ class _ObjectiveScorer(_SampledScorer):
         self.reward = reward
         self.beta = beta
 
-    def _value(self, estimator, prompts, completions):
+    def _value(self, estimator, prompts, completions, columns):
         reward = _reward_of(estimator, self.reward)
         beta = self.beta if self.beta is not None else getattr(estimator, "beta", None)
         if beta is None:
             raise ValueError(f"{type(estimator).__name__} has no beta; give the scorer one.")
-        r = check_rewards(reward(prompts, completions), len(prompts))
+        r = check_rewards(call_with_columns(reward, prompts, completions, columns), len(prompts))
         return (r - beta * _log_ratio(estimator, prompts, completions)).mean()
 
 
@@ -169,7 +191,10 @@ def make_reward_scorer(
     ----------
     reward : callable, default=None
         ``reward(prompts, completions) -> array (n,)``; ``None`` uses the
-        reward the estimator was fitted on (``estimator.reward_model_``).
+        reward the estimator was fitted on (``estimator.reward_model_``). As
+        in ``fit``, the other columns of a prompt table ``X`` reach it as
+        keyword arguments (``reward(prompts, completions, answer)``), each
+        prompt's value repeated for its samples.
     n_samples : int, default=4
         Completions drawn per prompt.
     random_state : int, default=0
@@ -179,7 +204,7 @@ def make_reward_scorer(
     -------
     scorer : callable
         ``scorer(estimator, X, y=None) -> float``: the mean over prompts in
-        ``X`` and their samples.
+        ``X`` (a list, or a table with a ``prompt`` column) and their samples.
 
     See Also
     --------
