@@ -24,6 +24,7 @@ from ._formats import (
     _not_one_text,
     check_texts,
     is_conversation,
+    split_implicit_prompt,
 )
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "check_pretraining_texts",
     "check_texts",
     "is_conversation",
+    "split_implicit_prompt",
 ]
 
 
@@ -210,6 +212,21 @@ def check_prompt_table(X) -> tuple[list, dict[str, list]]:
     return prompts, columns
 
 
+def _has_no_prompt(X) -> bool:
+    """Whether comparisons come in TRL's implicit-prompt format: chosen, rejected, no prompt."""
+    if isinstance(X, pd.DataFrame) or _is_hf_dataset(X):
+        names = set(X.columns if isinstance(X, pd.DataFrame) else X.column_names)
+    elif isinstance(X, dict):
+        names = set(X)
+    elif isinstance(X, (list, tuple)) and X and all(isinstance(r, dict) for r in X):
+        names = set.intersection(*(set(r) for r in X))
+        if any("prompt" in r for r in X):
+            return False
+    else:
+        return False
+    return "prompt" not in names and {"chosen", "rejected"} <= names
+
+
 def check_comparisons(X) -> Comparisons:
     """Validate comparisons (prompt, chosen, rejected) and return :class:`Comparisons`.
 
@@ -217,18 +234,24 @@ def check_comparisons(X) -> Comparisons:
     ----------
     X : Comparisons, DataFrame, datasets.Dataset, dict of columns or rows
         Rows may be ``(prompt, chosen, rejected)`` tuples or dicts, in TRL's
-        standard or conversational format.
+        standard or conversational format. Without a ``prompt`` column (TRL's
+        implicit prompt), ``chosen`` and ``rejected`` are whole texts or
+        conversations and the start they share is the prompt
+        (:func:`split_implicit_prompt`).
 
     Returns
     -------
     comparisons : Comparisons
         A chosen or rejected response given as one assistant message becomes
-        its text; conversational prompts stay messages.
+        its text, one of several messages stays a list of them; conversational
+        prompts stay messages.
 
     Examples
     --------
     >>> len(check_comparisons([("q", "yes.", "no.")]))
     1
+    >>> check_comparisons([{"chosen": "2+2= 4", "rejected": "2+2= 5"}]).prompt
+    ['2+2=']
     >>> check_comparisons([("q", "same", "same")])
     Traceback (most recent call last):
     ...
@@ -238,6 +261,8 @@ def check_comparisons(X) -> Comparisons:
     if isinstance(X, Comparisons):
         featurizer, policy = X.featurizer, X.policy
         cols = {"prompt": list(X.prompt), "chosen": list(X.chosen), "rejected": list(X.rejected)}
+    elif _has_no_prompt(X):
+        cols = _implicit_prompt_columns(X)
     else:
         cols = _columns(X, ["prompt", "chosen", "rejected"], "Comparisons")
     lengths = {k: len(v) for k, v in cols.items()}
@@ -258,6 +283,29 @@ def check_comparisons(X) -> Comparisons:
                 f"({c!r}); such a pair carries no preference, drop it."
             )
     return Comparisons(prompt, chosen, rejected, featurizer, policy)
+
+
+def _implicit_prompt_columns(X) -> dict:
+    """prompt, chosen and rejected columns split from whole chosen and rejected rows."""
+    cols = _columns(X, ["chosen", "rejected"], "Comparisons")
+    if len(cols["chosen"]) != len(cols["rejected"]):
+        raise ValueError(
+            f"Comparisons have {len(cols['chosen'])} chosen and {len(cols['rejected'])} "
+            "rejected responses; every row needs both."
+        )
+    out = {"prompt": [], "chosen": [], "rejected": []}
+    for i, (c, r) in enumerate(zip(cols["chosen"], cols["rejected"])):
+        if is_conversation(c) and is_conversation(r):
+            c = _check_text([c], "chosen", "Comparisons", messages="keep")[0]
+            r = _check_text([r], "rejected", "Comparisons", messages="keep")[0]
+        if isinstance(c, (str, list)) and type(c) is type(r) and c == r:
+            raise ValueError(
+                f"Comparisons: chosen and rejected are identical at row {i} ({c!r}); such a "
+                "pair carries no preference, drop it."
+            )
+        for name, value in zip(out, split_implicit_prompt(c, r, i)):
+            out[name].append(value)
+    return out
 
 
 def check_demonstrations(X) -> tuple[list, list[str]]:

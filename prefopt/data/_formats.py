@@ -88,9 +88,16 @@ def is_conversation(row) -> bool:
 
 
 def _conversation(row, i: int, column: str, what: str) -> list:
-    """A conversation checked message by message, as a plain list of the given dicts."""
+    """A conversation checked message by message, as a plain list of the given dicts.
+
+    A message needs a string ``role`` and a string ``content``; an assistant
+    message that calls tools (a ``tool_calls`` entry) may have no content.
+    """
     for j, message in enumerate(row):
-        if not (isinstance(message.get("role"), str) and isinstance(message.get("content"), str)):
+        content = message.get("content")
+        if content is None and message.get("tool_calls"):
+            content = ""
+        if not (isinstance(message.get("role"), str) and isinstance(content, str)):
             raise TypeError(
                 f"{what}: {column} at row {i} is a conversation whose message {j} ({message!r}) "
                 "lacks a string 'role' or 'content'; each message needs both, as in "
@@ -99,23 +106,110 @@ def _conversation(row, i: int, column: str, what: str) -> list:
     return list(row)
 
 
-def _assistant_text(row, i: int, column: str, what: str) -> str:
-    """The text of a completion given as one assistant message."""
+def _completion_messages(row, i: int, column: str, what: str):
+    """A completion given as messages: one assistant message's text, or several messages.
+
+    One assistant message becomes its content (the chat template's end of turn
+    follows it, as after any text completion of a conversation). Several
+    messages (an assistant's tool call, the tool's answer, the assistant's
+    reply) stay a conversation, rendered by the chat template after the prompt;
+    the last of them must be the assistant's.
+    """
     messages = _conversation(row, i, column, what)
     roles = [m["role"] for m in messages]
+    if len(messages) > 1 and roles[-1] == "assistant":
+        return messages
     if roles != ["assistant"]:
         raise ValueError(
             f"{what}: {column} at row {i} is a conversation with roles {roles}; a completion "
-            "must be one assistant message, [{'role': 'assistant', 'content': '...'}]."
+            "must be one assistant message, [{'role': 'assistant', 'content': '...'}], or "
+            "several messages that end with the assistant's."
         )
     return messages[0]["content"]
 
 
 def _checked_messages(row, i: int, column: str, what: str, messages: str):
-    """A conversation kept as messages (``"keep"``), or an assistant turn's text (``"content"``)."""
+    """A conversation kept as messages (``"keep"``), or a completion's (``"content"``).
+
+    See :func:`_completion_messages` for completions.
+    """
     if messages == "keep":
         return _conversation(row, i, column, what)
-    return _assistant_text(row, i, column, what)
+    return _completion_messages(row, i, column, what)
+
+
+def split_implicit_prompt(chosen, rejected, i: int, what: str = "Comparisons"):
+    """TRL's implicit prompt: the start that ``chosen`` and ``rejected`` share.
+
+    Conversations share their leading messages: those are the prompt, the
+    messages after them the two completions (neither may be empty). Texts
+    follow TRL's ``extract_prompt`` character by character: the prompt ends
+    where the two first differ, less a space just before (the space starts
+    both completions); when one text is the other's start, the prompt ends one
+    character before the shorter one does.
+
+    Parameters
+    ----------
+    chosen, rejected : str or list of dict
+        The full texts, or the full conversations (TRL's format without a
+        ``prompt`` column).
+    i : int
+        The row, named in errors.
+    what : str, default="Comparisons"
+        Named in errors.
+
+    Returns
+    -------
+    prompt, chosen, rejected : str or list of dict
+
+    Examples
+    --------
+    >>> split_implicit_prompt("The sky is blue.", "The sky is green.", 0)
+    ('The sky is', ' blue.', ' green.')
+    >>> q = {"role": "user", "content": "sky?"}
+    >>> a, b = {"role": "assistant", "content": "blue"}, {"role": "assistant", "content": "red"}
+    >>> prompt, chosen, rejected = split_implicit_prompt([q, a], [q, b], 0)
+    >>> prompt == [q], chosen == [a], rejected == [b]
+    (True, True, True)
+    """
+    chat = (is_conversation(chosen), is_conversation(rejected))
+    if chat == (True, True):
+        chosen, rejected = list(chosen), list(rejected)
+        n = 0
+        while n < min(len(chosen), len(rejected)) and chosen[n] == rejected[n]:
+            n += 1
+        if n == 0 or n == len(chosen) or n == len(rejected):
+            problem = (
+                "share no leading message"
+                if n == 0
+                else "leave no messages after the ones they share"
+            )
+            raise ValueError(
+                f"{what}: with no prompt column, the prompt is what chosen and rejected share "
+                f"(TRL's implicit prompt), but at row {i} they {problem}; give a 'prompt' "
+                "column, or conversations that start with the same prompt messages and end "
+                "with different completions."
+            )
+        return chosen[:n], chosen[n:], rejected[n:]
+    if chat != (False, False) or not (isinstance(chosen, str) and isinstance(rejected, str)):
+        raise TypeError(
+            f"{what}: with no prompt column, chosen and rejected at row {i} must both be "
+            "texts or both conversations (lists of messages); got "
+            f"{type(chosen).__name__} and {type(rejected).__name__}."
+        )
+    shortest = min(len(chosen), len(rejected))
+    cut = shortest - 1  # TRL: one text is the other's start
+    for j in range(shortest):
+        if chosen[j] != rejected[j]:
+            cut = j - 1 if j > 0 and chosen[j - 1] == " " else j
+            break
+    if cut <= 0:
+        raise ValueError(
+            f"{what}: with no prompt column, the prompt is the start that chosen and rejected "
+            f"share (TRL's implicit prompt), but at row {i} they share none ({chosen!r} and "
+            f"{rejected!r}); give a 'prompt' column."
+        )
+    return chosen[:cut], chosen[cut:], rejected[cut:]
 
 
 def _not_one_text(values, what: str) -> None:

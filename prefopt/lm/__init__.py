@@ -19,6 +19,7 @@ from ._generative import GenerativeEstimator, GenerativeStep
 from ._persist import load, save
 from ._run import RunState
 from ._supervised import schedule_scale, train_minibatches
+from ._truncation import check_lengths, too_long_error, truncate_rows
 
 __all__ = [
     "DEFAULT_MAX_NEW_TOKENS",
@@ -27,11 +28,14 @@ __all__ = [
     "GenerativeStep",
     "LanguageModelEstimator",
     "RunState",
+    "check_lengths",
     "checkpoint",
     "context_length",
     "load",
     "save",
     "schedule_scale",
+    "too_long_error",
     "train_minibatches",
+    "truncate_rows",
     "with_lora",
 ]

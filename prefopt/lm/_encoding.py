@@ -388,10 +388,12 @@ class TokenEncoding:
     def _completion_tokens(
         self, completions, add_eos: bool = True, column: str = "completion", prompts=None
     ) -> list[list[int]]:
-        """Ids of completions (text or token ids); ``add_eos`` ends text with its stop token.
+        """Ids of completions (text, messages or token ids); ``add_eos`` ends them with a stop.
 
         The stop token is the text end (the EOS), or, where ``prompts`` holds a
-        conversation, the chat template's end of turn.
+        conversation, the chat template's end of turn. A completion of several
+        messages is rendered by the chat template after its prompt
+        (:meth:`_chat_completion_ids`).
         """
         completions = list(completions)
         rows = [i for i, c in enumerate(completions) if isinstance(c, str)]
@@ -402,10 +404,52 @@ class TokenEncoding:
         if add_eos and any(chat):
             ends[True] = self._turn_end_id()
         out = []
-        for c, in_chat in zip(completions, chat):
+        for i, (c, in_chat) in enumerate(zip(completions, chat)):
             if isinstance(c, str):
                 end = ends[in_chat]
                 out.append(list(next(encoded)) + ([] if end is None else [end]))
+            elif is_conversation(c):
+                prompt = None if prompts is None else prompts[i]
+                out.append(self._chat_completion_ids(prompt, c, i, column, add_eos))
             else:
                 out.append([int(t) for t in c])
         return out
+
+    def _chat_completion_ids(self, prompt, messages, row: int, column: str, add_eos: bool):
+        """Ids of a completion of several messages, as the chat template writes them.
+
+        The template renders the prompt with its generation prompt, and the
+        prompt followed by the completion's messages; the completion is what
+        the second adds to the first (TRL's rule), so the tool calls, tool
+        answers and assistant turns in it are all trained or scored. With
+        ``add_eos`` it ends at its last end of turn (what a template writes after
+        that, a newline, is left out, as sampling stops there), or gets one.
+        """
+        if not is_conversation(prompt):
+            raise ValueError(
+                f"The {column} at row {row} is several messages, which the chat template "
+                "renders after a conversation; its prompt must be a conversation (a list "
+                "of messages), not text."
+            )
+        prompt = list(prompt)
+        head = self._render_chats([prompt], [row])[0]
+        try:
+            full = self.tokenizer_.apply_chat_template(prompt + list(messages), tokenize=False)
+        except Exception as error:  # noqa: BLE001 - Jinja raises its own errors
+            raise ValueError(
+                f"The chat template cannot render the {column} at row {row} after its prompt "
+                f"({error}); check its roles and contents against the model's template."
+            ) from None
+        if not full.startswith(head):
+            raise ValueError(
+                f"The chat template renders the prompt and {column} at row {row} as a text "
+                "that does not start with the prompt it renders alone (with its generation "
+                "prompt), so the completion cannot be cut from it; give the completion as one "
+                "assistant message, or use a template that keeps earlier turns as they are."
+            )
+        ids = list(self._token_ids([full[len(head) :]], column, [row])[0])
+        end = self._turn_end_id() if add_eos else None
+        if end is None:
+            return ids
+        last = max((j for j, t in enumerate(ids) if t == end), default=None)
+        return ids[: last + 1] if last is not None else ids + [end]

@@ -19,6 +19,7 @@ from ..data import PreferenceData, check_prompts, check_texts
 from ._base import LanguageModelEstimator
 from ._encoding import context_length
 from ._run import one_fit_at_a_time
+from ._truncation import truncate_rows
 
 
 class GenerativeEstimator(LanguageModelEstimator):
@@ -119,7 +120,9 @@ class GenerativeEstimator(LanguageModelEstimator):
         prompts : list of str or of conversations
             One prompt per completion.
         completions : list of str or list of list of int
-            Text (or one assistant message), or token ids.
+            Text (or one assistant message, or several after a conversation),
+            or token ids. With ``max_length`` or ``max_prompt_length`` (SFT,
+            DPO), prompt and completion are cut as in ``fit``.
         reference : bool, default=False
             Score under the frozen reference model instead.
         add_eos : bool, default=True
@@ -156,8 +159,11 @@ class GenerativeEstimator(LanguageModelEstimator):
                 f"temperature must be a finite number > 0 (the logits are divided by it; 1.0 "
                 f"is the model's own distribution); got {temperature!r}."
             )
-        ptoks = self._tokenize_prompts(prompts)
+        # An estimator with max_length / max_prompt_length (SFT, DPO) cuts the rows as in fit.
+        cuts = getattr(self, "max_length", None) or getattr(self, "max_prompt_length", None)
+        ptoks = self._tokenize_prompts(prompts, check_length=cuts is None)
         rtoks = self._completion_tokens(completions, add_eos, prompts=prompts)
+        ptoks, (rtoks,) = truncate_rows(self, ptoks, [rtoks])
         context = context_length(self.model_)
         for i, (p, r) in enumerate(zip(ptoks, rtoks)):
             if context is not None and len(p) + len(r) > context:

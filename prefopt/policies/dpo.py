@@ -34,7 +34,7 @@ from ..backend import (
     response_logprobs,
 )
 from ..data import PreferenceData, check_comparisons
-from ..lm import GenerativeStep, context_length, train_minibatches
+from ..lm import GenerativeStep, check_lengths, too_long_error, train_minibatches, truncate_rows
 from ..lm import checkpoint as ckpt
 from ..tracking import check_callback
 
@@ -98,6 +98,19 @@ class DPOPolicy(GenerativeStep):
         The ids that end a response (in sampling, and the one appended to each
         chosen and rejected text). ``None`` takes the model's
         ``generation_config.eos_token_id`` and the tokenizer's EOS.
+    max_length : int, default=None
+        Most tokens of a prompt and response together (TRL's ``max_length``),
+        in training and in :meth:`log_prob`, :meth:`implicit_reward` and
+        :meth:`score`: a longer chosen or rejected response is cut from the
+        right, keeping its start, after the prompt is cut to
+        ``max_prompt_length``. A response cut there loses its stop token, so
+        its log-probability leaves out the end of the response (as in TRL).
+        ``None`` cuts nothing, and a comparison longer than the model's
+        context is an error.
+    max_prompt_length : int, default=None
+        Most tokens of a prompt (TRL's ``max_prompt_length``): a longer one is
+        cut from the left, keeping its end (next to the responses) and the
+        tokenizer's BOS in front. ``None`` keeps whole prompts.
     lora : dict or peft.LoraConfig, default=None
         Train a LoRA adapter only; the reference is then the base model with the
         adapter disabled, with no second copy of the weights.
@@ -204,6 +217,8 @@ class DPOPolicy(GenerativeStep):
         "temperature": [Interval(Real, 0, None, closed="neither"), None],
         "max_new_tokens": [Interval(Integral, 1, None, closed="left"), None],
         "stop_token_ids": ["array-like", Interval(Integral, 0, None, closed="left"), None],
+        "max_length": [Interval(Integral, 2, None, closed="left"), None],
+        "max_prompt_length": [Interval(Integral, 1, None, closed="left"), None],
         "lora": "no_validation",
         "random_state": ["random_state"],
         "verbose": ["verbose"],
@@ -226,6 +241,8 @@ class DPOPolicy(GenerativeStep):
         temperature=None,
         max_new_tokens=None,
         stop_token_ids=None,
+        max_length=None,
+        max_prompt_length=None,
         lora=None,
         random_state=None,
         verbose=0,
@@ -244,6 +261,8 @@ class DPOPolicy(GenerativeStep):
         self.temperature = temperature
         self.max_new_tokens = max_new_tokens
         self.stop_token_ids = stop_token_ids
+        self.max_length = max_length
+        self.max_prompt_length = max_prompt_length
         self.lora = lora
         self.random_state = random_state
         self.verbose = verbose
@@ -258,7 +277,11 @@ class DPOPolicy(GenerativeStep):
         ----------
         X : Comparisons, DataFrame, datasets.Dataset, rows or PreferenceData
             Comparisons with ``prompt``, ``chosen`` and ``rejected``, in TRL's
-            standard or conversational format. In a ``Pipeline``, a
+            standard or conversational format (a response may be several
+            messages, which the chat template renders after the prompt).
+            Without a ``prompt`` column, ``chosen`` and ``rejected`` are whole
+            texts or conversations and the start they share is the prompt
+            (TRL's implicit prompt). In a ``Pipeline``, a
             :class:`~prefopt.data.PreferenceData`: its comparisons, and with
             ``model=None`` the policy fitted by the step before (an SFT model).
         y : None
@@ -279,6 +302,7 @@ class DPOPolicy(GenerativeStep):
             start = X.policy if start is None else start
             X = X.require("comparisons", "DPOPolicy")
         data = check_comparisons(X)
+        check_lengths(self)
         start = _starting_model(data.policy if start is None else start)
         rng = check_random_state(self.random_state)
         seeds = rng.randint(np.iinfo(np.int32).max, size=3)
@@ -293,6 +317,7 @@ class DPOPolicy(GenerativeStep):
         prompts = self._tokenize_prompts(data.prompt, check_length=False)
         chosen = self._completion_tokens(data.chosen, True, "chosen response", data.prompt)
         rejected = self._completion_tokens(data.rejected, True, "rejected response", data.prompt)
+        prompts, (chosen, rejected) = truncate_rows(self, prompts, [chosen, rejected], "Comparison")
         self._check_rows(data, prompts, chosen, rejected)
         self._check_max_new_tokens(self.model_)  # sampling would fail later otherwise
         model_key = ckpt.module_fingerprint(self.model_) if self.checkpoint_dir else None
@@ -349,17 +374,16 @@ class DPOPolicy(GenerativeStep):
 
     def _check_rows(self, data, prompts, chosen, rejected) -> None:
         """Refuse a pair longer than the context, or whose two responses tokenize alike."""
-        context = context_length(self.model_)
         for i, (p, c, r) in enumerate(zip(prompts, chosen, rejected)):
-            if context is not None and len(p) + max(len(c), len(r)) > context:
-                raise ValueError(
-                    f"Comparison at row {i} has {len(p) + max(len(c), len(r))} tokens, more "
-                    f"than the model's context of {context}; shorten it."
-                )
+            error = too_long_error(self, "Comparison", i, len(p) + max(len(c), len(r)))
+            if error is not None:
+                raise error
             if c == r:  # h is 0 whatever the policy: the pair carries no preference
+                cut = "" if self.max_length is None else f" within max_length={self.max_length}"
                 raise ValueError(
-                    f"Comparisons: chosen and rejected tokenize identically at row {i} "
-                    f"({data.chosen[i]!r} and {data.rejected[i]!r}); drop the row."
+                    f"Comparisons: chosen and rejected tokenize identically{cut} at row {i} "
+                    f"({data.chosen[i]!r} and {data.rejected[i]!r}); drop the row"
+                    f"{' or raise max_length' if cut else ''}."
                 )
 
     def _logps(self, model, prompt_rows, response_rows, pairs) -> torch.Tensor:

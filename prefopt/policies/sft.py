@@ -20,7 +20,7 @@ from sklearn.utils.validation import check_is_fitted
 from .._config import get_config
 from ..backend import default_learning_rate, make_generator, response_logprobs
 from ..data import PreferenceData, check_demonstrations
-from ..lm import GenerativeStep, context_length, train_minibatches
+from ..lm import GenerativeStep, check_lengths, too_long_error, train_minibatches, truncate_rows
 from ..lm import checkpoint as ckpt
 from ..tracking import check_callback
 from ._batch import masked_mean
@@ -66,6 +66,17 @@ class SFTPolicy(GenerativeStep):
         (one id or several) and the tokenizer's EOS. Given ids are written to the
         fitted model's generation config, so policies started from it (and
         ``generate`` after ``save_pretrained``) stop there too.
+    max_length : int, default=None
+        Most tokens of a demonstration's prompt and completion together (TRL's
+        ``max_length``): a longer completion is cut from the right, keeping its
+        start, after the prompt is cut to ``max_prompt_length``. A completion
+        cut there loses its stop token, so that row does not train the end of
+        the response (as in TRL). ``None`` cuts nothing, and a demonstration
+        longer than the model's context is an error.
+    max_prompt_length : int, default=None
+        Most tokens of a prompt (TRL's ``max_prompt_length``): a longer one is
+        cut from the left, keeping its end (next to the completion) and the
+        tokenizer's BOS in front. ``None`` keeps whole prompts.
     random_state : int, RandomState instance or None, default=None
     verbose : int, default=0
         ``1`` prints a line (step, loss) every 10 steps and at the last, ``2``
@@ -143,6 +154,8 @@ class SFTPolicy(GenerativeStep):
         "temperature": [Interval(Real, 0, None, closed="neither"), None],
         "max_new_tokens": [Interval(Integral, 1, None, closed="left"), None],
         "stop_token_ids": ["array-like", Interval(Integral, 0, None, closed="left"), None],
+        "max_length": [Interval(Integral, 2, None, closed="left"), None],
+        "max_prompt_length": [Interval(Integral, 1, None, closed="left"), None],
         "random_state": ["random_state"],
         "verbose": ["verbose"],
         "warm_start": ["boolean"],
@@ -164,6 +177,8 @@ class SFTPolicy(GenerativeStep):
         temperature=None,
         max_new_tokens=None,
         stop_token_ids=None,
+        max_length=None,
+        max_prompt_length=None,
         random_state=None,
         verbose=0,
         warm_start=False,
@@ -181,6 +196,8 @@ class SFTPolicy(GenerativeStep):
         self.temperature = temperature
         self.max_new_tokens = max_new_tokens
         self.stop_token_ids = stop_token_ids
+        self.max_length = max_length
+        self.max_prompt_length = max_prompt_length
         self.random_state = random_state
         self.verbose = verbose
         self.warm_start = warm_start
@@ -198,7 +215,10 @@ class SFTPolicy(GenerativeStep):
             With TRL's column names ``prompt`` and ``completion``, in its
             standard (text) or conversational format (a prompt is a list of
             messages, rendered with the tokenizer's chat template; a completion
-            one assistant message, which ends with the template's end of turn).
+            one assistant message, which ends with the template's end of turn,
+            or several, such as a tool call, the tool's answer and the reply,
+            which the template renders after the prompt and all of which is
+            trained).
         y : None
             Ignored.
         callback : callable, Logger or list of them, default=None
@@ -215,6 +235,7 @@ class SFTPolicy(GenerativeStep):
         if isinstance(X, PreferenceData):  # a step of a Pipeline
             X = X.require("demonstrations", "SFTPolicy")
         prompts, completions = check_demonstrations(X)
+        check_lengths(self)
         rng = check_random_state(self.random_state)
         seeds = rng.randint(np.iinfo(np.int32).max, size=2)
         if not (self.warm_start and self.__sklearn_is_fitted__()):
@@ -226,15 +247,7 @@ class SFTPolicy(GenerativeStep):
             if self.learning_rate is not None
             else default_learning_rate(self.model_, large=2e-5)
         )
-        ptoks = self._tokenize_prompts(prompts, check_length=False)
-        ctoks = self._completion_tokens(completions, add_eos=True, prompts=prompts)
-        context = context_length(self.model_)
-        for i, (p, c) in enumerate(zip(ptoks, ctoks)):
-            if context is not None and len(p) + len(c) > context:
-                raise ValueError(
-                    f"Demonstration at row {i} has {len(p) + len(c)} tokens, more "
-                    f"than the model's context of {context}; shorten it."
-                )
+        ptoks, ctoks = self._demonstration_tokens(prompts, completions)
         if self.max_new_tokens is None:
             self.max_new_tokens_ = max(len(c) for c in ctoks)
         self._check_max_new_tokens(self.model_)  # sampling would fail later otherwise
@@ -248,6 +261,17 @@ class SFTPolicy(GenerativeStep):
             model_key = None if resume is None else ckpt.module_fingerprint(self.model_)
             self._train(ptoks, ctoks, make_generator(int(seeds[1])), resume, model_key, callback)
         return self
+
+    def _demonstration_tokens(self, prompts, completions):
+        """Prompt and completion ids, cut to ``max_length``/``max_prompt_length``, checked."""
+        ptoks = self._tokenize_prompts(prompts, check_length=False)
+        ctoks = self._completion_tokens(completions, add_eos=True, prompts=prompts)
+        ptoks, (ctoks,) = truncate_rows(self, ptoks, [ctoks], "Demonstration")
+        for i, (p, c) in enumerate(zip(ptoks, ctoks)):
+            error = too_long_error(self, "Demonstration", i, len(p) + len(c))
+            if error is not None:
+                raise error
+        return ptoks, ctoks
 
     def _train(self, ptoks, ctoks, generator, resume=None, model_key=None, callback=None) -> None:
         def batch_loss(rows):
@@ -284,6 +308,8 @@ class SFTPolicy(GenerativeStep):
     def score(self, X, y=None) -> float:
         """Mean log-likelihood per token of the demonstrations' completions (larger is better).
 
+        Demonstrations are cut to ``max_length`` and ``max_prompt_length`` as in ``fit``.
+
         Parameters
         ----------
         X : demonstrations
@@ -303,8 +329,7 @@ class SFTPolicy(GenerativeStep):
                 stacklevel=2,
             )
         prompts, completions = check_demonstrations(X)
-        ptoks = self._tokenize_prompts(prompts, check_length=False)
-        ctoks = self._completion_tokens(completions, add_eos=True, prompts=prompts)
+        ptoks, ctoks = self._demonstration_tokens(prompts, completions)
         total, count = 0.0, 0
         size = get_config()["eval_batch_size"]
         for start in range(0, len(ptoks), size):

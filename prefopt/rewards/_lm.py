@@ -21,7 +21,7 @@ from ..backend import (
 )
 from ..data import check_demonstrations
 from ..lm import checkpoint as ckpt
-from ..lm import context_length, train_minibatches
+from ..lm import context_length, too_long_error, train_minibatches, truncate_rows
 
 
 def fit_lm_reward(rm, model, data, references, callback=None) -> None:
@@ -87,14 +87,20 @@ def train_bradley_terry(rm, data, generator, resume=None, model_key=None, callba
     # A response ends with its stop token: the EOS, or after a conversation the turn's end.
     chosen = rm._completion_tokens(data.chosen, True, "chosen response", data.prompt)
     rejected = rm._completion_tokens(data.rejected, True, "rejected response", data.prompt)
+    prompts, (chosen, rejected) = truncate_rows(rm, prompts, [chosen, rejected], "Comparison")
     for i, (c, r) in enumerate(zip(chosen, rejected)):
         if c == r:  # check_comparisons refuses equal strings; these differ only as text
+            cut = "" if rm.max_length is None else f" within max_length={rm.max_length}"
             raise ValueError(
-                f"Comparisons: chosen and rejected tokenize identically at row {i} "
+                f"Comparisons: chosen and rejected tokenize identically{cut} at row {i} "
                 f"({data.chosen[i]!r} and {data.rejected[i]!r}): they differ only in what "
-                "the tokenizer drops or maps to one token (whitespace, unknown words), so "
-                "the reward model cannot tell them apart; drop the row."
+                "the tokenizer drops or maps to one token (whitespace, unknown words)"
+                f"{' or past the cut' if cut else ''}, so the reward model cannot tell them "
+                "apart; drop the row."
             )
+        error = too_long_error(rm, "Comparison", i, len(prompts[i]) + max(len(c), len(r)))
+        if error is not None:
+            raise error
 
     def batch_loss(rows):
         # Chosen and rejected go through one forward pass together.
@@ -130,9 +136,15 @@ def _raw(rm, prompt_rows, response_rows) -> torch.Tensor:
     ids, mask, last = join_right_padded(prompt_rows, response_rows, rm.tokenizer_.pad_token_id)
     context = context_length(rm.model_)
     if context is not None and ids.shape[1] > context:
+        hint = (
+            "shorten it, or pass max_length (at most the context; responses are then cut from "
+            "the right) and max_prompt_length (prompts cut from the left)"
+            if getattr(rm, "max_length", None) is None
+            else f"lower max_length={rm.max_length} to at most {context}"
+        )
         raise ValueError(
             f"A prompt + response has {ids.shape[1]} tokens, more than the reward "
-            f"model's context of {context}; shorten it."
+            f"model's context of {context}; {hint}."
         )
     device = rm.device_
     return score_sequences(rm.model_, ids.to(device), mask.to(device), last.to(device))
@@ -167,6 +179,8 @@ def renormalize(rm) -> None:
 
 @torch.no_grad()
 def score_token_rows(rm, prompt_rows, response_rows, normalized: bool = True) -> torch.Tensor:
+    # Cut to max_length / max_prompt_length as in training.
+    prompt_rows, (response_rows,) = truncate_rows(rm, prompt_rows, [response_rows])
     out = []
     size = get_config()["eval_batch_size"]
     for start in range(0, len(prompt_rows), size):

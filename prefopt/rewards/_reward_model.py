@@ -14,7 +14,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from ..backend import unpad
 from ..data import PreferenceData, check_comparisons, check_texts
-from ..lm import LanguageModelEstimator
+from ..lm import LanguageModelEstimator, check_lengths
 from ..lm._run import one_fit_at_a_time
 from ..tracking import check_callback, open_run
 from ._export import SequenceClassifierExport
@@ -78,6 +78,19 @@ class RewardModel(LinearBradleyTerry, SequenceClassifierExport, LanguageModelEst
         a text completion ends with one before it is scored (the EOS, or the
         chat template's end of turn after a conversation). ``None`` takes the
         model's ``generation_config.eos_token_id`` and the tokenizer's EOS.
+    max_length : int, default=None
+        Language-model reward only: most tokens of a prompt and response
+        together (TRL's ``max_length``), in training and scoring alike: a
+        longer response is cut from the right, keeping its start, after the
+        prompt is cut to ``max_prompt_length``; the score is then read at the
+        last token kept (a cut response has lost its stop token). ``None``
+        cuts nothing, and a sequence longer than the model's context is an
+        error.
+    max_prompt_length : int, default=None
+        Language-model reward only: most tokens of a prompt (TRL's
+        ``max_prompt_length``): a longer one is cut from the left, keeping its
+        end (next to the response) and the tokenizer's BOS in front. ``None``
+        keeps whole prompts.
     head_std : float, default=None
         Std of the head's initial weights; ``None`` means 1/sqrt(d_model + 1).
     random_state : int, RandomState instance or None, default=None
@@ -163,6 +176,8 @@ class RewardModel(LinearBradleyTerry, SequenceClassifierExport, LanguageModelEst
         "temperature": [Interval(Real, 0, None, closed="neither"), None],
         "max_new_tokens": [Interval(Integral, 1, None, closed="left"), None],
         "stop_token_ids": ["array-like", Interval(Integral, 0, None, closed="left"), None],
+        "max_length": [Interval(Integral, 2, None, closed="left"), None],
+        "max_prompt_length": [Interval(Integral, 1, None, closed="left"), None],
         "head_std": [Interval(Real, 0, None, closed="left"), None],
         "random_state": ["random_state"],
         "verbose": ["verbose"],
@@ -186,6 +201,8 @@ class RewardModel(LinearBradleyTerry, SequenceClassifierExport, LanguageModelEst
         temperature=None,
         max_new_tokens=None,
         stop_token_ids=None,
+        max_length=None,
+        max_prompt_length=None,
         head_std=None,
         random_state=None,
         verbose=0,
@@ -205,6 +222,8 @@ class RewardModel(LinearBradleyTerry, SequenceClassifierExport, LanguageModelEst
         self.temperature = temperature
         self.max_new_tokens = max_new_tokens
         self.stop_token_ids = stop_token_ids
+        self.max_length = max_length
+        self.max_prompt_length = max_prompt_length
         self.head_std = head_std
         self.random_state = random_state
         self.verbose = verbose
@@ -221,7 +240,10 @@ class RewardModel(LinearBradleyTerry, SequenceClassifierExport, LanguageModelEst
             Comparisons with ``prompt``, ``chosen`` and ``rejected``, in TRL's
             standard or conversational format (a prompt is a list of messages,
             rendered with the tokenizer's chat template; a response one
-            assistant message).
+            assistant message, or several that the template renders after the
+            prompt). Without a ``prompt`` column, ``chosen`` and ``rejected``
+            are whole texts or conversations and the start they share is the
+            prompt (TRL's implicit prompt).
         y : None
             Ignored.
         references : demonstrations, default=None
@@ -257,6 +279,7 @@ class RewardModel(LinearBradleyTerry, SequenceClassifierExport, LanguageModelEst
             model = X.policy if model is None else model
             X = X.require("comparisons", "RewardModel")
         data = check_comparisons(X)
+        check_lengths(self)
         for attr in ("coef_", "featurizer_", "model_", "tokenizer_"):
             self.__dict__.pop(attr, None)
         # The policy the compared responses came from; a policy fitted against this reward
