@@ -11,6 +11,7 @@ Run from the repository root::
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import subprocess
 import sys
@@ -37,7 +38,7 @@ def table(results: Path) -> str:
     for name in scripts():
         path = results / f"{name}.json"
         if not path.exists():
-            lines.append(f"| {name[5:7].lstrip('0')} | `{name}` not run yet | | | | | |")
+            lines.append(pending(name))
             continue
         s = json.loads(path.read_text())
         cells = [
@@ -53,6 +54,30 @@ def table(results: Path) -> str:
             "| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in cells) + " |"
         )
     return "\n".join(lines)
+
+
+def pending(name: str) -> str:
+    """The row of a script with no full run yet: its claim and the commit of its rule.
+
+    The rule is the script as last committed (a rule may change only before the full
+    run, so its last commit is the one the run will be judged against).
+    """
+    path = HERE / f"{name}.py"
+    claim = (ast.get_docstring(ast.parse(path.read_text())) or name).splitlines()[0]
+
+    def git(*command: str) -> str:
+        out = subprocess.run(
+            ["git", *command, "--", path.name], cwd=HERE, capture_output=True, text=True
+        )
+        return out.stdout.strip()
+
+    sha = git("log", "-1", "--format=%h") or "(not committed)"
+    if git("status", "--porcelain"):
+        sha += " (with uncommitted changes)"
+    return (
+        f"| {name[5:7].lstrip('0')} | {claim.replace('|', chr(92) + '|')} | | | **not run yet** "
+        f"| rule committed at {sha}, full run pending | `python benchmarks/reproduce/{name}.py` |"
+    )
 
 
 def rebuild(results: Path, document: Path) -> None:

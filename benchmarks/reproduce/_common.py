@@ -424,3 +424,133 @@ def fit_or_none(estimator, *args, **kwargs):
     except FloatingPointError as error:
         print(f"diverged: {type(estimator).__name__}: {error}", flush=True)
         return None
+
+
+# ----- the arithmetic world (verifiable rewards), shared by claims 19-21 -----------------
+ARITHMETIC_FULL = dict(n_demonstrations=4000, sft_epochs=5)
+ARITHMETIC_QUICK = dict(n_demonstrations=200, sft_epochs=1)
+
+
+def arithmetic_sft(n_demonstrations: int = 4000, sft_epochs: int = 5):
+    """The arithmetic world (seed 0) and its SFT policy (seed 0), built once per process.
+
+    The setting of ``benchmarks/verifiable_world.py``: ``ArithmeticWorld(random_state=0)``
+    (two-digit sums, 200 held-out problems) and ``SFTPolicy(n_epochs=5)`` on its 4,000
+    demonstrations, whose held-out pass@1 is about 0.33 (``ArithmeticWorld``'s docstring).
+
+    Returns
+    -------
+    world : ArithmeticWorld
+    sft : SFTPolicy
+    """
+    key = ("arithmetic", n_demonstrations, sft_epochs)
+    if key not in _REVIEW_CACHE:
+        from prefopt import SFTPolicy
+        from prefopt.worlds import ArithmeticWorld
+
+        world = ArithmeticWorld(n_demonstrations=n_demonstrations, random_state=0)
+        sft = SFTPolicy(model=world.model_config(), n_epochs=sft_epochs, random_state=0)
+        _REVIEW_CACHE[key] = (world, sft.fit(world.demonstrations))
+    return _REVIEW_CACHE[key]
+
+
+class HistoryMean:
+    """A scorer: the mean of one ``history_`` column over a fit's last ``last`` steps.
+
+    Scores what a run optimised or did, without sampling (``X`` is ignored), so that
+    ``compare``'s tuning ranks candidates by it at no cost; NaN steps are skipped.
+
+    Examples
+    --------
+    >>> class Fitted:
+    ...     history_ = [{"objective/reward": r} for r in (0.0, 0.5, 1.0)]
+    >>> HistoryMean("objective/reward", last=2)(Fitted(), None)
+    0.75
+    """
+
+    def __init__(self, key: str, last: int = 10):
+        self.key, self.last = key, last
+
+    def __call__(self, estimator, X, y=None) -> float:
+        values = [row.get(self.key, np.nan) for row in estimator.history_[-self.last :]]
+        return float(np.nanmean(np.asarray(values, dtype=float)))
+
+
+MIN_HEALTHY_SHARE = 0.75  # fewer healthy evaluation pairs than this: failures decide, inconclusive
+
+
+def part_status(verdict_of_interval: str, holds_when: tuple) -> str:
+    """ "held", "refuted" or "undecided" for one part of a claim, from a margin verdict.
+
+    ``verdict_of_interval`` is :func:`prefopt.model_selection.verdict` of the part's
+    interval ("better", "worse", "equivalent" or "inconclusive"); the part holds when
+    it is one of ``holds_when``, is undecided when "inconclusive", and is refuted
+    otherwise.
+
+    Examples
+    --------
+    >>> part_status("better", ("better",)), part_status("equivalent", ("better",))
+    ('held', 'refuted')
+    >>> part_status("inconclusive", ("equivalent", "worse"))
+    'undecided'
+    """
+    if verdict_of_interval in holds_when:
+        return "held"
+    return "undecided" if verdict_of_interval == "inconclusive" else "refuted"
+
+
+def parts_verdict(statuses: dict, enough_healthy: bool = True) -> str:
+    """The verdict of a claim from its parts' statuses (:func:`part_status`).
+
+    "inconclusive" when any part is undecided or too few runs were healthy to
+    compare (``enough_healthy`` False: failures, not the algorithms, would decide);
+    otherwise "reproduced" when every part held, "not reproduced" when every part
+    was refuted, "partly reproduced" for a mix.
+
+    Examples
+    --------
+    >>> parts_verdict({"a": "held", "b": "held"}), parts_verdict({"a": "held", "b": "refuted"})
+    ('reproduced', 'partly reproduced')
+    >>> parts_verdict({"a": "held", "b": "undecided"}), parts_verdict({"a": "refuted"})
+    ('inconclusive', 'not reproduced')
+    """
+    values = list(statuses.values())
+    if not enough_healthy or "undecided" in values:
+        return "inconclusive"
+    if all(v == "held" for v in values):
+        return "reproduced"
+    return "not reproduced" if all(v == "refuted" for v in values) else "partly reproduced"
+
+
+def fired_detectors(estimator) -> str:
+    """The run-health detectors that fired in a fit, ``"+"``-joined (``""`` for none)."""
+    health = getattr(estimator, "health_", None) or {}
+    return "+".join(name for name, d in health.get("detectors", {}).items() if d.get("fired"))
+
+
+def interval_with_mdd(values, margin: float) -> dict:
+    """Mean, 95% t-interval, margin verdict and minimum detectable difference of ``values``.
+
+    ``values`` are one difference per seed (paired, or one arm's change); the
+    verdict is :func:`prefopt.model_selection.verdict` with ``margin`` and the MDD
+    that of a paired t-test at 80% power over these seeds.
+    """
+    from prefopt.model_selection import minimum_detectable_difference, verdict
+
+    mean, low, high = mean_ci(values)
+    return {
+        "mean": mean,
+        "low": low,
+        "high": high,
+        "verdict": verdict(low, high, margin) if np.isfinite(low) else "inconclusive",
+        "mdd": minimum_detectable_difference(values),
+        "n": int(np.isfinite(np.asarray(values, dtype=float)).sum()),
+    }
+
+
+def fmt_mdd(stat: dict, digits: int = 3) -> str:
+    """``mean [low, high] (n seeds, MDD x)`` of :func:`interval_with_mdd`."""
+    return (
+        f"{fmt(stat['mean'], stat['low'], stat['high'], digits)} "
+        f"({stat['n']} seeds, MDD {stat['mdd']:.{digits}f})"
+    )
