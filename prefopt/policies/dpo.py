@@ -101,6 +101,13 @@ class DPOPolicy(GenerativeStep):
     lora : dict or peft.LoraConfig, default=None
         Train a LoRA adapter only; the reference is then the base model with the
         adapter disabled, with no second copy of the weights.
+    gradient_checkpointing : bool, default=False
+        As :class:`~prefopt.SFTPolicy`'s: recompute the activations in the
+        backward pass, for less memory and the same gradients.
+    micro_batch_size : int, default=None
+        Run each minibatch's passes on at most this many comparisons at a time
+        and step once on the accumulated gradient; the loss stays the mean over
+        the whole minibatch. ``None``: all at once. Not in a distributed fit.
     random_state : int, RandomState instance or None, default=None
         Seeds a model built from a config, the adapter, the order of the
         comparisons and :meth:`sample`.
@@ -205,6 +212,8 @@ class DPOPolicy(GenerativeStep):
         "max_new_tokens": [Interval(Integral, 1, None, closed="left"), None],
         "stop_token_ids": ["array-like", Interval(Integral, 0, None, closed="left"), None],
         "lora": "no_validation",
+        "gradient_checkpointing": ["boolean"],
+        "micro_batch_size": [Interval(Integral, 1, None, closed="left"), None],
         "random_state": ["random_state"],
         "verbose": ["verbose"],
         "checkpoint_dir": [str, os.PathLike, None],
@@ -227,6 +236,8 @@ class DPOPolicy(GenerativeStep):
         max_new_tokens=None,
         stop_token_ids=None,
         lora=None,
+        gradient_checkpointing=False,
+        micro_batch_size=None,
         random_state=None,
         verbose=0,
         checkpoint_dir=None,
@@ -245,6 +256,8 @@ class DPOPolicy(GenerativeStep):
         self.max_new_tokens = max_new_tokens
         self.stop_token_ids = stop_token_ids
         self.lora = lora
+        self.gradient_checkpointing = gradient_checkpointing
+        self.micro_batch_size = micro_batch_size
         self.random_state = random_state
         self.verbose = verbose
         self.checkpoint_dir = checkpoint_dir
