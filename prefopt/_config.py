@@ -92,8 +92,10 @@ def set_config(
         ``"auto"`` (CUDA when available, else CPU), ``"cpu"``, ``"cuda"`` or
         ``"cuda:N"``. ``None`` leaves the setting unchanged.
     dtype : str, default=None
-        ``"auto"`` (bfloat16 autocast on CUDA, float32 on CPU), ``"float32"`` or
-        ``"bfloat16"``. Log-softmax always runs in float32.
+        ``"auto"`` (bfloat16 autocast on CUDA, float32 on the CPU),
+        ``"float32"``, or ``"bfloat16"`` (bfloat16 autocast on CUDA and on the
+        CPU; another device is refused with an error). The weights stay float32;
+        log-softmax, log-probs and losses are always float32.
     show_progress_bar : bool, default=None
         Whether ``fit`` shows a tqdm progress bar.
     eval_batch_size : int, default=None

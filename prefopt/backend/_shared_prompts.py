@@ -129,6 +129,10 @@ def takes_shared_prompts(model) -> bool:
 
 
 def _checkpoints_activations(model) -> bool:
+    # Checkpointing turns the cache off only in a pass with gradients in training mode
+    # (transformers' GradientCheckpointingLayer); other passes keep the shared prompt.
+    if not (model.training and torch.is_grad_enabled()):
+        return False
     # transformers 5 renamed is_gradient_checkpointing (deprecated) to is_activation_checkpointing.
     for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
         if hasattr(type(model), name):

@@ -32,7 +32,10 @@ def resolve_device() -> torch.device:
 
 
 def uses_bf16(device: torch.device) -> bool:
-    """Whether forward passes on ``device`` run in bfloat16 (CUDA, dtype "auto" or "bfloat16").
+    """Whether forward passes on ``device`` run under bfloat16 autocast.
+
+    On CUDA with dtype ``"auto"`` or ``"bfloat16"``; on the CPU with
+    ``"bfloat16"`` only (``"auto"`` stays float32 there).
 
     Parameters
     ----------
@@ -43,32 +46,60 @@ def uses_bf16(device: torch.device) -> bool:
     -------
     bf16 : bool
 
+    Raises
+    ------
+    ValueError
+        With ``dtype="bfloat16"`` on another device (``mps``...), where prefopt
+        has no bfloat16 path: an error, rather than float32 passes that look like bf16.
+
     Examples
     --------
-    >>> import torch
+    >>> import torch, prefopt
     >>> uses_bf16(torch.device("cpu"))
     False
+    >>> with prefopt.config_context(dtype="bfloat16"):
+    ...     uses_bf16(torch.device("cpu"))
+    True
     """
-    return device.type == "cuda" and get_config()["dtype"] in ("auto", "bfloat16")
+    dtype = get_config()["dtype"]
+    if device.type == "cuda":
+        return dtype in ("auto", "bfloat16")
+    if device.type == "cpu":
+        return dtype == "bfloat16"
+    if dtype == "bfloat16":
+        raise ValueError(
+            f"set_config(dtype='bfloat16') runs bfloat16 autocast on CUDA and on the CPU; "
+            f"the device is {device}. Set dtype='float32' (or 'auto') for this device."
+        )
+    return False
 
 
 def autocast(device: torch.device):
-    """bfloat16 autocast on CUDA when the configured dtype asks for it, else a no-op.
+    """bfloat16 autocast when the configured dtype asks for it on ``device``, else a no-op.
 
-    Log-softmax is always taken in float32 by the callers, so log-probabilities
-    of the sampling and training passes agree (Huang et al. 2024).
+    CUDA autocasts with dtype ``"auto"`` or ``"bfloat16"``, the CPU with
+    ``"bfloat16"`` (:func:`uses_bf16`). Log-softmax is always taken in float32
+    by the callers, so log-probabilities of the sampling and training passes
+    agree (Huang et al. 2024), and the losses are float32.
 
     Parameters
     ----------
     device : torch.device
-        Device of the forward pass; only CUDA gets autocast.
+        Device of the forward pass.
 
     Returns
     -------
     context : context manager
+
+    Examples
+    --------
+    >>> import torch, prefopt
+    >>> with prefopt.config_context(dtype="bfloat16"), autocast(torch.device("cpu")):
+    ...     (torch.ones(2, 2) @ torch.ones(2, 2)).dtype
+    torch.bfloat16
     """
     if uses_bf16(device):
-        return torch.autocast("cuda", dtype=torch.bfloat16)
+        return torch.autocast(device.type, dtype=torch.bfloat16)
     return nullcontext()
 
 
@@ -152,8 +183,9 @@ def gradient_step(optimizer, loss, *, who: str, step: int, max_grad_norm=None) -
     Parameters
     ----------
     optimizer : torch.optim.Optimizer
-    loss : torch.Tensor
-        Scalar loss to minimise.
+    loss : torch.Tensor or None
+        Scalar loss to minimise; ``None`` steps on the gradients already
+        accumulated in the parameters (micro-batches, checked by the caller).
     who : str
         Named in the error (the estimator).
     step : int
@@ -169,14 +201,15 @@ def gradient_step(optimizer, loss, *, who: str, step: int, max_grad_norm=None) -
     """
     from . import distributed
 
-    if not distributed.all_finite(loss):  # on every rank: one rank alone never stops
+    if loss is not None and not distributed.all_finite(loss):  # on every rank together
         raise FloatingPointError(
             f"{who}: the loss became {loss.item()} at step {step}; lower "
             "learning_rate or check the data and the reward."
         )
     params = [p for group in optimizer.param_groups for p in group["params"]]
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
+    if loss is not None:
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
     if max_grad_norm is not None:
         torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
     optimizer.step()

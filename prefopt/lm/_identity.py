@@ -36,9 +36,12 @@ from torch import nn
 from ..backend.models import is_fitted
 
 IDENTITY_ATTRIBUTE = "__prefopt_identity__"
-# Parameters that set a run's length or how it is watched and saved; all others define it.
+# Parameters that set a run's length, how it is watched and saved, or only how much memory
+# its passes take (the same gradients: tests/test_memory_knobs.py); all others define it.
 NOT_DEFINING = frozenset(
     {
+        "gradient_checkpointing",
+        "micro_batch_size",
         "n_steps",
         "verbose",
         "checkpoint_dir",
@@ -355,7 +358,19 @@ def defining_params(estimator, *, naming: bool = False, described=None) -> dict:
     """
     described = described_params(estimator) if described is None else described
     skip = NOT_NAMING if naming else NOT_DEFINING
-    return {k: v for k, v in described.items() if k not in skip}
+    out = {k: v for k, v in described.items() if k not in skip}
+    if _bf16_passes():  # bfloat16 autocast changes the numbers (entered only then: old runs keep)
+        out["set_config(dtype)"] = "bfloat16"
+    return out
+
+
+def _bf16_passes() -> bool:
+    from ..backend import resolve_device, uses_bf16
+
+    try:
+        return uses_bf16(resolve_device())
+    except ValueError:  # dtype="bfloat16" on a device without it: refused where it runs
+        return False
 
 
 def run_folder(estimator, data_key: str, objects: dict | None = None, described=None) -> str | None:

@@ -13,7 +13,13 @@ import time
 import torch
 
 from .._config import get_config
-from ..backend import adamw, distributed, gradient_step
+from ..backend import adamw, distributed
+from ..backend.memory import (
+    accumulated_step,
+    enable_gradient_checkpointing,
+    micro_batches,
+    training_passes,
+)
 from ..backend.progress import tqdm
 from ..tracking import open_run
 from ._health import supervised_monitor
@@ -62,6 +68,7 @@ def train_minibatches(
     resume=None,
     model_key: str | None = None,
     callback=None,
+    weight=None,
 ) -> torch.optim.Optimizer:
     """Train ``estimator`` for its ``n_epochs`` over ``n_rows`` rows in shuffled minibatches.
 
@@ -74,6 +81,17 @@ def train_minibatches(
     The run-health detectors (non-finite values, loss blow-up, no learning) add its
     ``health/`` columns and write ``estimator.health_``, acting on the estimator's
     ``on_unhealthy`` (default ``"warn"``).
+
+    Two memory knobs of the estimator are read here. ``gradient_checkpointing``
+    (default False) turns on transformers' gradient checkpointing in
+    ``estimator.model_`` (:func:`~prefopt.backend.memory.enable_gradient_checkpointing`),
+    which then recomputes its activations in the backward pass; the passes with
+    gradients run in training mode (dropout is off). ``micro_batch_size`` (default
+    None) splits each minibatch's forward and backward passes into parts of that
+    many rows, each part's loss weighted by its share of ``weight`` (rows, or the
+    tokens the loss averages over), so the step is the whole minibatch's; a part's
+    stats are averaged with the same weights, except counts (``data/...`` keys),
+    which are summed.
 
     Parameters
     ----------
@@ -102,6 +120,10 @@ def train_minibatches(
     callback : callable, Logger or list of them, default=None
         ``callback(estimator, row)`` after every step; returning ``True`` stops
         the fit after that step. A :mod:`prefopt.tracking` logger logs the fit.
+    weight : callable, default=None
+        ``weight(rows) -> float``: what ``batch_loss(rows)``'s loss is a mean over
+        (its tokens, for a token-mean loss); ``None`` means ``len(rows)``. Read only
+        with ``micro_batch_size``.
 
     Returns
     -------
@@ -122,11 +144,20 @@ def train_minibatches(
     # Distributed fits: each minibatch's rows are split across ranks (every rank draws the
     # same order), losses are global means, gradients averaged by DDP, rank 0 writes.
     distributed.check_rows(n_rows, estimator.batch_size, name)
+    micro = getattr(estimator, "micro_batch_size", None)
+    if micro is not None and distributed.world_size() > 1:
+        raise ValueError(
+            f"{name}: micro_batch_size is not supported in a distributed fit yet (the ranks' "
+            "losses are normalised over the whole minibatch, part by part); set "
+            "micro_batch_size=None and lower batch_size, or add ranks."
+        )
+    if getattr(estimator, "gradient_checkpointing", False):
+        enable_gradient_checkpointing(estimator.model_, f"{name}'s model")
     # DDP (also under distributed="fsdp": FSDP shards the RL policy only).
     distributed.prepare(
         getattr(estimator, "model_", None), getattr(estimator, "device_", None), shard=False
     )
-    parameters = list(parameters)
+    parameters = [p for p in parameters if p.requires_grad]  # a LoRA adapter: its own only
     optimizer = adamw(parameters, estimator.learning_rate_)
     per_epoch = math.ceil(n_rows / estimator.batch_size)
     total = per_epoch * estimator.n_epochs
@@ -158,9 +189,18 @@ def train_minibatches(
                     group["lr"] = lr
                 began = time.perf_counter()
                 with distributed.global_statistics(), distributed.training_view(estimator):
-                    loss, stats = batch_loss(distributed.shard(rows))  # this rank's share
-                    gradient_step(optimizer, loss, who=name, step=estimator.n_iter_ + 1)
-                    stats = distributed.reduce_row(stats)
+                    parts = micro_batches(distributed.shard(rows), micro)  # this rank's share
+                    weights = [float(weight(p) if weight else len(p)) for p in parts]
+                    with training_passes(getattr(estimator, "model_", None)):
+                        loss, stats = accumulated_step(
+                            optimizer,
+                            parts,
+                            batch_loss,
+                            weights,
+                            who=name,
+                            step=estimator.n_iter_ + 1,
+                        )
+                    stats = distributed.reduce_row(_merged(stats))
                 step += 1
                 estimator.n_iter_ += 1
                 row = {
@@ -190,3 +230,18 @@ def train_minibatches(
         bar.close()
         health.finish()
     return optimizer
+
+
+def _merged(parts: list) -> dict:
+    """One history row from the parts' ``(share, stats)``: weighted means, counts summed."""
+    if len(parts) == 1:
+        return parts[0][1]
+    out: dict = {}
+    for share, stats in parts:
+        for key, value in stats.items():
+            add = float(value) if key.startswith("data/") else share * float(value)
+            out[key] = out.get(key, 0.0) + add
+    for key, value in parts[0][1].items():
+        if key.startswith("data/") and isinstance(value, int):
+            out[key] = int(round(out[key]))
+    return out

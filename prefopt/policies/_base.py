@@ -21,6 +21,7 @@ from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 
 from ..backend import default_learning_rate, distributed, make_generator, maybe_compile
+from ..backend.memory import checkpointable, enable_gradient_checkpointing
 from ..data import PreferenceData, check_prompt_table
 from ..kl import FixedKLController
 from ..lm import GenerativeEstimator, RunState
@@ -161,6 +162,7 @@ class BasePolicy(Algorithm, GenerativeEstimator):
     ptx_coef = 0.0
     refit_every = None
     lora = None
+    gradient_checkpointing = False
     reward_weights = None
 
     # ----- fit ------------------------------------------------------------------------
@@ -328,6 +330,10 @@ class BasePolicy(Algorithm, GenerativeEstimator):
             ckpt.module_fingerprint(self.model_) if self.checkpoint_dir is not None else None
         )
         self._setup_modules(reward)  # the reference, and any module trained beside model_
+        if self.gradient_checkpointing:  # after the reference is copied: its passes take no grad
+            enable_gradient_checkpointing(self.model_, f"{type(self).__name__}'s policy")
+            if checkpointable(self.value_model_):
+                enable_gradient_checkpointing(self.value_model_)
         self.kl_ = clone(self.kl) if self.kl is not None else FixedKLController()
         self.beta_ = checked_beta(self.kl_, self.kl_.start(self.beta).beta_, "at the start")
         self.learning_rate_ = (

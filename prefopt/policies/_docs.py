@@ -123,6 +123,13 @@ COMMON_PARAMETERS = """model : str, transformers config, torch module or fitted 
         ``{"r": 8, "lora_alpha": 16, "target_modules": ["c_attn"]}``. The
         reference is then the frozen base with the adapter disabled, so its
         weights are not copied.
+    gradient_checkpointing : bool
+        Recompute each transformer layer's activations in the backward pass
+        instead of keeping them (transformers' gradient checkpointing,
+        non-reentrant), in the policy and in a transformers value model: less
+        memory for about one more forward pass per minibatch, the same
+        gradients. Sampling (with its KV cache) and the passes without
+        gradients are unchanged. A model that comes with it on keeps it on.
     reward_weights : list of float or None
         With a list of rewards (``fit(prompts, [r1, r2])``): one finite
         weight >= 0 per reward; the score is the weighted sum, and

@@ -41,6 +41,7 @@ COMMON_CONSTRAINTS = {
     "ptx_coef": [Interval(Real, 0, None, closed="left")],
     "refit_every": [Interval(Integral, 1, None, closed="left"), None],
     "lora": "no_validation",
+    "gradient_checkpointing": ["boolean"],
     "reward_weights": ["array-like", None],
 }
 

@@ -12,6 +12,7 @@ import torch
 
 from ..backend import gradient_step, response_logprobs, sequence_values
 from ..backend._shared_prompts import is_transformers_model
+from ..backend.memory import training_passes
 from ._batch import Minibatch, RolloutBatch, masked_mean, minibatch_order
 from ._rollout import _now
 
@@ -31,9 +32,21 @@ def update(loop, batch: RolloutBatch) -> dict:
     entropy_coef = float(policy.entropy_coef)
     ptx = loop.ptx_tokens if policy.ptx_coef > 0 else None
     totals: dict[str, float] = {}
-    count = 0
-    entropies = []
+    entropies: list = []
     started = _now(policy.device_)
+    with training_passes(policy.model_, policy.value_model_):  # checkpointing: train mode
+        count = _passes(loop, batch, size, temperature, entropy_coef, ptx, totals, entropies)
+    out = {key: value / count for key, value in totals.items()}
+    out["policy/entropy"] = float(np.mean(entropies))
+    out["time/update"] = _now(policy.device_) - started
+    return {**out, **batch.timings}  # the rollout's phases
+
+
+def _passes(loop, batch, size, temperature, entropy_coef, ptx, totals, entropies) -> int:
+    """The update's gradient steps; sums each stat into ``totals``, returns the steps taken."""
+    policy = loop.policy
+    n = len(batch)
+    count = 0
     for _ in range(policy.n_epochs):
         # Whole groups of a prompt's samples in a minibatch, so that a transformers model
         # runs each prompt once for its group (one sample a prompt: a shuffle of the rows).
@@ -86,10 +99,7 @@ def update(loop, batch: RolloutBatch) -> dict:
             for key, value in stats.items():
                 totals[key] = totals.get(key, 0.0) + float(value)
             count += 1
-    out = {key: value / count for key, value in totals.items()}
-    out["policy/entropy"] = float(np.mean(entropies))
-    out["time/update"] = _now(policy.device_) - started
-    return {**out, **batch.timings}  # the rollout's phases
+    return count
 
 
 def pretraining_loss(loop, texts, n: int) -> torch.Tensor:

@@ -114,6 +114,13 @@ class DPOPolicy(GenerativeStep):
     lora : dict or peft.LoraConfig, default=None
         Train a LoRA adapter only; the reference is then the base model with the
         adapter disabled, with no second copy of the weights.
+    gradient_checkpointing : bool, default=False
+        As :class:`~prefopt.SFTPolicy`'s: recompute the activations in the
+        backward pass, for less memory and the same gradients.
+    micro_batch_size : int, default=None
+        Run each minibatch's passes on at most this many comparisons at a time
+        and step once on the accumulated gradient; the loss stays the mean over
+        the whole minibatch. ``None``: all at once. Not in a distributed fit.
     random_state : int, RandomState instance or None, default=None
         Seeds a model built from a config, the adapter, the order of the
         comparisons and :meth:`sample`.
@@ -220,6 +227,8 @@ class DPOPolicy(GenerativeStep):
         "max_length": [Interval(Integral, 2, None, closed="left"), None],
         "max_prompt_length": [Interval(Integral, 1, None, closed="left"), None],
         "lora": "no_validation",
+        "gradient_checkpointing": ["boolean"],
+        "micro_batch_size": [Interval(Integral, 1, None, closed="left"), None],
         "random_state": ["random_state"],
         "verbose": ["verbose"],
         "checkpoint_dir": [str, os.PathLike, None],
@@ -244,6 +253,8 @@ class DPOPolicy(GenerativeStep):
         max_length=None,
         max_prompt_length=None,
         lora=None,
+        gradient_checkpointing=False,
+        micro_batch_size=None,
         random_state=None,
         verbose=0,
         checkpoint_dir=None,
@@ -264,6 +275,8 @@ class DPOPolicy(GenerativeStep):
         self.max_length = max_length
         self.max_prompt_length = max_prompt_length
         self.lora = lora
+        self.gradient_checkpointing = gradient_checkpointing
+        self.micro_batch_size = micro_batch_size
         self.random_state = random_state
         self.verbose = verbose
         self.checkpoint_dir = checkpoint_dir

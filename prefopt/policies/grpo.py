@@ -284,6 +284,7 @@ class GRPOPolicy(BasePolicy):
         ptx_coef=0.0,
         refit_every=None,
         lora=None,
+        gradient_checkpointing=False,
         reward_weights=None,
     ):
         store_params(self, locals())

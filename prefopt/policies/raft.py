@@ -139,6 +139,7 @@ class RAFTPolicy(BasePolicy):
         ptx_coef=0.0,
         refit_every=None,
         lora=None,
+        gradient_checkpointing=False,
         reward_weights=None,
     ):
         store_params(self, locals())

@@ -97,6 +97,25 @@ class SFTPolicy(GenerativeStep):
         detector with :class:`~prefopt.exceptions.RunHealthWarning`, raise
         :class:`~prefopt.exceptions.RunHealthError`, warn and stop the fit, or
         only record it in ``health_`` and the ``health/`` columns of ``history_``.
+    lora : dict or peft.LoraConfig, default=None
+        Train a LoRA adapter (peft) instead of all weights, e.g.
+        ``{"r": 8, "lora_alpha": 16, "target_modules": ["c_attn"]}``; the
+        adapter's initial weights are drawn from ``random_state``. After ``fit``
+        the adapter is merged into the weights, so ``model_`` is a plain
+        transformers model that policies, reward models and ``save_pretrained``
+        take as it is (a ``warm_start`` fit trains a new adapter on it).
+    gradient_checkpointing : bool, default=False
+        Recompute each transformer layer's activations in the backward pass
+        instead of keeping them (transformers' gradient checkpointing,
+        non-reentrant): less memory for about one more forward pass a step,
+        the same gradients. A model that comes with it on keeps it on; passes
+        without gradients (sampling, ``score``) are unchanged.
+    micro_batch_size : int, default=None
+        Run each minibatch's forward and backward passes on at most this many
+        demonstrations at a time and step once on the accumulated gradient
+        (gradient accumulation): the loss stays the mean over the whole
+        minibatch's tokens, so the step is the same as without, for less
+        memory. ``None`` runs the minibatch at once. Not in a distributed fit.
     pad_token : {"distinct", "eos"}, default="distinct"
         For experiments only; keep the default. ``"eos"`` reproduces the shortcut
         of padding with the EOS token itself: a collator that marks padding by
@@ -162,6 +181,9 @@ class SFTPolicy(GenerativeStep):
         "checkpoint_dir": [str, os.PathLike, None],
         "checkpoint_every": [Interval(Integral, 1, None, closed="left")],
         "on_unhealthy": [StrOptions({"warn", "raise", "stop", "ignore"})],
+        "lora": "no_validation",
+        "gradient_checkpointing": ["boolean"],
+        "micro_batch_size": [Interval(Integral, 1, None, closed="left"), None],
         "pad_token": [StrOptions({"distinct", "eos"})],
     }
 
@@ -185,6 +207,9 @@ class SFTPolicy(GenerativeStep):
         checkpoint_dir=None,
         checkpoint_every=100,
         on_unhealthy="warn",
+        lora=None,
+        gradient_checkpointing=False,
+        micro_batch_size=None,
         pad_token="distinct",
     ):
         self.model = model
@@ -204,6 +229,9 @@ class SFTPolicy(GenerativeStep):
         self.checkpoint_dir = checkpoint_dir
         self.checkpoint_every = checkpoint_every
         self.on_unhealthy = on_unhealthy
+        self.lora = lora
+        self.gradient_checkpointing = gradient_checkpointing
+        self.micro_batch_size = micro_batch_size
         self.pad_token = pad_token
 
     def fit(self, X, y=None, *, callback=None):
@@ -259,7 +287,13 @@ class SFTPolicy(GenerativeStep):
         data_key = ckpt.fingerprint([prompts, completions])
         with ckpt.resumable(self, data_key) as resume:
             model_key = None if resume is None else ckpt.module_fingerprint(self.model_)
+            if self.lora is not None:
+                self._setup_reference()  # the adapter on model_ (SFT keeps no reference)
             self._train(ptoks, ctoks, make_generator(int(seeds[1])), resume, model_key, callback)
+        if self.lora is not None:  # a plain model again, the adapter in its weights
+            # peft froze the base weights: trainable again for whoever trains this model next.
+            self.model_ = self.model_.merge_and_unload().requires_grad_(True)
+            self.__dict__.pop("ref_model_", None)
         return self
 
     def _demonstration_tokens(self, prompts, completions):
@@ -280,6 +314,11 @@ class SFTPolicy(GenerativeStep):
             )
             return loss, {"loss/sft": loss.item(), "data/tokens": n_tokens}
 
+        stops = set(self._stop_ids()) if self.pad_token == "eos" else set()
+
+        def n_targets(rows):  # the tokens the loss is a mean over (EOS dropped with "eos")
+            return sum(len(ctoks[i]) - sum(t in stops for t in ctoks[i]) for i in rows)
+
         train_minibatches(
             self,
             len(ptoks),
@@ -291,6 +330,7 @@ class SFTPolicy(GenerativeStep):
             resume=resume,
             model_key=model_key,
             callback=callback,
+            weight=n_targets,
         )
 
     def _batch_loss(self, model, ptoks, ctoks):

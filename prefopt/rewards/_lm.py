@@ -16,18 +16,20 @@ from ..backend import (
     disable_dropout,
     distributed,
     join_right_padded,
+    local_seed,
     make_generator,
     score_sequences,
 )
 from ..data import check_demonstrations
 from ..lm import checkpoint as ckpt
-from ..lm import context_length, too_long_error, train_minibatches, truncate_rows
+from ..lm import context_length, too_long_error, train_minibatches, truncate_rows, with_lora
 
 
 def fit_lm_reward(rm, model, data, references, callback=None) -> None:
     """Bradley-Terry training of a scalar head on the SFT trunk, then normalisation."""
     rng = check_random_state(rm.random_state)
-    seeds = rng.randint(np.iinfo(np.int32).max, size=4)
+    # A fifth seed, for a LoRA adapter's initial weights, only with lora= (seeds unchanged).
+    seeds = rng.randint(np.iinfo(np.int32).max, size=4 if rm.lora is None else 5)
     # A path, a config, a module, or a fitted (possibly frozen) SFTPolicy, copied.
     lm = rm._load_lm(model, rm.tokenizer, seed=int(seeds[0]))
     trunk = getattr(lm, "base_model", None)
@@ -57,7 +59,8 @@ def fit_lm_reward(rm, model, data, references, callback=None) -> None:
     with ckpt.resumable(rm, data_key) as resume:
         model_key = None if resume is None else ckpt.module_fingerprint(rm.model_)
         generator = make_generator(int(seeds[2]))
-        train_bradley_terry(rm, data, generator, resume, model_key, callback=callback)
+        lora_seed = None if rm.lora is None else int(seeds[4])
+        train_bradley_terry(rm, data, generator, resume, model_key, callback, lora_seed)
     if rm.normalize:
         _normalize(rm, lm, prompts, check_random_state(int(seeds[3])))
     if references is not None:
@@ -74,15 +77,22 @@ def shift_to_references(rm) -> None:
 
 def refit_lm_reward(rm, data, seed: int) -> None:
     """More Bradley-Terry training from the current weights, then the same normalisation."""
-    train_bradley_terry(rm, data, make_generator(seed))
+    train_bradley_terry(rm, data, make_generator(seed), lora_seed=seed)
     if getattr(rm, "normalization_rows_", None) is not None:
         renormalize(rm)  # mean 0, std 1 again on the same samples of the starting policy
     if getattr(rm, "reference_texts_", None) is not None:
         shift_to_references(rm)
 
 
-def train_bradley_terry(rm, data, generator, resume=None, model_key=None, callback=None) -> None:
-    """``n_epochs`` of the Bradley-Terry loss on ``data`` from ``rm.model_``'s current weights."""
+def train_bradley_terry(
+    rm, data, generator, resume=None, model_key=None, callback=None, lora_seed=None
+) -> None:
+    """``n_epochs`` of the Bradley-Terry loss on ``data`` from ``rm.model_``'s current weights.
+
+    With ``rm.lora`` a LoRA adapter (its initial weights drawn under ``lora_seed``)
+    trains on the trunk and the head trains in full; both are merged into
+    ``rm.model_`` afterwards, which stays a plain :class:`ScalarHeadModel`.
+    """
     prompts = rm._prompt_tokens(data.prompt)
     # A response ends with its stop token: the EOS, or after a conversation the turn's end.
     chosen = rm._completion_tokens(data.chosen, True, "chosen response", data.prompt)
@@ -117,7 +127,27 @@ def train_bradley_terry(rm, data, generator, resume=None, model_key=None, callba
             "reward/accuracy": float(distributed.mean((margin > 0).float())),
         }
 
+    if getattr(rm, "lora", None) is not None:
+        with local_seed(0 if lora_seed is None else lora_seed):
+            rm.model_ = with_lora(rm.model_, _with_head(rm.lora))
     # Linear decay to 0, as the original reward-model code (Ziegler et al. 2019).
+    try:
+        _train(rm, prompts, batch_loss, generator, resume, model_key, callback)
+    finally:
+        if hasattr(rm.model_, "merge_and_unload"):  # the adapter into the trunk's weights
+            rm.model_ = rm.model_.merge_and_unload().requires_grad_(True)
+
+
+def _with_head(lora):
+    """The LoRA settings with the scalar head trained in full (peft's ``modules_to_save``)."""
+    if isinstance(lora, dict):
+        return {**lora, "modules_to_save": [*(lora.get("modules_to_save") or []), "head"]}
+    config = copy.deepcopy(lora)
+    config.modules_to_save = [*(getattr(config, "modules_to_save", None) or []), "head"]
+    return config
+
+
+def _train(rm, prompts, batch_loss, generator, resume, model_key, callback) -> None:
     train_minibatches(
         rm,
         len(prompts),

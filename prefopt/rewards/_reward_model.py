@@ -7,7 +7,6 @@ import warnings
 from numbers import Integral, Real
 
 import numpy as np
-from scipy.special import expit
 from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
@@ -26,11 +25,14 @@ from ._lm import (
     refit_lm_reward,
     score_token_rows,
 )
+from ._sampling import BradleyTerrySampling
 
 __all__ = ["RewardModel"]
 
 
-class RewardModel(LinearBradleyTerry, SequenceClassifierExport, LanguageModelEstimator):
+class RewardModel(
+    BradleyTerrySampling, LinearBradleyTerry, SequenceClassifierExport, LanguageModelEstimator
+):
     """A reward model fitted on pairwise comparisons with the Bradley-Terry loss.
 
     ``P(chosen > rejected) = sigmoid(r(x, chosen) - r(x, rejected))``.
@@ -107,6 +109,19 @@ class RewardModel(LinearBradleyTerry, SequenceClassifierExport, LanguageModelEst
         Gradient steps between checkpoints.
     on_unhealthy : {"warn", "raise", "stop", "ignore"}, default="warn"
         Language-model reward only: as :class:`~prefopt.SFTPolicy`'s.
+    lora : dict or peft.LoraConfig, default=None
+        Language-model reward only: train a LoRA adapter (peft) on the trunk,
+        and the head in full, instead of all weights, e.g.
+        ``{"r": 8, "lora_alpha": 16, "target_modules": ["c_attn"]}``; the
+        adapter's initial weights are drawn from ``random_state``. After
+        training the adapter is merged into the trunk, so ``model_`` stays a
+        plain trunk plus head (``partial_fit`` trains a new adapter).
+    gradient_checkpointing : bool, default=False
+        Language-model reward only: as :class:`~prefopt.SFTPolicy`'s.
+    micro_batch_size : int, default=None
+        Language-model reward only: run each minibatch's passes on at most this
+        many comparisons at a time and step once on the accumulated gradient;
+        the loss stays the mean over the whole minibatch. ``None``: all at once.
 
     Attributes
     ----------
@@ -184,6 +199,9 @@ class RewardModel(LinearBradleyTerry, SequenceClassifierExport, LanguageModelEst
         "checkpoint_dir": [str, os.PathLike, None],
         "checkpoint_every": [Interval(Integral, 1, None, closed="left")],
         "on_unhealthy": [StrOptions({"warn", "raise", "stop", "ignore"})],
+        "lora": "no_validation",
+        "gradient_checkpointing": ["boolean"],
+        "micro_batch_size": [Interval(Integral, 1, None, closed="left"), None],
     }
 
     def __init__(
@@ -209,6 +227,9 @@ class RewardModel(LinearBradleyTerry, SequenceClassifierExport, LanguageModelEst
         checkpoint_dir=None,
         checkpoint_every=100,
         on_unhealthy="warn",
+        lora=None,
+        gradient_checkpointing=False,
+        micro_batch_size=None,
     ):
         self.model = model
         self.tokenizer = tokenizer
@@ -230,6 +251,9 @@ class RewardModel(LinearBradleyTerry, SequenceClassifierExport, LanguageModelEst
         self.checkpoint_dir = checkpoint_dir
         self.checkpoint_every = checkpoint_every
         self.on_unhealthy = on_unhealthy
+        self.lora = lora
+        self.gradient_checkpointing = gradient_checkpointing
+        self.micro_batch_size = micro_batch_size
 
     def fit(self, X, y=None, *, references=None, callback=None):
         """Fit the reward on comparisons.
@@ -287,6 +311,14 @@ class RewardModel(LinearBradleyTerry, SequenceClassifierExport, LanguageModelEst
         # start from the SFT model).
         self.starting_policy_ = model if model is not None else data.policy
         if model is None:
+            lm_only = {"lora": None, "gradient_checkpointing": False, "micro_batch_size": None}
+            given = [k for k, v in lm_only.items() if getattr(self, k) != v]
+            if given:
+                raise ValueError(
+                    f"RewardModel: {', '.join(given)} set, but model=None fits the linear "
+                    "feature reward (no language model to adapt or checkpoint); give a "
+                    "model= or leave them at their defaults."
+                )
             with open_run(self, callback):  # parameters only: no gradient steps
                 self._fit_linear(data)
         else:
@@ -435,52 +467,6 @@ class RewardModel(LinearBradleyTerry, SequenceClassifierExport, LanguageModelEst
         r_chosen = self.predict(data.prompt, data.chosen)
         r_rejected = self.predict(data.prompt, data.rejected)
         return float(np.mean(r_chosen > r_rejected))
-
-    def sample(self, prompts, completions_a, completions_b, random_state=None) -> np.ndarray:
-        """Draw which of two completions is preferred, from the Bradley-Terry model.
-
-        Row ``i`` is 0 (``a`` preferred) with probability
-        ``sigmoid(r(x_i, a_i) - r(x_i, b_i))``, else 1 (``b`` preferred): the index of the
-        preferred completion, as a labeller of comparisons returns it.
-
-        Parameters
-        ----------
-        prompts, completions_a, completions_b : list of str
-            Equal-length lists: one prompt and two completions per row.
-        random_state : int, RandomState instance or None, default=None
-            ``None`` uses the model's ``random_state``, as the worlds' raters use the
-            world's; same state, same labels. With an integer there, pass a fresh
-            ``random_state`` for each batch when labelling several, or their draws repeat.
-
-        Returns
-        -------
-        labels : ndarray of shape (n,), dtype int
-            0 where ``a`` is preferred, 1 where ``b`` is.
-
-        Examples
-        --------
-        >>> from prefopt import RewardModel
-        >>> from prefopt.worlds import PreferenceWorld
-        >>> world = PreferenceWorld(random_state=0)
-        >>> rm = RewardModel().fit(world.comparisons(500, random_state=0))
-        >>> a, b = world.responses[0], world.responses[1]
-        >>> rm.sample([world.prompts[0]] * 4, [a] * 4, [b] * 4, random_state=0).shape
-        (4,)
-        """
-        check_is_fitted(self)
-        prompts = check_texts(prompts, "prompt", "RewardModel.sample")
-        completions_a = check_texts(completions_a, "completion", "RewardModel.sample")
-        completions_b = check_texts(completions_b, "completion", "RewardModel.sample")
-        if not len(prompts) == len(completions_a) == len(completions_b):
-            raise ValueError(
-                f"RewardModel.sample got {len(prompts)} prompts, {len(completions_a)} "
-                f"completions_a and {len(completions_b)} completions_b; pass one prompt and "
-                "two completions per row."
-            )
-        rng = check_random_state(self.random_state if random_state is None else random_state)
-        # Bradley and Terry (1952): P(a preferred) = sigmoid(r_a - r_b).
-        p_a = expit(self.predict(prompts, completions_a) - self.predict(prompts, completions_b))
-        return (rng.uniform(size=len(prompts)) >= p_a).astype(int)
 
     def __sklearn_is_fitted__(self) -> bool:
         return hasattr(self, "coef_") or hasattr(self, "model_")
