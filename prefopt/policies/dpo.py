@@ -402,8 +402,7 @@ class DPOPolicy(GenerativeStep):
     def _logps(self, model, prompt_rows, response_rows, pairs) -> torch.Tensor:
         """Log-probs at temperature 1 of the chosen, then the rejected, responses of ``pairs``.
 
-        Without gradients in batches of the configured size, else in one pass;
-        each batch drops the padding columns none of its rows needs.
+        Batched without gradients, else one pass; a batch drops padding none of it needs.
         """
         n = len(prompt_rows.input_ids)
         rows = torch.cat([pairs, pairs + n])
