@@ -24,11 +24,14 @@ extensions = [
     "sphinx.ext.autodoc",
     "numpydoc",
     "prefopt_api",
+    "prefopt_run",  # executes the user guide's code blocks: a failing block fails the build
 ]
 
 exclude_patterns = ["_build"]
 html_theme = "alabaster"
 html_title = f"prefopt {release}"
+html_static_path = ["_static"]
+html_css_files = ["prefopt.css"]
 
 autodoc_default_options = {"member-order": "bysource"}
 autodoc_typehints = "none"  # the numpydoc Parameters sections give the types
