@@ -266,3 +266,20 @@ def test_the_supervised_estimators_take_on_unhealthy():
 
     for cls in (SFTPolicy, DPOPolicy, RewardModel):
         assert cls().get_params()["on_unhealthy"] == "warn"
+
+
+def test_grpo_at_beta_0_judges_no_learning_by_the_weights_not_a_skipped_reference():
+    # No reference pass at beta 0 (TRL's default): no log-prob shift is measured, so the
+    # detector reads the weights; a learning run stays silent, a frozen one still fires.
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        policy = lm_policy(GRPOPolicy, beta=0.0, learning_rate=3e-3).fit(PROMPTS, says_good)
+    assert "no_learning" not in fired(policy), health_warnings(record)
+    assert all("policy/logprob_shift" not in row for row in policy.history_)
+    d = policy.health_["detectors"]["no_learning"]
+    assert d["threshold"] == 1e-6
+    assert d["value"] == max(row["model/weight_change"] for row in policy.history_) > 1e-6
+    with pytest.warns(RunHealthWarning, match="'no_learning' fired at step 12"):
+        frozen = lm_policy(GRPOPolicy, beta=0.0, learning_rate=1e-12).fit(PROMPTS, says_good)
+    assert "no_learning" in fired(frozen)
+    assert frozen.health_["detectors"]["no_learning"]["value"] < 1e-6

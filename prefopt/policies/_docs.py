@@ -176,7 +176,8 @@ COMMON_ATTRIBUTES = """model_ : torch.nn.Module
         ``pandas.DataFrame(history_)`` makes a table. Each row also has the
         columns the run-health detectors read (``objective/reward_std``,
         ``response/empty_share``, ``response/distinct_tokens``,
-        ``response/repeated_ngrams``, ``policy/logprob_shift`` and, for k > 1,
+        ``response/repeated_ngrams``, ``policy/logprob_shift`` (without a
+        reference pass ``model/weight_change`` instead) and, for k > 1,
         ``objective/dead_group_share``) and a ``health/<detector>`` column each.
     health_ : dict
         The run's health: ``healthy`` (bool) and ``detectors``, by name,

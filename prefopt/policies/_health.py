@@ -13,8 +13,10 @@ import numpy as np
 import torch
 
 from ..lm._health import (
+    NO_LEARNING_SUPERVISED,
     Detector,
     HealthMonitor,
+    WeightProbe,
     count_non_finite,
     smoothed,
 )
@@ -72,15 +74,16 @@ def health_statistics(policy, batch) -> dict:
         grams = [tuple(tokens[i : i + NGRAM]) for i in range(len(tokens) - NGRAM + 1)]
         repeated.append(1 - len(set(grams)) / len(grams) if grams else 0.0)
     n_tokens = mask.sum().clamp(min=1)
-    shift = ((batch.old_logprobs - batch.ref_logprobs).abs() * mask).sum() / n_tokens
     scores = batch.scores.float()
     out = {
         "objective/reward_std": float(scores.std(unbiased=False)),
         "response/empty_share": float((content.sum(1) == 0).float().mean()),
         "response/distinct_tokens": float(np.mean(distinct)) if distinct else 0.0,
         "response/repeated_ngrams": float(np.mean(repeated)) if repeated else 0.0,
-        "policy/logprob_shift": float(shift),
     }
+    if getattr(policy, "needs_reference", True):  # else no reference pass: nothing to compare
+        shift = ((batch.old_logprobs - batch.ref_logprobs).abs() * mask).sum() / n_tokens
+        out["policy/logprob_shift"] = float(shift)
     k = policy._samples_per_prompt()
     if k > 1:  # the loop draws the k samples of a prompt in consecutive rows
         groups = scores.reshape(-1, k)
@@ -171,7 +174,10 @@ def policy_monitor(policy, *, first_row: int) -> HealthMonitor:
     - ``no_learning``: the largest ``policy/logprob_shift`` of the fit (mean
       absolute log-prob change from the reference per response token), judged
       at the end of a fit of 2 steps or more (the first step samples the
-      starting policy); fires below 1e-4 nats (nothing moved).
+      starting policy); fires below 1e-4 nats (nothing moved). Without a
+      reference pass (GRPO at ``beta=0`` without ``log_kl``) the shift is not
+      measured, and the detector reads the largest relative weight change of a
+      step instead (``model/weight_change``, as for SFT), firing below 1e-6.
     """
     detectors = [
         Detector(
@@ -218,17 +224,28 @@ def policy_monitor(policy, *, first_row: int) -> HealthMonitor:
             count_non_finite,
             advice="Lower learning_rate, set max_grad_norm, or check the reward.",
         ),
-        Detector(
-            "no_learning",
-            NO_LEARNING,
-            _largest_shift,
-            advice="The policy's log-probs did not move: raise learning_rate.",
-            below=True,
-            at_end=True,
-            min_rows=2,
-        ),
+        _no_learning(policy),
     ]
     return HealthMonitor(policy, detectors, first_row=first_row)
+
+
+def _no_learning(policy) -> Detector:
+    """``no_learning`` by the log-prob shift, or by the weights where no reference runs."""
+    if getattr(policy, "needs_reference", True):
+        threshold, measure, what = NO_LEARNING, _largest_shift, "log-probs"
+    else:
+        trained = [m for m in policy._trained_modules().values() if m is not None]
+        probe = WeightProbe(p for m in trained for p in m.parameters() if p.requires_grad)
+        threshold, measure, what = NO_LEARNING_SUPERVISED, probe.largest_change, "weights"
+    return Detector(
+        "no_learning",
+        threshold,
+        measure,
+        advice=f"The policy's {what} did not move: raise learning_rate.",
+        below=True,
+        at_end=True,
+        min_rows=2,
+    )
 
 
 def check_health(loop, row: dict) -> None:
