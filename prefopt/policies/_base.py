@@ -162,6 +162,7 @@ class BasePolicy(Algorithm, GenerativeEstimator):
     refit_every = None
     lora = None
     reward_weights = None
+    vllm_importance_sampling_cap = None
 
     # ----- fit ------------------------------------------------------------------------
     def fit(self, X, y=None, *, reward_model=None, labeler=None, ptx_data=None, callback=None):

@@ -42,6 +42,7 @@ COMMON_CONSTRAINTS = {
     "refit_every": [Interval(Integral, 1, None, closed="left"), None],
     "lora": "no_validation",
     "reward_weights": ["array-like", None],
+    "vllm_importance_sampling_cap": [Interval(Real, 0, None, closed="neither"), None],
 }
 
 

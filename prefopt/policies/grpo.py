@@ -285,6 +285,7 @@ class GRPOPolicy(BasePolicy):
         refit_every=None,
         lora=None,
         reward_weights=None,
+        vllm_importance_sampling_cap=None,
     ):
         store_params(self, locals())
 

@@ -293,6 +293,7 @@ class PPOPolicy(BasePolicy):
         refit_every=None,
         lora=None,
         reward_weights=None,
+        vllm_importance_sampling_cap=None,
     ):
         store_params(self, locals())
 

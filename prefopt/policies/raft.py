@@ -140,6 +140,7 @@ class RAFTPolicy(BasePolicy):
         refit_every=None,
         lora=None,
         reward_weights=None,
+        vllm_importance_sampling_cap=None,
     ):
         store_params(self, locals())
 

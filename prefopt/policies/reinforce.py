@@ -145,6 +145,7 @@ class ReinforcePolicy(BasePolicy):
         refit_every=None,
         lora=None,
         reward_weights=None,
+        vllm_importance_sampling_cap=None,
     ):
         store_params(self, locals())
 

@@ -158,6 +158,7 @@ class RLOOPolicy(BasePolicy):
         refit_every=None,
         lora=None,
         reward_weights=None,
+        vllm_importance_sampling_cap=None,
     ):
         store_params(self, locals())
 
