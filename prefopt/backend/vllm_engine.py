@@ -428,8 +428,10 @@ def last_logprobs() -> dict:
     -------
     logprobs : dict
         ``policy``, ``engine`` (tensors of shape (n, max_new_tokens), 0 after each
-        response's stop) and ``mask`` (1 on response tokens); empty before any
-        call. ``logprob_gap(**last_logprobs())`` is the step's gap metric.
+        response's stop) and ``mask`` (1 on response tokens); empty when the
+        last call of :func:`prefopt.backend.sample` was not answered by the
+        engine with ``return_logprobs`` (the native sampler, or none yet).
+        ``logprob_gap(**last_logprobs())`` is the call's gap metric.
 
     Examples
     --------
@@ -454,6 +456,7 @@ def dispatch(native):
 
     @functools.wraps(native)
     def sample_with_engine(model, prompts, **options):
+        _LAST.clear()  # last_logprobs() speaks of this call alone
         if get_config()["generation"] != "vllm":
             return native(model, prompts, **options)
         if not is_transformers_model(model):

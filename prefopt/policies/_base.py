@@ -164,6 +164,7 @@ class BasePolicy(Algorithm, GenerativeEstimator):
     lora = None
     gradient_checkpointing = False
     reward_weights = None
+    vllm_importance_sampling_cap = None
 
     # ----- fit ------------------------------------------------------------------------
     def fit(self, X, y=None, *, reward_model=None, labeler=None, ptx_data=None, callback=None):

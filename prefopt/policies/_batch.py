@@ -154,6 +154,12 @@ class RolloutBatch:
         Seconds of the rollout's phases (``time/generation``, ``time/logprobs``:
         the old, reference and value passes, ``time/reward``), which the step's
         ``history_`` row reports.
+    engine_logprobs : torch.Tensor of shape (n, max_new_tokens) or None
+        Per-token log-probs of the sampled tokens under the sampling engine
+        (``set_config(generation="vllm")``), 0 outside the mask; ``None`` with
+        the native sampler, which samples from the policy itself. The loss
+        never reads them: the step logs their gap to ``old_logprobs``, and
+        ``vllm_importance_sampling_cap`` weighs the gradient with them.
     """
 
     prompts: EncodedPrompts
@@ -172,6 +178,7 @@ class RolloutBatch:
     advantages: torch.Tensor | None = None
     returns: torch.Tensor | None = None
     timings: dict = field(default_factory=dict)
+    engine_logprobs: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.response_ids.shape[0]
@@ -273,6 +280,12 @@ class Minibatch:
     def ref_logprobs(self) -> torch.Tensor:
         """Reference log-probs of the rows."""
         return self.batch.ref_logprobs[self.rows]
+
+    @property
+    def engine_logprobs(self) -> torch.Tensor | None:
+        """The sampling engine's log-probs of the rows; ``None`` with the native sampler."""
+        engine = self.batch.engine_logprobs
+        return None if engine is None else engine[self.rows]
 
     @property
     def old_values(self) -> torch.Tensor:

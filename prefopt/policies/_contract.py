@@ -20,6 +20,15 @@ class Algorithm:
     declarations below as class attributes (or properties, when a parameter
     decides them).
 
+    When a sampling engine drew the batch (``set_config(generation="vllm")``),
+    ``batch.engine_logprobs`` (and ``minibatch.engine_logprobs``) hold its
+    log-probs of the sampled tokens; the loss should not read them. With the
+    estimator's ``vllm_importance_sampling_cap`` the loop hands
+    ``compute_loss`` a ``minibatch.logprobs`` whose values are the policy's
+    and whose gradient at each token is multiplied by the truncated
+    importance weight (Yao et al. 2025), so every algorithm, its own loss
+    unchanged, gets the correction.
+
     Attributes
     ----------
     samples_per_prompt : int or str, default=1

@@ -135,7 +135,23 @@ COMMON_PARAMETERS = """model : str, transformers config, torch module or fitted 
         weight >= 0 per reward; the score is the weighted sum, and
         ``history_`` logs each reward's ``rewards/<name>/mean`` and
         ``rewards/<name>/std``. ``None`` weighs each reward 1 (TRL's
-        ``reward_weights``)."""
+        ``reward_weights``).
+    vllm_importance_sampling_cap : float or None
+        With ``set_config(generation="vllm")``: truncated importance sampling
+        (Yao et al. 2025; TRL's ``vllm_importance_sampling_cap``, whose
+        default is 2.0) against the gap between the engine that samples and
+        the policy that learns (another kernel or precision). Each response
+        token's gradient through the current log-probs is multiplied by
+        ``min(exp(old_logprob - engine_logprob), cap)``, detached, the old
+        log-prob being the policy's at sampling time; the loss values logged
+        are unchanged, and ``history_`` gains ``engine/is_weight_mean`` and
+        ``engine/is_truncated_share``. The weights reach every term of the
+        algorithm's loss that reads the log-probs (GRPO's KL term too), not
+        the entropy bonus or the pretraining loss. The native sampler samples
+        from the policy itself, where every weight is exactly 1: the
+        parameter then changes nothing. ``None`` applies no correction; the
+        gap (``engine/logprob_gap_mean``, ``engine/logprob_gap_max``,
+        ``engine/kl``) is logged under the engine either way."""
 
 COMMON_ATTRIBUTES = """model_ : torch.nn.Module
         The trained policy.
@@ -179,6 +195,9 @@ COMMON_ATTRIBUTES = """model_ : torch.nn.Module
         ``response/repeated_ngrams``, ``policy/logprob_shift`` (without a
         reference pass ``model/weight_change`` instead) and, for k > 1,
         ``objective/dead_group_share``) and a ``health/<detector>`` column each.
+        Sampled by an engine (``set_config(generation="vllm")``), a row also has
+        ``engine/logprob_gap_mean``, ``engine/logprob_gap_max`` and ``engine/kl``
+        (see ``vllm_importance_sampling_cap``).
     health_ : dict
         The run's health: ``healthy`` (bool) and ``detectors``, by name,
         each with ``fired`` (bool), ``first_step`` (int or None), ``value``

@@ -117,6 +117,9 @@ def _take(rounds, picks, k: int, pad_id: int) -> tuple[RolloutBatch, dict]:
         kl_in_reward=first.kl_in_reward,
         values=None if first.values is None else cat(lambda b, r: right(b.values, r)),
         timings=timings,
+        engine_logprobs=None
+        if first.engine_logprobs is None
+        else cat(lambda b, r: right(b.engine_logprobs, r)),
     )
     names = list(rounds[0][1])
     out_parts = {n: np.concatenate([p[n] for _, _, p in pieces]) for n in names}

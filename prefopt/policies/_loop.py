@@ -17,7 +17,7 @@ import time
 import torch
 
 from .._config import get_config
-from ..backend import adamw, distributed
+from ..backend import adamw, distributed, vllm_engine
 from ..backend.progress import tqdm
 from ..lm import RunState
 from ..tracking import open_run
@@ -62,6 +62,19 @@ def checked_beta(controller, beta, when: str) -> float:
             "or use FixedKLController or AdaptiveKLController."
         )
     return value
+
+
+def engine_gap(batch: RolloutBatch) -> dict:
+    """The step's gap between the sampling engine's log-probs and the policy's; {} natively.
+
+    ``engine/logprob_gap_mean`` and ``engine/logprob_gap_max`` (absolute, per
+    response token) and ``engine/kl`` (KL(engine || policy), estimated on the
+    engine's samples), against the policy's rollout-time log-probs
+    (``batch.old_logprobs``, computed anyway): no extra pass.
+    """
+    if batch.engine_logprobs is None:
+        return {}
+    return vllm_engine.logprob_gap(batch.old_logprobs, batch.engine_logprobs, batch.response_mask)
 
 
 class PolicyLoop:
@@ -193,6 +206,7 @@ class PolicyLoop:
             "objective/beta": batch.beta,
             **stats,
             **self.rollout_stats,
+            **engine_gap(batch),
             "response/length": float(batch.response_mask.sum(1).float().mean()),
             "response/eos_share": float(batch.ended.float().mean()),
             "charts/learning_rate": run.optimizer.param_groups[0]["lr"],

@@ -43,6 +43,7 @@ COMMON_CONSTRAINTS = {
     "lora": "no_validation",
     "gradient_checkpointing": ["boolean"],
     "reward_weights": ["array-like", None],
+    "vllm_importance_sampling_cap": [Interval(Real, 0, None, closed="neither"), None],
 }
 
 

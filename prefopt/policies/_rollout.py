@@ -13,7 +13,7 @@ import time
 import numpy as np
 import torch
 
-from ..backend import response_logprobs, sequence_values, uses_bf16
+from ..backend import response_logprobs, sequence_values, uses_bf16, vllm_engine
 from ..kl import kl_estimate
 from ..rewards import WeightedRewards, call_with_columns, check_rewards, check_token_rewards
 from ._batch import RolloutBatch
@@ -49,6 +49,7 @@ def rollout_once(loop, prompt_rows: np.ndarray) -> tuple[RolloutBatch, dict]:
     response_ids, response_mask, ended, sampled = policy._generate(
         prompts, loop.run.generator, return_logprobs=True, prompt_index=index
     )
+    engine = sampled_by_engine(response_mask)
     clock.append(_now(policy.device_))
     recompute = policy.recomputes_old_logprobs
     if (recompute and policy._training_temperature() == policy.temperature_) or (
@@ -134,8 +135,23 @@ def rollout_once(loop, prompt_rows: np.ndarray) -> tuple[RolloutBatch, dict]:
         kl_in_reward=in_reward,
         values=values,
         timings=dict(zip(_PHASES, np.diff(clock).tolist())),
+        engine_logprobs=engine,
     )
     return batch, parts
+
+
+def sampled_by_engine(response_mask: torch.Tensor) -> torch.Tensor | None:
+    """The engine's log-probs of the responses just sampled, or ``None`` (the native sampler).
+
+    Under ``set_config(generation="vllm")`` the engine keeps its own log-probs of
+    the tokens it sampled (after temperature, ``vllm_engine.last_logprobs``);
+    the loss never uses them, the gap metric and the truncated importance
+    weights do.
+    """
+    engine = vllm_engine.last_logprobs().get("engine")
+    if engine is None or engine.shape != response_mask.shape:
+        return None
+    return engine.float() * response_mask
 
 
 def score_responses(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..backend import gradient_step, response_logprobs, sequence_values
+from ..backend import gradient_step, response_logprobs, sequence_values, vllm_engine
 from ..backend._shared_prompts import is_transformers_model
 from ..backend.memory import training_passes
 from ._batch import Minibatch, RolloutBatch, masked_mean, minibatch_order
@@ -77,8 +77,13 @@ def _passes(loop, batch, size, temperature, entropy_coef, ptx, totals, entropies
                     prompt_index=index,
                 )
             minibatch = Minibatch(batch, rows, logprobs, entropy, values)
+            weights = importance_weights(policy, minibatch)
+            if weights is not None:  # each token's gradient times its weight, values unchanged
+                minibatch.logprobs = scale_gradient(logprobs, weights)
             loss, stats = policy.compute_loss(batch, minibatch)
             stats = dict(stats)
+            if weights is not None:
+                stats.update(weight_statistics(weights, minibatch.mask, policy))
             mean_entropy = masked_mean(entropy, minibatch.mask)
             if entropy_coef > 0:
                 bonus = entropy_coef * mean_entropy
@@ -119,3 +124,53 @@ def pretraining_loss(loop, texts, n: int) -> torch.Tensor:
         policy.model_, contexts, ids, mask, temperature=1.0, suppress_ids=policy._suppress_ids
     )
     return -masked_mean(logprobs, mask)
+
+
+class _ScaleGradient(torch.autograd.Function):
+    """The identity, whose backward pass multiplies the gradient by a fixed tensor."""
+
+    @staticmethod
+    def forward(ctx, x, scale):
+        ctx.save_for_backward(scale)
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (scale,) = ctx.saved_tensors
+        return grad * scale, None
+
+
+def scale_gradient(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``x`` itself, whose gradient is multiplied by ``scale`` (detached) elementwise."""
+    return _ScaleGradient.apply(x, scale.detach().to(x.dtype))
+
+
+def importance_weights(policy, minibatch: Minibatch) -> torch.Tensor | None:
+    """The truncated importance-sampling weights of a minibatch's tokens, or ``None``.
+
+    With ``vllm_importance_sampling_cap=C`` and a batch sampled by the engine:
+    ``min(exp(old_logprobs - engine_logprobs), C)`` per response token (Yao et
+    al. 2025; TRL's ``vllm_importance_sampling_correction``), 0 outside the
+    mask. The native sampler samples from the policy itself, whose weights are
+    exactly 1: ``None``, nothing is changed.
+    """
+    cap = getattr(policy, "vllm_importance_sampling_cap", None)
+    engine = minibatch.engine_logprobs
+    if cap is None or engine is None:
+        return None
+    return vllm_engine.truncated_importance_weights(
+        minibatch.old_logprobs, engine, minibatch.mask, cap=cap
+    )
+
+
+def weight_statistics(weights: torch.Tensor, mask: torch.Tensor, policy) -> dict:
+    """The minibatch's mean weight and share of truncated tokens, for ``history_``."""
+    valid = mask.bool()
+    w = weights[valid]
+    if w.numel() == 0:
+        return {"engine/is_weight_mean": 1.0, "engine/is_truncated_share": 0.0}
+    cap = float(policy.vllm_importance_sampling_cap)
+    return {
+        "engine/is_weight_mean": float(w.mean()),
+        "engine/is_truncated_share": float((w >= cap).float().mean()),
+    }

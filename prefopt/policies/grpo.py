@@ -286,6 +286,7 @@ class GRPOPolicy(BasePolicy):
         lora=None,
         gradient_checkpointing=False,
         reward_weights=None,
+        vllm_importance_sampling_cap=None,
     ):
         store_params(self, locals())
 

@@ -294,6 +294,7 @@ class PPOPolicy(BasePolicy):
         lora=None,
         gradient_checkpointing=False,
         reward_weights=None,
+        vllm_importance_sampling_cap=None,
     ):
         store_params(self, locals())
 

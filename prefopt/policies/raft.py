@@ -141,6 +141,7 @@ class RAFTPolicy(BasePolicy):
         lora=None,
         gradient_checkpointing=False,
         reward_weights=None,
+        vllm_importance_sampling_cap=None,
     ):
         store_params(self, locals())
 

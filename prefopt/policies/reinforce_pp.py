@@ -173,6 +173,7 @@ class ReinforcePlusPlusPolicy(BasePolicy):
         lora=None,
         gradient_checkpointing=False,
         reward_weights=None,
+        vllm_importance_sampling_cap=None,
     ):
         store_params(self, locals())
 

@@ -159,6 +159,7 @@ class RLOOPolicy(BasePolicy):
         lora=None,
         gradient_checkpointing=False,
         reward_weights=None,
+        vllm_importance_sampling_cap=None,
     ):
         store_params(self, locals())
 
