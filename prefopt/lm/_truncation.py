@@ -17,7 +17,22 @@ __all__ = ["check_lengths", "too_long_error", "truncate_rows"]
 
 
 def check_lengths(estimator) -> None:
-    """Refuse a ``max_prompt_length`` that leaves no room for a completion in ``max_length``."""
+    """Refuse a ``max_prompt_length`` that leaves no room for a completion in ``max_length``.
+
+    Parameters
+    ----------
+    estimator : LanguageModelEstimator
+        Reads its ``max_length`` and ``max_prompt_length`` (``None`` when it lacks them).
+
+    Examples
+    --------
+    >>> from types import SimpleNamespace
+    >>> check_lengths(SimpleNamespace(max_length=8, max_prompt_length=4))
+    >>> check_lengths(SimpleNamespace(max_length=4, max_prompt_length=4))
+    Traceback (most recent call last):
+    ...
+    ValueError: max_prompt_length=4 leaves no token of max_length=4 for the completion; ...
+    """
     max_length = getattr(estimator, "max_length", None)
     max_prompt = getattr(estimator, "max_prompt_length", None)
     if max_length is not None and max_prompt is not None and max_prompt >= max_length:
@@ -80,7 +95,35 @@ def truncate_rows(estimator, prompts, completions, what: str = "Row"):
 
 
 def too_long_error(estimator, what: str, row: int, n_tokens: int):
-    """The error of a row past the model's context; ``None`` when it fits."""
+    """The error of a row past the model's context; ``None`` when it fits.
+
+    Parameters
+    ----------
+    estimator : LanguageModelEstimator
+        A fitted (or fitting) estimator: its ``model_`` gives the context length,
+        its ``max_length`` the fix the message names.
+    what : str
+        Names the row's kind in the message (``"Demonstration"``, ``"Comparison"``).
+    row : int
+        The row's index in the data.
+    n_tokens : int
+        The row's length, prompt and completion together.
+
+    Returns
+    -------
+    error : ValueError or None
+
+    Examples
+    --------
+    >>> from types import SimpleNamespace
+    >>> from transformers import GPT2Config, GPT2LMHeadModel
+    >>> model = GPT2LMHeadModel(GPT2Config(n_positions=8, n_embd=8, n_layer=1, n_head=1))
+    >>> est = SimpleNamespace(model_=model, max_length=None)
+    >>> too_long_error(est, "Comparison", 3, 6) is None
+    True
+    >>> print(too_long_error(est, "Comparison", 3, 9))  # doctest: +ELLIPSIS
+    Comparison at row 3 has 9 tokens, more than the model's context of 8; shorten it, ...
+    """
     context = context_length(estimator.model_)
     if context is None or n_tokens <= context:
         return None
