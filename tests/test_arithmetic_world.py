@@ -333,17 +333,21 @@ def test_the_benchmark_script_runs_quick(capsys):
     import importlib.util
     from pathlib import Path
 
+    from prefopt import GRPOPolicy, RLOOPolicy
+
     path = Path(__file__).resolve().parents[1] / "benchmarks" / "verifiable_world.py"
     spec = importlib.util.spec_from_file_location("verifiable_world", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     table = module.main(["--quick", "--algorithms", "GRPO,RLOO"])
+    # "default" is each class's tiny-model rate (benchmarks/LR_SWEEP.md).
     assert table[["algorithm", "learning_rate"]].values.tolist() == [
-        ["GRPO", 1e-3],
+        ["GRPO", GRPOPolicy.tiny_model_learning_rate],
         ["GRPO", 1e-4],
-        ["RLOO", 1e-3],
+        ["RLOO", RLOOPolicy.tiny_model_learning_rate],
         ["RLOO", 1e-4],
     ]
+    assert GRPOPolicy.tiny_model_learning_rate == RLOOPolicy.tiny_model_learning_rate == 3e-5
     assert (table["start pass@1"] == table["start pass@1"][0]).all()
     assert table[["end pass@1", "end pass@8"]].stack().between(0, 1).all()
     assert (table["end pass@8"] >= table["end pass@1"]).all()

@@ -124,6 +124,27 @@ def test_model_config_builds_a_gpt2_covering_the_vocabulary(world, tmp_path):
         world.model_config(n_layers=3)
 
 
+@pytest.mark.parametrize("architecture", ["llama", "qwen2"])
+def test_model_config_builds_llama_and_qwen2_shapes(world, architecture):
+    from transformers import AutoModelForCausalLM
+
+    config = world.model_config(architecture)
+    assert config.model_type == architecture
+    assert (config.hidden_size, config.num_hidden_layers, config.num_attention_heads) == (64, 2, 4)
+    assert (config.num_key_value_heads, config.max_position_embeddings) == (2, 64)
+    assert (config.bos_token_id, config.eos_token_id, config.pad_token_id) == (2, 2, 0)
+    loaded = AutoTokenizer.from_pretrained(config.name_or_path)
+    assert loaded.get_vocab() == world.tokenizer.get_vocab()
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config)
+    ids = torch.tensor([world.tokenizer(world.corpus[0])["input_ids"]])
+    assert model(ids).logits.shape == (1, ids.shape[1], len(world.tokenizer))
+    with pytest.raises(ValueError, match="max_position_embeddings=8 cannot hold"):
+        world.model_config(architecture, max_position_embeddings=8)
+    with pytest.raises(ValueError, match="architecture must be one of"):
+        world.model_config("bert")
+
+
 def test_gold_reward_is_vader_on_the_completion(world):
     from vaderSentiment.vaderSentiment import SentimentIntensityAnalyzer
 

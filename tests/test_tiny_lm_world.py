@@ -225,6 +225,23 @@ def test_invalid_worlds_are_rejected():
         TinyLMWorld(vocab=("a", "b"), n_prompts=5)
     with pytest.raises(ValueError, match="max_len"):
         TinyLMWorld(max_len=0)
+    with pytest.raises(ValueError, match="architecture must be one of"):
+        TinyLMWorld(architecture="bert")
+
+
+def test_a_llama_shaped_reference_is_exact_and_its_own(world):
+    llama = TinyLMWorld(random_state=0, architecture="llama")
+    model = llama.policy_model()
+    assert model.config.model_type == "llama" and model.config.num_key_value_heads == 1
+    assert (model.config.hidden_size, model.config.num_hidden_layers) == (32, 2)
+    ref = llama.reference_probs()
+    np.testing.assert_allclose(ref.sum(1), 1.0, atol=1e-6)
+    # Pre-trained towards the same target as the GPT-2 reference, from other weights.
+    assert ref.max() > 0.3 and ref.min() < 1e-3
+    assert np.abs(ref - world.reference_probs()).max() > 1e-3
+    np.testing.assert_array_equal(
+        ref, TinyLMWorld(random_state=0, architecture="llama").reference_probs()
+    )
 
 
 # Each fit takes a few seconds on one CPU thread; seeds and budgets are fixed, and

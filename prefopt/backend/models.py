@@ -331,7 +331,9 @@ LOG_LINEAR_LEARNING_RATE = 0.1
 TINY_MODEL_LEARNING_RATE = 1e-3
 
 
-def default_learning_rate(model: nn.Module, large: float) -> float:
+def default_learning_rate(
+    model: nn.Module, large: float, tiny: float = TINY_MODEL_LEARNING_RATE
+) -> float:
     """The learning rate used when an estimator's ``learning_rate`` is None, by kind of model.
 
     ============================  =============  =========================================
@@ -342,11 +344,22 @@ def default_learning_rate(model: nn.Module, large: float) -> float:
     the exact worlds')                           over 0.99 of the achievable objective in
                                                  100 steps for PPO, RLOO and REINFORCE at
                                                  beta 0.1 and 0.3 (1e-3 reaches 0.1-0.25)
-    under 10M parameters (tiny    1e-3           trained nearly from scratch
-    transformers from a config)
+    under 10M parameters (tiny    ``tiny``       the caller's: each policy declares its
+    transformers from a config)                  ``tiny_model_learning_rate``, set by the
+                                                 rule of ``benchmarks/LR_SWEEP.md`` (the
+                                                 highest rate of 1e-3..3e-5 at which no run
+                                                 of 5 seeds on 3 tasks and 2 architectures
+                                                 trips a health detector and every one
+                                                 raises the held-out gold; the lowest,
+                                                 flagged, where none does): DPO 1e-3; PPO,
+                                                 RLOO, GRPO, REINFORCE, REINFORCE++ and
+                                                 RAFT 3e-5 (flagged: no rate raised the
+                                                 arithmetic world's pass@1 in the sweep's
+                                                 budget). SFT and the reward model 1e-3
+                                                 (trained nearly from scratch)
     10M parameters or more        ``large``      the papers' value for the stage: 3e-6 for
     (pretrained checkpoints)                     RL (Huang et al. 2024), 2e-5 for SFT,
-                                                 1e-5 for the reward model
+                                                 1e-5 for the reward model, 1e-6 for DPO
     ============================  =============  =========================================
 
     Parameters
@@ -355,6 +368,8 @@ def default_learning_rate(model: nn.Module, large: float) -> float:
         The model to train.
     large : float
         Learning rate for models of 10M parameters or more.
+    tiny : float, default=1e-3
+        Learning rate for models under 10M parameters (not log-linear).
 
     Returns
     -------
@@ -365,8 +380,10 @@ def default_learning_rate(model: nn.Module, large: float) -> float:
     >>> from torch import nn
     >>> default_learning_rate(nn.Linear(4, 4), large=1e-5)
     0.001
+    >>> default_learning_rate(nn.Linear(4, 4), large=1e-5, tiny=1e-4)
+    0.0001
     """
     if getattr(model, "is_log_linear", False):
         return LOG_LINEAR_LEARNING_RATE
     n = sum(p.numel() for p in model.parameters())
-    return TINY_MODEL_LEARNING_RATE if n < SMALL_MODEL_PARAMETERS else large
+    return tiny if n < SMALL_MODEL_PARAMETERS else large

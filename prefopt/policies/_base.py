@@ -340,7 +340,7 @@ class BasePolicy(Algorithm, GenerativeEstimator):
         self.learning_rate_ = (
             float(self.learning_rate)
             if self.learning_rate is not None
-            else default_learning_rate(self.model_, large=3e-6)
+            else default_learning_rate(self.model_, large=3e-6, tiny=self.tiny_model_learning_rate)
         )
         self.history_ = []
         self.n_iter_ = 0

@@ -59,6 +59,11 @@ class Algorithm:
         class has one (a module, or ``None``: a copy of a language-model reward
         model, else the policy's trunk with a zero head, else one value per
         token), and trained by the same optimiser; ``value_model_`` holds it.
+    tiny_model_learning_rate : float, default=1e-3
+        The learning rate ``learning_rate=None`` means for a model under 10M
+        parameters (a tiny transformer built from a config); see
+        :func:`prefopt.backend.default_learning_rate`. The built-in policies
+        declare the rate ``benchmarks/lr_sweep.py`` chose for them.
     """
 
     samples_per_prompt: int | str = 1
@@ -66,6 +71,7 @@ class Algorithm:
     uses_ratio: bool = False
     training_temperature: str | float = "sampling"
     uses_value_model: bool = False
+    tiny_model_learning_rate: float = 1e-3
 
     @property
     def recomputes_old_logprobs(self) -> bool:

@@ -18,8 +18,10 @@ COMMON_PARAMETERS = """model : str, transformers config, torch module or fitted 
     kl_estimator : {"k1", "k2", "k3"}
         Per-token KL estimator (Schulman 2020); k1 in the reward, as Ziegler et al. 2019.
     learning_rate : float
-        ``None`` means 1e-3 for models under 10M parameters (tiny models built
-        from a config) and 3e-6 otherwise (Huang et al.'s PPO value).
+        ``None`` means {tiny_learning_rate} for models under 10M parameters (tiny
+        models built from a config: the class's ``tiny_model_learning_rate``,
+        chosen by ``benchmarks/lr_sweep.py``), 0.1 for the exact worlds'
+        log-linear policies and 3e-6 otherwise (Huang et al.'s PPO value).
     optimizer : {"adam", "sgd"}
         Adam uses eps=1e-5 and no weight decay, as the original code.
     lr_schedule : {"linear", "constant"}
@@ -244,6 +246,8 @@ def fill(cls) -> str:
     own = _entries(doc)
     shared = {k: v for k, v in _entries("    " + COMMON_PARAMETERS).items() if k not in own}
     shared_text = "\n".join(line for entry in shared.values() for line in entry).strip()
+    tiny = getattr(cls, "tiny_model_learning_rate", 1e-3)
+    shared_text = shared_text.replace("{tiny_learning_rate}", f"{tiny:g}")
     doc = doc.replace("{common_parameters}", shared_text)
     doc = doc.replace("{common_attributes}", COMMON_ATTRIBUTES)
     return _in_signature_order(doc, signature, cls.__name__)

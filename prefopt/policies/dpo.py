@@ -212,6 +212,9 @@ class DPOPolicy(GenerativeStep):
     True
     """
 
+    # learning_rate=None on a tiny model: benchmarks/LR_SWEEP.md (the sweep's rule).
+    tiny_model_learning_rate = 1e-3
+
     _parameter_constraints = {
         "model": "no_validation",
         "tokenizer": "no_validation",
@@ -325,7 +328,7 @@ class DPOPolicy(GenerativeStep):
         self.learning_rate_ = (
             float(self.learning_rate)
             if self.learning_rate is not None
-            else default_learning_rate(self.model_, large=1e-6)
+            else default_learning_rate(self.model_, large=1e-6, tiny=self.tiny_model_learning_rate)
         )
         prompts = self._tokenize_prompts(data.prompt, check_length=False)
         chosen = self._completion_tokens(data.chosen, True, "chosen response", data.prompt)

@@ -29,13 +29,13 @@ from ..data import Comparisons
 from ._raters import bradley_terry_labels, check_pairs
 from ._review_grammar import generate_review
 from ._review_text import _check_texts, _compound, _conversational
+from ._tiny_model import tiny_config
 from ._tokenizer import (
     ASSISTANT,
     CHAT_TEMPLATE,
     END_OF_TURN,
     EOS,
     USER,
-    save_once,
     word_level_tokenizer,
     words_by_frequency,
 )
@@ -424,8 +424,8 @@ class ReviewWorld:
         return ["".join(generate_review(rng)) for _ in range(n)]
 
     # ----- the model ---------------------------------------------------------------
-    def model_config(self, **overrides):
-        """A tiny GPT-2 config for this world's tokenizer, which it knows how to find.
+    def model_config(self, architecture: str = "gpt2", **overrides):
+        """A tiny causal-LM config for this world's tokenizer, which it knows how to find.
 
         The tokenizer (and the default config) are saved once to a folder named
         by a hash of the tokenizer, under ``cache_dir`` or the system's temporary
@@ -435,15 +435,18 @@ class ReviewWorld:
 
         Parameters
         ----------
+        architecture : {"gpt2", "llama", "qwen2"}, default="gpt2"
+            GPT-2 (``n_layer=2, n_head=4, n_embd=64, n_positions=64``), or a
+            Llama- or Qwen2-shaped model of the same size (rotary positions,
+            SwiGLU of width 128, RMSNorm, 2 key/value heads, tied embeddings).
         **overrides
-            ``transformers.GPT2Config`` parameters replacing the defaults
-            (``n_layer=2, n_head=4, n_embd=64, n_positions=64``, no dropout,
-            ``vocab_size=len(tokenizer)``, BOS and EOS ``</s>``, pad ``[PAD]``;
-            with ``chat=True`` EOS lists ``</s>`` and ``<eot>``).
+            Parameters of the architecture's config replacing the defaults
+            (no dropout, ``vocab_size=len(tokenizer)``, BOS and EOS ``</s>``,
+            pad ``[PAD]``; with ``chat=True`` EOS lists ``</s>`` and ``<eot>``).
 
         Returns
         -------
-        config : transformers.GPT2Config
+        config : transformers.GPT2Config, LlamaConfig or Qwen2Config
 
         Examples
         --------
@@ -455,45 +458,20 @@ class ReviewWorld:
         >>> tok = AutoTokenizer.from_pretrained(config.name_or_path)
         >>> tok.get_vocab() == world.tokenizer.get_vocab()
         True
+        >>> type(world.model_config("llama")).__name__
+        'LlamaConfig'
         """
-        from transformers import GPT2Config
-
         tok = self.tokenizer
-        params = {
-            "vocab_size": len(tok),
-            "n_positions": 64,
-            "n_embd": 64,
-            "n_layer": 2,
-            "n_head": 4,
-            "resid_pdrop": 0.0,
-            "embd_pdrop": 0.0,
-            "attn_pdrop": 0.0,
-            "bos_token_id": tok.eos_token_id,
-            "eos_token_id": (
-                [tok.eos_token_id, tok.convert_tokens_to_ids(END_OF_TURN)]
-                if self.chat
-                else tok.eos_token_id
-            ),
-            "pad_token_id": tok.pad_token_id,
-        }
-        known = set(GPT2Config().to_dict()) | {"attn_implementation"}
-        unknown = sorted(set(overrides) - known)
-        if unknown:
-            raise TypeError(f"Unknown GPT2Config parameter(s) {unknown}.")
-        if overrides.get("vocab_size", len(tok)) < len(tok):
-            raise ValueError(
-                f"vocab_size={overrides['vocab_size']} is smaller than the "
-                f"tokenizer's {len(tok)} tokens."
-            )
+        eos = [tok.eos_token_id, tok.convert_tokens_to_ids(END_OF_TURN)] if self.chat else None
         # A review plus its EOS (and the chat words) must fit, or SFT cannot learn to stop.
-        need = self._longest_review + (3 if self.chat else 1)
-        if overrides.get("n_positions", need) < need:
-            raise ValueError(
-                f"n_positions={overrides['n_positions']} cannot hold the longest "
-                f"review and its EOS ({need} tokens)."
-            )
-        default = GPT2Config(**params)
-        path = save_once(self.tokenizer, default, self.cache_dir, "prefopt-review-world")
-        config = GPT2Config(**{**params, **overrides})
-        config.name_or_path = path
-        return config
+        return tiny_config(
+            tok,
+            architecture,
+            need=self._longest_review + (3 if self.chat else 1),
+            positions=64,
+            cache_dir=self.cache_dir,
+            overrides=overrides,
+            name="prefopt-review-world",
+            what="the longest review and its EOS",
+            eos_token_id=eos,
+        )

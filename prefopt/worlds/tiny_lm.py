@@ -36,7 +36,7 @@ from ..backend import response_logprobs
 from ._exact import ExactWorld, _tilt
 from ._per_token import PerTokenMethods
 from ._raters import bradley_terry_labels, check_pairs
-from ._tiny_model import prompt_words, tiny_gpt2
+from ._tiny_model import ARCHITECTURES, prompt_words, tiny_lm_model, tree_target
 from ._tokenizer import EOS, PAD, word_level_tokenizer
 
 __all__ = ["TinyLMWorld"]
@@ -50,7 +50,7 @@ _PRETRAIN_STEPS = 40
 _PRETRAIN_LR = 1e-2
 _TARGET_LOGIT_STD = 1.0
 _TARGET_TOPIC_BONUS = 1.0
-_REFERENCE_WEIGHTS: dict = {}  # (vocab, max_len, n_prompts, seed) -> pre-trained state dict
+_REFERENCE_WEIGHTS: dict = {}  # (vocab, max_len, n_prompts, seed, architecture) -> state dict
 
 
 class TinyLMWorld(ExactWorld, PerTokenMethods):
@@ -81,6 +81,9 @@ class TinyLMWorld(ExactWorld, PerTokenMethods):
         prompts alternate (``"a"``, ``"b c"``, ``"b"``, ``"c a"``, ...).
     random_state : int, RandomState instance or None, default=0
         Seeds the reference model's weights and its pre-training target.
+    architecture : {"gpt2", "llama", "qwen2"}, default="gpt2"
+        The reference's shape: GPT-2, or Llama or Qwen2 (rotary positions,
+        SwiGLU, RMSNorm, one key/value head), each 2 layers of width 32.
 
     Attributes
     ----------
@@ -137,7 +140,13 @@ class TinyLMWorld(ExactWorld, PerTokenMethods):
     """
 
     def __init__(
-        self, *, vocab=("a", "b", "c"), max_len: int = 3, n_prompts: int = 2, random_state=0
+        self,
+        *,
+        vocab=("a", "b", "c"),
+        max_len: int = 3,
+        n_prompts: int = 2,
+        random_state=0,
+        architecture: str = "gpt2",
     ):
         vocab = tuple(vocab)
         if (
@@ -157,7 +166,9 @@ class TinyLMWorld(ExactWorld, PerTokenMethods):
             raise ValueError(
                 f"n_prompts must be between 1 and {2 * len(vocab)}; got {n_prompts!r}."
             )
-        self.vocab = vocab
+        if architecture not in ARCHITECTURES:
+            raise ValueError(f"architecture must be one of {ARCHITECTURES}; got {architecture!r}.")
+        self.vocab, self.architecture = vocab, architecture
         self.max_len = int(max_len)
         self.n_prompts = n_prompts
         self.random_state = random_state
@@ -189,14 +200,15 @@ class TinyLMWorld(ExactWorld, PerTokenMethods):
     # ----- the reference policy ----------------------------------------------------
     def _new_model(self, seed: int) -> GPT2LMHeadModel:
         longest_prompt = max(len(p) for p in self._prompt_ids)
-        return tiny_gpt2(self.tokenizer, longest_prompt + self.max_len + 1, self.max_len, seed)
+        n_positions = longest_prompt + self.max_len + 1
+        return tiny_lm_model(self.tokenizer, n_positions, self.max_len, seed, self.architecture)
 
     def _reference(self, random_state) -> GPT2LMHeadModel:
         # An integer seed defines the world, so its pre-trained weights are built once
         # per process: tests and doctests construct the same worlds many times.
         if not isinstance(random_state, (int, np.integer)):
             return self._pretrained_reference(check_random_state(random_state))
-        key = (self.vocab, self.max_len, self.n_prompts, int(random_state))
+        key = (self.vocab, self.max_len, self.n_prompts, int(random_state), self.architecture)
         if key not in _REFERENCE_WEIGHTS:
             model = self._pretrained_reference(check_random_state(int(random_state)))
             _REFERENCE_WEIGHTS[key] = {k: v.clone() for k, v in model.state_dict().items()}
@@ -211,18 +223,9 @@ class TinyLMWorld(ExactWorld, PerTokenMethods):
         # next-token distribution over EOS and the content tokens; its sequence
         # probabilities are products along each response.
         n_next = len(self.vocab) + 1
-        topics = [ids[0] - 1 for ids in self._prompt_ids]
-        target = np.ones((self.n_prompts, len(self.response_ids)))
-        nodes = {}
-        for x in range(self.n_prompts):
-            for j, resp in enumerate(self.response_ids):
-                for t, token in enumerate(resp):
-                    key = (x, resp[:t])
-                    if key not in nodes:
-                        logits = rng.normal(0.0, _TARGET_LOGIT_STD, size=n_next)
-                        logits[topics[x]] += _TARGET_TOPIC_BONUS
-                        nodes[key] = np.exp(logits) / np.exp(logits).sum()
-                    target[x, j] *= nodes[key][token - 1]  # ids 1 (EOS) .. V map to 0 .. V-1
+        target = tree_target(
+            rng, self._prompt_ids, self.response_ids, n_next, _TARGET_LOGIT_STD, _TARGET_TOPIC_BONUS
+        )
         prompts, responses, mask = self._grid()
         weights = torch.as_tensor(target.reshape(-1), dtype=torch.float32)
         optimizer = torch.optim.Adam(model.parameters(), lr=_PRETRAIN_LR)

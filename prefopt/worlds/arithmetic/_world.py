@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 from sklearn.utils import check_random_state
 
-from ._configs import tiny_config
+from .._tiny_model import tiny_config
 from ._text import NUMBER, OPERATIONS, canonical, character_tokenizer, check_completions
 from ._text import solve as solve_problem
 
@@ -361,4 +361,13 @@ class ArithmeticWorld:
         'LlamaConfig'
         """
         need = 2 * self.n_digits + 2 + self.max_new_tokens  # longest problem, answer, EOS
-        return tiny_config(self.tokenizer, architecture, need, self.cache_dir, overrides)
+        return tiny_config(
+            self.tokenizer,
+            architecture,
+            need=need,
+            positions=32,
+            cache_dir=self.cache_dir,
+            overrides=overrides,
+            name="prefopt-arithmetic-world",
+            what="the longest problem, its answer and EOS",
+        )
