@@ -345,18 +345,15 @@ def default_learning_rate(
                                                  100 steps for PPO, RLOO and REINFORCE at
                                                  beta 0.1 and 0.3 (1e-3 reaches 0.1-0.25)
     under 10M parameters (tiny    ``tiny``       the caller's: each policy declares its
-    transformers from a config)                  ``tiny_model_learning_rate``, set by the
-                                                 rule of ``benchmarks/LR_SWEEP.md`` (the
-                                                 highest rate of 1e-3..3e-5 at which no run
-                                                 of 5 seeds on 3 tasks and 2 architectures
-                                                 trips a health detector and every one
-                                                 raises the held-out gold; the lowest,
-                                                 flagged, where none does): DPO 1e-3; PPO,
-                                                 RLOO, GRPO, REINFORCE, REINFORCE++ and
-                                                 RAFT 3e-5 (flagged: no rate raised the
-                                                 arithmetic world's pass@1 in the sweep's
-                                                 budget). SFT and the reward model 1e-3
-                                                 (trained nearly from scratch)
+    transformers from a config)                  ``tiny_model_learning_rate``, 1e-3 for
+                                                 every built-in one (trained nearly from
+                                                 scratch). benchmarks/LR_SWEEP.md: 1e-3
+                                                 passes TinyLMWorld for all, but trips
+                                                 kl_blowup for GRPO and REINFORCE on a
+                                                 Llama-shaped review model and collapses
+                                                 GRPO and RLOO on the arithmetic world;
+                                                 the sweep's rule did not decide a new
+                                                 value (see there)
     10M parameters or more        ``large``      the papers' value for the stage: 3e-6 for
     (pretrained checkpoints)                     RL (Huang et al. 2024), 2e-5 for SFT,
                                                  1e-5 for the reward model, 1e-6 for DPO

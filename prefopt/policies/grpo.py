@@ -201,9 +201,6 @@ class GRPOPolicy(BasePolicy):
     (5, 0.0)
     """
 
-    # learning_rate=None on a tiny model: benchmarks/LR_SWEEP.md (the sweep's rule).
-    tiny_model_learning_rate = 3e-5
-
     _parameter_constraints = {
         **BasePolicy._parameter_constraints,
         "k": [_GroupSize(Integral, 2, None, closed="left")],

@@ -225,9 +225,6 @@ class PPOPolicy(BasePolicy):
     5
     """
 
-    # learning_rate=None on a tiny model: benchmarks/LR_SWEEP.md (the sweep's rule).
-    tiny_model_learning_rate = 3e-5
-
     _parameter_constraints = {
         **BasePolicy._parameter_constraints,
         "clip_coef": [Interval(Real, 0, None, closed="neither")],

@@ -97,9 +97,6 @@ class RAFTPolicy(BasePolicy):
     192
     """
 
-    # learning_rate=None on a tiny model: benchmarks/LR_SWEEP.md (the sweep's rule).
-    tiny_model_learning_rate = 3e-5
-
     _parameter_constraints = {
         **BasePolicy._parameter_constraints,
         "k": [Interval(Integral, 1, None, closed="left")],

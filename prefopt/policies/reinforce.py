@@ -110,9 +110,6 @@ class ReinforcePolicy(BasePolicy):
     192
     """
 
-    # learning_rate=None on a tiny model: benchmarks/LR_SWEEP.md (the sweep's rule).
-    tiny_model_learning_rate = 3e-5
-
     def __init__(
         self,
         *,

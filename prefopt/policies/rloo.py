@@ -117,9 +117,6 @@ class RLOOPolicy(BasePolicy):
     5
     """
 
-    # learning_rate=None on a tiny model: benchmarks/LR_SWEEP.md (the sweep's rule).
-    tiny_model_learning_rate = 3e-5
-
     _parameter_constraints = {
         **BasePolicy._parameter_constraints,
         "k": [Interval(Integral, 2, None, closed="left")],
