@@ -212,9 +212,7 @@ class DPOPolicy(GenerativeStep):
     True
     """
 
-    # learning_rate=None on a tiny model: benchmarks/LR_SWEEP.md (the sweep's rule).
-    tiny_model_learning_rate = 1e-3
-
+    tiny_model_learning_rate = 1e-3  # learning_rate=None on a tiny model (LR_SWEEP.md)
     _parameter_constraints = {
         "model": "no_validation",
         "tokenizer": "no_validation",
@@ -325,10 +323,11 @@ class DPOPolicy(GenerativeStep):
         self._init_model(start, self.tokenizer, seed=int(seeds[0]))
         self.history_, self.n_iter_ = [], 0
         self.n_comparisons_ = len(data)
+        tiny, rate = self.tiny_model_learning_rate, self.learning_rate
         self.learning_rate_ = (
-            float(self.learning_rate)
-            if self.learning_rate is not None
-            else default_learning_rate(self.model_, large=1e-6, tiny=self.tiny_model_learning_rate)
+            float(rate)
+            if rate is not None
+            else default_learning_rate(self.model_, large=1e-6, tiny=tiny)
         )
         prompts = self._tokenize_prompts(data.prompt, check_length=False)
         chosen = self._completion_tokens(data.chosen, True, "chosen response", data.prompt)
@@ -494,10 +493,8 @@ def _starting_model(start):
     """The starting model; a factory of fresh copies (a world's ``policy_model``) is called."""
     if start is None:
         raise ValueError(
-            "DPOPolicy.fit has no starting model: pass model= (a local path, a transformers "
-            "config, a torch module or a fitted SFTPolicy), or comparisons that carry the "
-            "policy they were sampled from (a prefopt world's do)."
+            "DPOPolicy.fit has no starting model: pass model= (a path, a transformers config, a "
+            "torch module or a fitted SFTPolicy), or comparisons carrying their policy."
         )
-    if callable(start) and not isinstance(start, nn.Module) and not hasattr(start, "fit"):
-        start = start()
-    return start
+    factory = callable(start) and not isinstance(start, nn.Module) and not hasattr(start, "fit")
+    return start() if factory else start
