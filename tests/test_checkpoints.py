@@ -159,15 +159,15 @@ def _interrupt_at(monkeypatch, step):
     """Make the supervised loop die at ``step``, as a killed run would."""
     from prefopt.lm import _supervised
 
-    real = _supervised.gradient_step
+    real = _supervised.accumulated_step
 
-    def dying(optimizer, loss, *, who, step: int, **kw):
+    def dying(optimizer, *args, who, step: int, **kw):
         if step == stop:
             raise _Interrupt
-        return real(optimizer, loss, who=who, step=step, **kw)
+        return real(optimizer, *args, who=who, step=step, **kw)
 
     stop = step
-    monkeypatch.setattr(_supervised, "gradient_step", dying)
+    monkeypatch.setattr(_supervised, "accumulated_step", dying)
 
 
 @pytest.mark.parametrize("every", [3, 5])  # mid-epoch, and at an epoch's end

@@ -317,14 +317,14 @@ def test_checkpoint_resume_ends_as_the_uninterrupted_fit(monkeypatch, tmp_path):
     kw = dict(model=WORLD.policy_model(), beta=BETA, n_epochs=3, batch_size=50, random_state=0)
     whole = DPOPolicy(**kw).fit(data)
     folder = str(tmp_path / "run")
-    real = _supervised.gradient_step
+    real = _supervised.accumulated_step
 
-    def dying(optimizer, loss, *, who, step, **more):  # a run killed at step 7 of 12
+    def dying(optimizer, *args, who, step, **more):  # a run killed at step 7 of 12
         if step == 7:
             raise _Interrupt
-        return real(optimizer, loss, who=who, step=step, **more)
+        return real(optimizer, *args, who=who, step=step, **more)
 
-    monkeypatch.setattr(_supervised, "gradient_step", dying)
+    monkeypatch.setattr(_supervised, "accumulated_step", dying)
     with pytest.raises(_Interrupt):
         DPOPolicy(checkpoint_dir=folder, checkpoint_every=5, **kw).fit(data)
     monkeypatch.undo()
