@@ -130,3 +130,12 @@ def test_no_module_over_500_lines():
         if (n := len(path.read_text().splitlines())) > MAX_LINES
     }
     assert long == {}
+
+
+def test_the_base_policy_names_no_single_algorithm():
+    """PPO's value model, GAE and shared trunk live with PPO or behind the contract's hooks."""
+    import re
+
+    text = (ROOT / "prefopt" / "policies" / "_base.py").read_text()
+    found = re.findall(r"value_model|shared|gae|ppo|vf_", text, flags=re.IGNORECASE)
+    assert not found, f"policies/_base.py names one algorithm's parts: {sorted(set(found))}"

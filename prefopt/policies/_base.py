@@ -333,8 +333,9 @@ class BasePolicy(Algorithm, GenerativeEstimator):
         self._setup_modules(reward)  # the reference, and any module trained beside model_
         if self.gradient_checkpointing:  # after the reference is copied: its passes take no grad
             enable_gradient_checkpointing(self.model_, f"{type(self).__name__}'s policy")
-            if checkpointable(self.value_model_):
-                enable_gradient_checkpointing(self.value_model_)
+            for name, module in self._trained_modules().items():  # any module trained beside
+                if module is not self.model_ and checkpointable(module):
+                    enable_gradient_checkpointing(module, f"{type(self).__name__}'s {name}")
         self.kl_ = clone(self.kl) if self.kl is not None else FixedKLController()
         self.beta_ = checked_beta(self.kl_, self.kl_.start(self.beta).beta_, "at the start")
         self.learning_rate_ = (
