@@ -708,3 +708,62 @@ def test_leftover_launcher_variables_fail_fast_naming_world_size(monkeypatch, ra
     with pytest.raises(RuntimeError, match="WORLD_SIZE=2.*did not meet within 1 s.*torchrun"):
         _process_group.init_from_env()
     assert not torch.distributed.is_initialized()
+
+
+_RANK_SCRIPT = """
+import sys
+import torch
+import torch.distributed as dist
+from prefopt.backend import distributed
+
+real = dist.destroy_process_group
+def destroy(*args, **kwargs):
+    print("destroyed at exit", flush=True)
+    return real(*args, **kwargs)
+dist.destroy_process_group = destroy
+assert distributed.init_from_env()
+total = torch.ones(1)
+dist.all_reduce(total)
+print("sum", int(total.item()), flush=True)
+if sys.argv[1] == "fail":
+    raise RuntimeError("a rank that failed")
+"""
+
+
+@pytest.mark.parametrize("ending", ["clean", "fail"])
+def test_a_group_prefopt_started_is_destroyed_at_a_clean_exit(ending):
+    """Gloo's teardown at interpreter exit can abort a rank; prefopt ends its group first."""
+    import subprocess
+    import sys
+
+    port = _free_port()
+    procs = []
+    for rank in (0, 1):
+        env = dict(
+            os.environ,
+            WORLD_SIZE="2",
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            OMP_NUM_THREADS="1",
+        )
+        env.pop("TORCHELASTIC_USE_AGENT_STORE", None)
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-c", _RANK_SCRIPT, ending],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        assert "sum 2" in out, err[-2000:]
+        if ending == "clean":
+            assert proc.returncode == 0, err[-2000:]
+            assert out.count("destroyed at exit") == 1
+        else:  # an uncaught exception: no rank waits on a group at exit
+            assert proc.returncode == 1 and "a rank that failed" in err
+            assert "destroyed at exit" not in out

@@ -6,7 +6,9 @@ The bottom of :mod:`prefopt.backend.distributed` (re-exported there): the engine
 
 from __future__ import annotations
 
+import atexit
 import os
+import sys
 from datetime import timedelta
 
 import torch
@@ -26,6 +28,10 @@ def init_from_env() -> bool:
     within ``PREFOPT_DIST_JOIN_TIMEOUT`` seconds (default 120): otherwise a
     ``RuntimeError`` names ``WORLD_SIZE`` and the fix, where torch alone would wait
     30 minutes without a word. Under torchrun the agent has gathered the ranks already.
+
+    A group started here is also ended here: at the interpreter's exit,
+    :func:`end_started_group` destroys it (gloo only), so a script that never calls
+    ``torch.distributed.destroy_process_group`` does not abort in gloo's teardown.
 
     Returns
     -------
@@ -48,7 +54,37 @@ def init_from_env() -> bool:
         dist.init_process_group(backend=backend)
     else:
         dist.init_process_group(backend=backend, store=_meet_peers(), **_rank_and_size())
+    atexit.register(end_started_group)
     return dist.get_world_size() > 1
+
+
+def end_started_group() -> bool:
+    """Destroy the gloo process group :func:`init_from_env` started, at a clean exit.
+
+    Registered with :mod:`atexit` when :func:`init_from_env` starts a group. Left to the
+    interpreter's own teardown, a gloo group can abort the process ("terminate called
+    without an active exception") after all its work is done: its C++ threads still
+    hold tensors while Python is being finalised. This runs while the interpreter is
+    whole. It does nothing after an uncaught exception (a rank that failed must not wait
+    on the others), for NCCL (whose destruction is collective and is the launcher's to
+    order) and when the group is already gone.
+
+    Returns
+    -------
+    destroyed : bool
+        Whether a group was destroyed.
+
+    Examples
+    --------
+    >>> end_started_group()  # no group here
+    False
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return False
+    if getattr(sys, "last_value", None) is not None or dist.get_backend() != "gloo":
+        return False
+    dist.destroy_process_group()
+    return True
 
 
 def _rank_and_size() -> dict:
