@@ -50,3 +50,12 @@ def test_the_table_lists_every_script(tmp_path):
     assert scripts() == SCRIPTS
     text = table(tmp_path)  # no results there: one "not run yet" row a script
     assert text.count("not run yet") == len(SCRIPTS)
+
+
+def test_a_quick_run_without_out_never_writes_into_the_committed_results():
+    common = load("_common")
+    quick = common.parse_args("doc", ["--quick"])
+    assert quick.out != common.RESULTS and quick.out.is_dir()
+    assert not quick.out.resolve().is_relative_to(common.RESULTS.resolve())
+    quick.out.rmdir()
+    assert common.parse_args("doc", []).out == common.RESULTS

@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -54,11 +55,22 @@ def parse_args(doc: str, argv=None, **extra) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a seconds-long smoke run")
     parser.add_argument("--seeds", type=int, default=None, help="override the number of seeds")
-    parser.add_argument("--out", default=None, help="output folder (default: results/)")
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="output folder (default: results/ for a full run, a new temporary folder for "
+        "--quick, so a smoke run never overwrites the committed results)",
+    )
     for name, (kind, default, text) in extra.items():
         parser.add_argument(f"--{name.replace('_', '-')}", type=kind, default=default, help=text)
     args = parser.parse_args(argv)
-    args.out = Path(args.out) if args.out else RESULTS
+    if args.out:
+        args.out = Path(args.out)
+    elif args.quick:
+        args.out = Path(tempfile.mkdtemp(prefix="prefopt-quick-"))
+        print(f"--quick: writing to {args.out} (results/ holds only full runs)")
+    else:
+        args.out = RESULTS
     args.out.mkdir(parents=True, exist_ok=True)
     args.began = time.perf_counter()
     args.argv = list(sys.argv[1:] if argv is None else argv)
