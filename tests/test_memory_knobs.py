@@ -64,9 +64,16 @@ def grads(module):
 
 
 def assert_same_grads(a, b):
+    """Equal to 1e-6 of each gradient's largest entry (at least 1e-6 absolute).
+
+    Recomputing activations reorders float32 sums: with torch 2.6 the tiny Llama's
+    embedding and head gradients (entries up to about 2.3) differ by up to 1.3e-6,
+    about 6e-7 of their scale; torch 2.13 gives 6e-7 absolute.
+    """
     assert a.keys() == b.keys() and len(a) > 0
     for name in a:
-        torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-6, msg=name)
+        tol = 1e-6 * max(1.0, float(a[name].abs().max()))
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=tol, msg=name)
 
 
 def saved_bytes(model, fn):
