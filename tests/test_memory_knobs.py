@@ -118,23 +118,39 @@ def test_sft_gradients_are_the_same_with_checkpointing(arch):
     assert fitted[True].sample(PROMPTS, n=2) == fitted[False].sample(PROMPTS, n=2)
 
 
+RL_POLICIES = {
+    "RLOO": (RLOOPolicy, {"k": 2}),
+    "GRPO": (prefopt.GRPOPolicy, {"k": 2}),
+    "REINFORCE": (prefopt.ReinforcePolicy, {}),
+    "REINFORCE++": (prefopt.ReinforcePlusPlusPolicy, {}),
+    "RAFT": (prefopt.RAFTPolicy, {"k": 2}),
+    "PPO": (prefopt.PPOPolicy, {"n_epochs": 1, "n_minibatches": 1}),  # the value model too
+}
+
+
+@pytest.mark.parametrize("name", sorted(RL_POLICIES))
 @pytest.mark.parametrize("arch", sorted(MODELS))
-def test_rl_policy_gradients_are_the_same_with_checkpointing(arch):
+def test_rl_policy_gradients_are_the_same_with_checkpointing(arch, name):
+    cls, extra = RL_POLICIES[name]
     fitted = {
-        on: RLOOPolicy(
+        on: cls(
             model=MODELS[arch](),
-            k=2,
             batch_size=4,
             max_new_tokens=4,
             n_steps=1,
             gradient_checkpointing=on,
             random_state=0,
+            on_unhealthy="ignore",
+            **extra,
         ).fit(PROMPTS, reward)
         for on in (False, True)
     }
     assert checkpoints_activations(fitted[True].model_)
     assert not checkpoints_activations(fitted[True].ref_model_)  # its passes take no grad
     assert_same_grads(grads(fitted[False].model_), grads(fitted[True].model_))
+    if fitted[True].value_model_ is not None:
+        assert checkpoints_activations(fitted[True].value_model_)
+        assert_same_grads(grads(fitted[False].value_model_), grads(fitted[True].value_model_))
     for key in ("loss/policy", "objective/kl", "objective/reward"):
         assert fitted[True].history_[0][key] == pytest.approx(
             fitted[False].history_[0][key], abs=1e-6
