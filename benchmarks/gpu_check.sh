@@ -7,7 +7,9 @@
 #      policy/ratio_mean and clip fraction after one epoch);
 #   3. the GPU-marked tests (pytest -m gpu), if there are any;
 #   4. the throughput benchmark on the GPU (tiny model, then GPT-2 small's shape at
-#      the seeds' settings), with TRL as the peer when trl is installed.
+#      the seeds' settings), with TRL as the peer when trl is installed;
+#   5. with the vllm package installed, the vLLM tests (pytest -m vllm) on CUDA and
+#      native against vLLM generation side by side.
 # It exits non-zero at the first failure and says which check failed. It has never
 # run on the machine that wrote it (no GPU there): read its output, not just its status.
 #
@@ -141,6 +143,18 @@ if [ -z "${QUICK:-}" ]; then
   echo
   timeout 900 "$PY" benchmarks/throughput.py --device cuda --dtype bfloat16 --size gpt2 \
     ${PEER[@]+"${PEER[@]}"} || fail "the GPT-2-sized throughput benchmark"
+fi
+
+check "5. vLLM on CUDA: the engine's tests, then native against vLLM generation"
+if "$PY" -c "import vllm" 2>/dev/null; then
+  # The engine in this process (weights pushed in memory), next to the policy on the GPU.
+  VLLM_ENABLE_V1_MULTIPROCESSING=0 timeout 900 "$PY" -m pytest -q -p no:cacheprovider \
+    -m vllm tests/test_vllm.py || fail "the vLLM tests on CUDA"
+  VLLM_ENABLE_V1_MULTIPROCESSING=0 timeout 900 "$PY" benchmarks/throughput.py --device cuda \
+    --dtype bfloat16 --size summarize --algorithms rloo --engine both \
+    || fail "native against vLLM generation on CUDA"
+else
+  echo "(vllm not installed: pip install -e '.[vllm]' runs this check)"
 fi
 echo
 echo "All GPU checks passed ($(date +%H:%M:%S))."

@@ -267,12 +267,16 @@ def _close_engine_at_the_end():
 def one_head_tiny_lm_world(monkeypatch):
     """TinyLMWorld with its GPT-2 at one head of width 32: vLLM's CPU attention takes
     head sizes from 32 up (the world's two heads of 16 it refuses)."""
-    from transformers import GPT2Config
-
     from prefopt.worlds import _tiny_model
     from prefopt.worlds.tiny_lm import TinyLMWorld
 
-    monkeypatch.setattr(_tiny_model, "GPT2Config", lambda **kw: GPT2Config(**{**kw, "n_head": 1}))
+    real = _tiny_model.config_params
+
+    def one_head(*args, **kwargs):
+        cls, params = real(*args, **kwargs)
+        return cls, {**params, "n_head": 1}
+
+    monkeypatch.setattr(_tiny_model, "config_params", one_head)
     world = TinyLMWorld(random_state=0)
     assert world.policy_model().config.n_head == 1
     return world
