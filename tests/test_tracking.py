@@ -5,7 +5,9 @@ offline run file (``WANDB_MODE=offline``; its records are read with W&B's own pr
 classes). Every store is a temporary folder; nothing leaves the machine.
 """
 
+import html
 import importlib.util
+import json
 import os
 import pickle
 import shutil
@@ -62,6 +64,17 @@ def _tb_text(acc, tag):
     return [e.tensor_proto.string_val[0].decode() for e in acc.Tensors(f"{tag}/text_summary")]
 
 
+def _wandb_texts(run_folder, history, tag):
+    """``{step: text}`` of the ``wandb.Html`` texts logged under ``tag``, from their files."""
+    texts = {}
+    for h in history:
+        if f"{tag}/path" in h:
+            path = os.path.join(run_folder, "files", json.loads(h[f"{tag}/path"]))
+            page = open(path).read()
+            texts[int(h["_step"])] = html.unescape(page[page.index("<pre>") + 5 : -len("</pre>")])
+    return texts
+
+
 def _wandb_records(run_folder):
     """The protobuf records of a W&B offline run file (LevelDB log blocks of 32 KiB)."""
     from wandb.proto import wandb_internal_pb2
@@ -84,14 +97,17 @@ def _wandb_records(run_folder):
     return records
 
 
-def _wandb_runs(folder):
-    runs = sorted(
+def _wandb_run_folders(folder):
+    return sorted(
         os.path.join(folder, "wandb", d)
         for d in os.listdir(os.path.join(folder, "wandb"))
         if d.startswith("offline-run-")
     )
+
+
+def _wandb_runs(folder):
     out = []
-    for run in runs:
+    for run in _wandb_run_folders(folder):
         records = _wandb_records(run)
         for _ in range(300):  # W&B's writer process may still be flushing after finish()
             if any(r.WhichOneof("record_type") == "exit" for r in records):
@@ -222,14 +238,17 @@ def test_tensorboard_logger_as_callback_and_samples(tmp_path):
     ]
 
 
-@pytest.mark.parametrize("tracker", ["TensorBoard", "MLflow"])
-def test_tracker_failing_mid_run_warns_once_and_the_fit_goes_on(tmp_path, tracker):
+@pytest.mark.parametrize("tracker", ["TensorBoard", "MLflow", "W&B"])
+def test_tracker_failing_mid_run_warns_once_and_the_fit_goes_on(tmp_path, tracker, monkeypatch):
     folder = tmp_path / "gone"
     if tracker == "TensorBoard":
         logger = TensorBoardLogger(folder)
-    else:
+    elif tracker == "MLflow":
         folder.mkdir()
         logger = MLflowLogger(f"sqlite:///{folder / 'store.db'}")
+    else:
+        monkeypatch.setenv("WANDB_MODE", "offline")
+        logger = WandbLogger(dir=folder)
 
     def remove_folder(est, row):
         if row["step"] == 2:
@@ -240,6 +259,7 @@ def test_tracker_failing_mid_run_warns_once_and_the_fit_goes_on(tmp_path, tracke
     assert len([w for w in caught if "logging failed" in str(w.message)]) == 1
     assert [r["step"] for r in rm.history_] == list(range(1, 9))  # nothing lost
     assert all(set(r) >= {"loss/reward", "reward/accuracy"} for r in rm.history_)
+    assert not folder.exists()  # ending the failed run made nothing anew
 
 
 # -- MLflow ------------------------------------------------------------------------------------
@@ -291,6 +311,58 @@ def test_wandb_offline_run_files_read_back(tmp_path, monkeypatch):
     losses = [float(h["loss/dpo"]) for h in history if "loss/dpo" in h]
     assert steps == [1, 2, 3, 4]
     assert losses == pytest.approx([r["loss/dpo"] for r in dpo.history_])
+
+
+def test_wandb_failing_mid_run_warns_once_and_keeps_what_it_logged(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    logger = WandbLogger(dir=tmp_path)
+    calls = []
+
+    def wandb_down(*args, **kwargs):
+        calls.append(kwargs.get("step"))
+        raise ConnectionError("W&B cannot be reached")
+
+    def break_wandb(est, row):  # after the logger has logged step 1
+        if row["step"] == 1:
+            monkeypatch.setattr(logger.run_, "log", wandb_down)
+
+    with pytest.warns(RuntimeWarning, match=r"W&B logging failed \(ConnectionError") as caught:
+        rm = _reward_model(n_epochs=2).fit(COMPARISONS, callback=[logger, break_wandb])
+    assert len([w for w in caught if "logging failed" in str(w.message)]) == 1
+    assert calls == [2]  # W&B is not called again after its first failure
+    assert [r["step"] for r in rm.history_] == list(range(1, 9))  # nothing lost
+    assert not logger._open
+    # The run still ends with the fit (quietly), so its file holds step 1 and its exit now,
+    # not only when the interpreter exits.
+    ((_, config, history),) = _wandb_runs(tmp_path)  # waits for W&B's writer to flush
+    (run,) = _wandb_run_folders(tmp_path)
+    assert any(r.WhichOneof("record_type") == "exit" for r in _wandb_records(run))
+    assert config["n_epochs"] == "2"
+    points = [(int(h["_step"]), float(h["loss/reward"])) for h in history if "loss/reward" in h]
+    assert _same_points(points, rm.history_[:1], "loss/reward")
+
+
+def test_policy_fit_under_report_to_wandb_logs_params_once_and_every_step(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    rm = _world_reward()
+    with prefopt.config_context(report_to=["wandb"], logging_dir=tmp_path):
+        rloo = _rloo().fit(WORLD.prompts, rm)
+    (run,) = _wandb_run_folders(tmp_path)
+    ((info, config, history),) = _wandb_runs(tmp_path)
+    assert info.display_name.startswith("RLOOPolicy_") and info.run_group == ""
+    assert config["k"] == "2" and config["n_steps"] == "4" and config["beta"] == "0.05"
+    records = _wandb_records(run)
+    updates = [u for r in records if r.HasField("config") for u in r.config.update]
+    updates += [
+        u for r in records if r.WhichOneof("record_type") == "run" for u in r.run.config.update
+    ]
+    assert [u.key for u in updates].count("k") == 1  # the parameters, once
+    points = [
+        (int(h["_step"]), float(h["objective/reward"])) for h in history if "objective/reward" in h
+    ]
+    assert _same_points(points, rloo.history_, "objective/reward")
+    assert [s for s, _ in points] == [1, 2, 3, 4]  # one point per step
+    assert not any("samples/completions/path" in h for h in history)  # default: every 10
 
 
 # -- groups: one run per candidate and seed ----------------------------------------------------
@@ -490,6 +562,59 @@ def test_seed_search_is_one_nested_run_per_candidate_and_seed(tmp_path, monkeypa
     assert by_name["candidate=1-seed=0"].data.params["beta"] == "0.5"
     assert by_name["candidate=0-seed=1"].data.params["random_state"] == "1"
     assert {r.info.status for r in runs} == {"FINISHED"}
+
+
+def test_seed_search_with_wandb_is_one_run_per_candidate_and_seed_in_one_group(
+    tmp_path, monkeypatch
+):
+    from prefopt.model_selection import SeedSearchCV
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    rm = _world_reward()
+    search = SeedSearchCV(_rloo(n_steps=2), {"beta": [0.1, 0.5]}, seeds=[0, 1], refit=False)
+    with prefopt.config_context(report_to=["wandb"], logging_dir=tmp_path):
+        search.fit(WORLD.prompts, reward_model=rm)
+    assert os.listdir(tmp_path) == ["wandb"]  # W&B alone
+    runs = _wandb_runs(tmp_path)
+    names = sorted(f"candidate={c}-seed={s}" for c in (0, 1) for s in (0, 1))
+    assert sorted(info.display_name for info, _, _ in runs) == names
+    (group,) = {info.run_group for info, _, _ in runs}
+    assert group.startswith("SeedSearchCV_")
+    by_name = {info.display_name: (config, history) for info, config, history in runs}
+    assert by_name["candidate=1-seed=0"][0]["beta"] == "0.5"
+    assert by_name["candidate=0-seed=1"][0]["random_state"] == "1"
+    for _, history in by_name.values():
+        assert [int(h["_step"]) for h in history if "objective/reward" in h] == [1, 2]
+
+
+def test_text_samples_reach_mlflow_and_wandb(tmp_path, monkeypatch):
+    from mlflow import MlflowClient
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    uri = f"sqlite:///{tmp_path / 'store.db'}"
+    tensorboard = TensorBoardLogger(tmp_path / "tb", samples_every=2)
+    mlflow = MLflowLogger(uri, experiment_name="samples", samples_every=2)
+    wandb = WandbLogger(dir=tmp_path, samples_every=2)
+    _rloo().fit(WORLD.prompts, _world_reward(), callback=[tensorboard, mlflow, wandb])
+    _, acc = _scalars(tmp_path / "tb", "objective/reward")
+    tables = _tb_text(acc, "samples/completions")  # steps 2 and 4, as TensorBoard has them
+    assert len(tables) == 2
+    lines = tables[0].splitlines()
+    assert lines[0] == "| prompt | completion | reward |" and len(lines) == 2 + 8
+    assert {line.split(" | ")[0][2:] for line in lines[2:]} <= set(WORLD.prompts)
+    # MLflow: a Markdown artifact a sample.
+    client = MlflowClient(tracking_uri=uri)
+    paths = sorted(a.path for a in client.list_artifacts(mlflow.run_id_, "samples/completions"))
+    assert paths == [f"samples/completions/step_00000{s}.md" for s in (2, 4)]
+    (tmp_path / "download").mkdir()
+    downloaded = [
+        client.download_artifacts(mlflow.run_id_, p, str(tmp_path / "download")) for p in paths
+    ]
+    assert [open(path).read() for path in downloaded] == tables
+    # W&B: a wandb.Html page a sample, in the offline run's media files.
+    (run,) = _wandb_run_folders(tmp_path)
+    ((_, _, history),) = _wandb_runs(tmp_path)
+    assert _wandb_texts(run, history, "samples/completions") == {2: tables[0], 4: tables[1]}
 
 
 def test_search_and_compare_without_report_to_log_nothing(tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import math
 import numbers
@@ -122,7 +123,8 @@ class Logger:
     (with the estimator's parameters) and logs every row. Inside prefopt's loops the run
     also ends with the fit. When the tracker fails mid-run (its folder removed, its store
     unreachable), the logger warns once and stops logging; the fit and its ``history_``
-    go on.
+    go on, and :meth:`close` still ends the run (quietly), so that what was logged before
+    the failure is flushed.
 
     Parameters
     ----------
@@ -213,11 +215,18 @@ class Logger:
         self.log_text("samples/completions", samples_table(prompts, completions, rewards), step)
 
     def close(self) -> None:
-        """End the run (and flush what is buffered)."""
+        """End the run (and flush what is buffered).
+
+        After a failure the run is still ended, quietly (the failure was reported once),
+        so that what reached the tracker before it is flushed and the run is not left open.
+        """
         if self._open:
             self._open = False
             if not self._failed:
                 self._guard(self._close)
+            else:
+                with contextlib.suppress(Exception):
+                    self._close()
 
     # -- what each tracker writes ----------------------------------------------------------
     def _open_run(self, estimator, run_name, group) -> None:
