@@ -107,6 +107,8 @@ def test_vllm_in_a_fit_of_several_ranks_is_refused_naming_the_alternative(monkey
         with pytest.raises(ValueError, match="rank 1 of 2.*generation='native' under torchrun"):
             sample(world.policy_model(), enc, max_new_tokens=2, temperature=1.0,
                    generator=make_generator(0))  # fmt: skip
+        with pytest.raises(ValueError, match="rank 1 of 2"):  # the engine asked for by hand
+            vllm_engine.engine_for(world.policy_model())
 
 
 # ----- with vLLM ------------------------------------------------------------------------

@@ -254,6 +254,25 @@ class _Engine:
         self.folder.cleanup()
 
 
+def _refuse_process_groups() -> None:
+    """The engine in a fit of several ranks is refused (not yet supported, never silent).
+
+    vLLM's in-process engine joins an existing ``torch.distributed`` group as its own
+    world, and its cleanup (``destroy_distributed_environment``) destroys the default
+    group, the one the fit trains with; a per-rank engine needs vLLM's
+    ``external_launcher`` mode, which is untested here.
+    """
+    from . import distributed
+
+    if distributed.world_size() > 1:
+        raise ValueError(
+            f"generation='vllm' is not supported in a distributed fit yet (this process is "
+            f"rank {distributed.rank()} of {distributed.world_size()}): vLLM's engine would "
+            "take over the training process group, and closing it destroys that group. Use "
+            "generation='native' under torchrun or Ray Train, or fit in one process."
+        )
+
+
 def engine_for(model) -> _Engine:
     """The engine for ``model``'s shape, built on first use, with ``model``'s weights in it.
 
@@ -268,13 +287,7 @@ def engine_for(model) -> _Engine:
         Its ``llm`` is the ``vllm.LLM``; its ``sync(model)`` pushes the weights
         when they changed (this function calls it).
     """
-    from . import distributed
-
-    if distributed.is_sharded(model):
-        raise ValueError(
-            "generation='vllm' cannot sample from a model sharded by FSDP "
-            "(distributed='fsdp'); use distributed='ddp' or generation='native'."
-        )
+    _refuse_process_groups()  # FSDP's sharded models among them: FSDP needs several ranks
     base = _base(model)
     key = (base.config.to_json_string(use_diff=False), _dtype_name(base), repr(engine_options))
     engine = _ENGINE.get("engine")
@@ -440,25 +453,6 @@ def last_logprobs() -> dict:
     True
     """
     return dict(_LAST)
-
-
-def _refuse_process_groups() -> None:
-    """The engine in a fit of several ranks is refused (not yet supported, never silent).
-
-    vLLM's in-process engine joins an existing ``torch.distributed`` group as its own
-    world, and its cleanup (``destroy_distributed_environment``) destroys the default
-    group, the one the fit trains with; a per-rank engine needs vLLM's
-    ``external_launcher`` mode, which is untested here.
-    """
-    from . import distributed
-
-    if distributed.world_size() > 1:
-        raise ValueError(
-            f"generation='vllm' is not supported in a distributed fit yet (this process is "
-            f"rank {distributed.rank()} of {distributed.world_size()}): vLLM's engine would "
-            "take over the training process group, and closing it destroys that group. Use "
-            "generation='native' under torchrun or Ray Train, or fit in one process."
-        )
 
 
 def dispatch(native):
