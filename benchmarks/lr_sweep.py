@@ -23,6 +23,7 @@ Run::
     python benchmarks/lr_sweep.py --workers 2            # the full sweep, ~35 min
     python benchmarks/lr_sweep.py --quick --workers 2    # a smoke run, a temp folder
     python benchmarks/lr_sweep.py --workers 2 --resume   # skip runs already in the CSV
+    python benchmarks/lr_sweep.py --rule 2 --workers 2   # rule 2: rule 1's undecided cells
 
 The full run writes ``benchmarks/lr_sweep.csv`` (one row per run) and prints the
 summary table; ``--quick`` writes only under a temporary folder.
@@ -78,6 +79,12 @@ BUDGET = {
     "arithmetic": {"n_steps": 16, "batch_size": 32},
 }
 QUICK_BUDGET = {task: {"n_steps": 2, "batch_size": 16} for task in BUDGET}
+# Rule 2 (LR_SWEEP.md, committed before its run): the cells rule 1 left without a passing
+# rate are run again at these budgets; the cells rule 1 decided keep their result.
+BUDGET_2 = {
+    "review": {"n_steps": 30, "batch_size": 64},  # benchmarks/review_defaults.py's
+    "arithmetic": {"n_steps": 300, "batch_size": 64},  # benchmarks/verifiable_world.py's
+}
 EVAL_SEED = 4321
 
 
@@ -129,9 +136,11 @@ def build_task(task: str, arch: str, quick: bool) -> dict:
     return spec
 
 
-def build_tasks(quick: bool, archs, workers: int) -> dict:
-    """Every (task, arch)'s spec; the SFT models are fitted in parallel, slowest first."""
+def build_tasks(quick: bool, archs, workers: int, only=None) -> dict:
+    """Every (task, arch)'s spec (those in ``only`` if given); the SFT models are fitted
+    in parallel, slowest first."""
     keys = [(t, a) for t in ("arithmetic", "review", "tiny_lm") for a in archs]
+    keys = [k for k in keys if only is None or k in only]
     specs = Parallel(n_jobs=workers, backend="loky")(
         delayed(build_task)(t, a, quick) for t, a in keys
     )
@@ -261,18 +270,38 @@ def run_cell(spec, cell, grid, seeds, budget, done) -> list[dict]:
     return rows
 
 
+def read_runs(csv: Path) -> pd.DataFrame:
+    """A sweep's CSV as written: empty cells of the float columns are NaN, the rest as is."""
+    table = pd.read_csv(csv, keep_default_na=False)
+    for col in ("end", "objective_share", "kl"):
+        table[col] = pd.to_numeric(table[col].replace("", np.nan))
+    return table
+
+
+def undecided_cells() -> list[tuple[str, str, str]]:
+    """The cells rule 1's run (``lr_sweep.csv``) left without a passing rate."""
+    cell = summary(read_runs(HERE / "lr_sweep.csv"), GRID, len(SEEDS))
+    missing = cell[~np.isfinite(cell["passing rate"].to_numpy(float))]
+    return [tuple(c) for c in missing[["policy", "task", "arch"]].itertuples(index=False)]
+
+
 def sweep(args) -> pd.DataFrame:
     out = Path(tempfile.mkdtemp(prefix="lr_sweep_")) if args.quick else HERE
-    csv = out / "lr_sweep.csv"
+    csv = out / ("lr_sweep_rule2.csv" if args.rule == 2 else "lr_sweep.csv")
     archs = args.archs.split(",")
     policies = args.policies.split(",")
-    budget = QUICK_BUDGET if args.quick else BUDGET
+    budget = QUICK_BUDGET if args.quick else (BUDGET_2 if args.rule == 2 else BUDGET)
     seeds = SEEDS[:2] if args.quick else SEEDS
     grid = GRID[:2] if args.quick else GRID
     torch.set_num_threads(1)
     prefopt.set_config(show_progress_bar=False)
     began = time.perf_counter()
-    tasks = build_tasks(args.quick, archs, args.workers)
+    if args.rule == 2:
+        todo = [c for c in undecided_cells() if c[0] in policies and c[2] in archs]
+        tasks = build_tasks(args.quick, archs, args.workers, only={(c[1], c[2]) for c in todo})
+    else:
+        todo = [c for c in cells(archs) if c[0] in policies]
+        tasks = build_tasks(args.quick, archs, args.workers)
     print(f"tasks built in {time.perf_counter() - began:.0f} s", flush=True)
     for key, spec in tasks.items():
         print(f"  {key}: start {spec['start']:.4f}", flush=True)
@@ -284,7 +313,6 @@ def sweep(args) -> pd.DataFrame:
             done[row["policy"], row["task"], row["arch"], float(row["rate"]), int(row["seed"])] = (
                 row
             )
-    todo = [c for c in cells(archs) if c[0] in policies]
     # The slow cells first, so the last worker is not left alone with one.
     todo.sort(key=lambda c: (c[0] != "PPO", c[1] == "tiny_lm"))
     print(f"{len(todo)} cells, {len(seeds)} seeds, rates {grid}", flush=True)
@@ -305,7 +333,10 @@ def sweep(args) -> pd.DataFrame:
     table = pd.DataFrame(rows)
     table.to_csv(csv, index=False)
     print(f"\nruns: {csv} ({time.perf_counter() - began:.0f} s)")
-    print(summary_markdown(table, grid, len(seeds)))
+    if args.rule == 2:
+        print(rule2_markdown(table))
+    else:
+        print(summary_markdown(table, grid, len(seeds)))
     return table
 
 
@@ -361,6 +392,29 @@ def summary_markdown(table: pd.DataFrame, grid, n_seeds: int) -> str:
     return "\n".join(lines)
 
 
+def rule2_markdown(table2: pd.DataFrame) -> str:
+    """Rule 2's tables: its re-run cells, then every cell's rate (rule 1's where it
+    decided) and per policy the default: the minimum over the cells with a passing rate,
+    the cells with none named (LR_SWEEP.md, rule 2)."""
+    rerun = summary(table2, GRID, len(SEEDS))
+    lines = ["| policy | task | arch | highest passing rate (rule 2) | per rate tried |"]
+    lines.append("|---|---|---|---|---|")
+    for r in rerun.itertuples(index=False):
+        rate = f"{r[3]:g}" if np.isfinite(r[3]) else "none"
+        lines.append(f"| {r[0]} | {r[1]} | {r[2]} | {rate} | {r[4]} |")
+    first = summary(read_runs(HERE / "lr_sweep.csv"), GRID, len(SEEDS))
+    first = first[np.isfinite(first["passing rate"].to_numpy(float))]
+    cell = pd.concat([first, rerun], ignore_index=True)
+    lines += ["", "| policy | new tiny-model default | cells without a passing rate |"]
+    lines.append("|---|---|---|")
+    for name, g in cell.groupby("policy", sort=False):
+        rates = g["passing rate"].to_numpy(float)
+        missing = g[~np.isfinite(rates)]
+        flag = ", ".join(f"{t}/{a}" for t, a in zip(missing.task, missing.arch)) or "-"
+        lines.append(f"| {name} | {np.nanmin(rates):g} | {flag} |")
+    return "\n".join(lines)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=2)
@@ -369,9 +423,19 @@ def main(argv=None):
     parser.add_argument("--archs", default=",".join(ARCHS))
     parser.add_argument("--policies", default=",".join(POLICIES))
     parser.add_argument("--summary", action="store_true", help="only print the CSV's table")
+    parser.add_argument(
+        "--rule",
+        type=int,
+        choices=(1, 2),
+        default=1,
+        help="2: re-run the cells rule 1 left undecided at rule 2's budgets (LR_SWEEP.md)",
+    )
     args = parser.parse_args(argv)
+    if args.summary and args.rule == 2:
+        print(rule2_markdown(read_runs(HERE / "lr_sweep_rule2.csv")))
+        return None
     if args.summary:
-        print(summary_markdown(pd.read_csv(HERE / "lr_sweep.csv", keep_default_na=False), GRID, 5))
+        print(summary_markdown(read_runs(HERE / "lr_sweep.csv"), GRID, 5))
         return None
     return sweep(args)
 
