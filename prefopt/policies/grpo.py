@@ -217,6 +217,7 @@ class GRPOPolicy(BasePolicy):
     }
 
     samples_per_prompt = "k"
+    tiny_model_learning_rate = 1e-4  # learning_rate=None on a tiny model: LR_SWEEP.md, rule 2
     kl_penalty = "loss"
 
     @property

@@ -241,6 +241,7 @@ class PPOPolicy(BasePolicy):
     }
 
     uses_value_model = True
+    tiny_model_learning_rate = 3e-4  # learning_rate=None on a tiny model: LR_SWEEP.md, rule 2
 
     @property
     def uses_ratio(self) -> bool:

@@ -146,6 +146,7 @@ class RAFTPolicy(BasePolicy):
         store_params(self, locals())
 
     samples_per_prompt = "k"
+    tiny_model_learning_rate = 3e-5  # learning_rate=None on a tiny model: LR_SWEEP.md, rule 2
     # The kept responses are trained on with the ordinary next-token loss, at
     # temperature 1 as SFT (Dong et al. 2023), not at the sampling temperature.
     training_temperature = 1.0

@@ -110,6 +110,8 @@ class ReinforcePolicy(BasePolicy):
     192
     """
 
+    tiny_model_learning_rate = 3e-4  # learning_rate=None on a tiny model: LR_SWEEP.md, rule 2
+
     def __init__(
         self,
         *,

@@ -164,6 +164,7 @@ class RLOOPolicy(BasePolicy):
         store_params(self, locals())
 
     samples_per_prompt = "k"
+    tiny_model_learning_rate = 1e-4  # learning_rate=None on a tiny model: LR_SWEEP.md, rule 2
 
     def compute_advantages(self, batch):
         """Leave-one-out advantages of the KL-shaped sequence rewards.
