@@ -5,15 +5,17 @@ defaults (seeds 0 and 1): preference world, Adam 0.1 (the log-linear default),
 100 steps: at beta 0.1 PPO 0.999 / 1.000, RLOO 0.993 / 0.994, REINFORCE 0.994 /
 0.994; at beta 0.3 PPO 1.000 / 1.000, RLOO 0.994 / 0.996, REINFORCE 0.995 / 0.996;
 RAFT 0.992 / 0.992 of the way to the reward-maximising policy. TinyLMWorld
-(seed 0): PPO 0.989 / 0.991, RLOO 0.914 / 0.962, REINFORCE 0.936 / 0.969.
-The thresholds are the issue's 0.9.
+(seed 0) at 1e-3, the rate for a tiny model trained from scratch: PPO 0.989 /
+0.991, RLOO 0.914 / 0.962, REINFORCE 0.936 / 0.969. The thresholds are the
+issue's 0.9. At the tiny-model defaults (LR_SWEEP.md, rule 2) TinyLMWorld learns
+more slowly; the review-world tests below check the defaults on a fine-tuned start.
 """
 
 import numpy as np
 import pytest
 
 import prefopt
-from prefopt import PPOPolicy, RAFTPolicy, ReinforcePolicy, RewardModel, RLOOPolicy
+from prefopt import GRPOPolicy, PPOPolicy, RAFTPolicy, ReinforcePolicy, RewardModel, RLOOPolicy
 from prefopt.worlds import PreferenceWorld, TinyLMWorld
 
 
@@ -49,14 +51,17 @@ def test_defaults_learn_on_the_preference_world(pref, cls, beta):
 @pytest.mark.slow
 @pytest.mark.parametrize("on", ["preference", "tiny_lm"])
 def test_raft_defaults_go_most_of_the_way_to_the_reward_maximiser(pref, on):
-    # Measured, seeds 0-2: preference world 0.99; TinyLMWorld 0.966-0.973 (4 epochs, the
+    # Measured, seeds 0-2: preference world 0.99 (the log-linear default, 0.1); TinyLMWorld
+    # 0.966-0.973 at 1e-3, the rate for a tiny model trained from scratch (4 epochs, the
     # default; 1 epoch reached 0.73).
+    rate = None
     if on == "preference":
         world, reward = pref
     else:
-        world = TinyLMWorld(random_state=0)
+        world, rate = TinyLMWorld(random_state=0), 1e-3
         reward = world.reward
-    policy = RAFTPolicy(model=world.policy_model(), random_state=0).fit(world.prompts, reward)
+    policy = RAFTPolicy(model=world.policy_model(), learning_rate=rate, random_state=0)
+    policy.fit(world.prompts, reward)
     r, ref = world.rewards(reward), world.reference_probs()
     start, best = (ref * r).sum(1).mean(), r.max(1).mean()
     reached = (world.policy_probs(policy) * r).sum(1).mean()
@@ -66,14 +71,38 @@ def test_raft_defaults_go_most_of_the_way_to_the_reward_maximiser(pref, on):
 @pytest.mark.slow
 @pytest.mark.parametrize("cls", [PPOPolicy, RLOOPolicy, ReinforcePolicy])
 @pytest.mark.parametrize("beta", [0.1, 0.3])
-def test_defaults_learn_on_the_tiny_lm_world(cls, beta):
+def test_a_tiny_lm_trained_from_scratch_learns_at_1e3(cls, beta):
+    # TinyLMWorld's policy is trained nearly from scratch: at 1e-3 (the rate to pass there,
+    # README) every policy gets 0.9 of the achievable objective in the default 100 steps.
     prefopt.set_config(show_progress_bar=False)
     world = TinyLMWorld(random_state=0)
-    policy = cls(model=world.policy_model(), beta=beta, random_state=0)
+    policy = cls(model=world.policy_model(), beta=beta, learning_rate=1e-3, random_state=0)
     policy.fit(world.prompts, world.reward)
     share = world.objective_share(policy, world.reward, beta)
     print(f"{cls.__name__} beta={beta}: share {share:.3f}")
     assert share >= 0.9 and np.isfinite(share)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cls", [PPOPolicy, RLOOPolicy, GRPOPolicy, ReinforcePolicy])
+def test_the_new_defaults_still_learn_on_the_tiny_lm_world(cls):
+    # The tiny-model defaults of LR_SWEEP.md's rule 2 (PPO and REINFORCE 3e-4, RLOO and GRPO
+    # 1e-4) were chosen where 1e-3 collapses fine-tuned models; on TinyLMWorld they still
+    # learn, more slowly: what rule 1's tiny_lm cells ask (objective share > 0, expected
+    # gold above the reference's). Measured (seed 0, beta 0.1, 100 steps): share PPO 0.905,
+    # RLOO 0.331, GRPO 0.272, REINFORCE 0.526; expected gold -0.316 -> 0.834, 0.074, -0.000,
+    # 0.304.
+    prefopt.set_config(show_progress_bar=False)
+    world = TinyLMWorld(random_state=0)
+    policy = cls(model=world.policy_model(), beta=0.1, random_state=0)
+    policy.fit(world.prompts, world.reward)
+    assert policy.learning_rate_ == cls.tiny_model_learning_rate
+    share = world.objective_share(policy, world.reward, 0.1)
+    start = world.evaluate(world.reference_probs(), world.reward, 0.1)["reward"]
+    end = world.evaluate(policy, world.reward, 0.1)["reward"]
+    print(f"{cls.__name__}: share {share:.3f}, gold {start:.3f} -> {end:.3f}")
+    assert share > 0.1 and end > start
+    assert not any(v["fired"] for v in policy.health_["detectors"].values())
 
 
 @pytest.fixture(scope="module")

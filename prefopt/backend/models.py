@@ -345,15 +345,19 @@ def default_learning_rate(
                                                  100 steps for PPO, RLOO and REINFORCE at
                                                  beta 0.1 and 0.3 (1e-3 reaches 0.1-0.25)
     under 10M parameters (tiny    ``tiny``       the caller's: each policy declares its
-    transformers from a config)                  ``tiny_model_learning_rate``, 1e-3 for
-                                                 every built-in one (trained nearly from
-                                                 scratch). benchmarks/LR_SWEEP.md: 1e-3
-                                                 passes TinyLMWorld for all, but trips
-                                                 kl_blowup for GRPO and REINFORCE on a
-                                                 Llama-shaped review model and collapses
-                                                 GRPO and RLOO on the arithmetic world;
-                                                 the sweep's rule did not decide a new
-                                                 value (see there)
+    transformers from a config)                  ``tiny_model_learning_rate``, chosen by
+                                                 benchmarks/LR_SWEEP.md (rule 2: the
+                                                 highest rate where no seed of 5 trips a
+                                                 health detector and held-out gold ends
+                                                 above the start, on TinyLMWorld, the
+                                                 review and the arithmetic worlds, GPT-2-
+                                                 and Llama-shaped): PPO 3e-4, RLOO 1e-4,
+                                                 GRPO 1e-4, REINFORCE 3e-4, REINFORCE++
+                                                 3e-4, RAFT 3e-5 (no rate passed its
+                                                 Llama review and arithmetic cells), DPO
+                                                 1e-3. A tiny model trained nearly from
+                                                 scratch (TinyLMWorld) learns faster at
+                                                 1e-3
     10M parameters or more        ``large``      the papers' value for the stage: 3e-6 for
     (pretrained checkpoints)                     RL (Huang et al. 2024), 2e-5 for SFT,
                                                  1e-5 for the reward model, 1e-6 for DPO

@@ -63,7 +63,9 @@ class Algorithm:
         The learning rate ``learning_rate=None`` means for a model under 10M
         parameters (a tiny transformer built from a config); see
         :func:`prefopt.backend.default_learning_rate`. The built-in policies
-        declare the rate ``benchmarks/lr_sweep.py`` chose for them.
+        declare the rate ``benchmarks/lr_sweep.py`` chose for them (rule 2 of
+        ``benchmarks/LR_SWEEP.md``); 1e-3 is the rate for a new algorithm that
+        declares none.
     """
 
     samples_per_prompt: int | str = 1
