@@ -94,21 +94,30 @@ def test_vllm_refuses_a_model_it_cannot_load():
                    generator=make_generator(0))  # fmt: skip
 
 
-def test_vllm_in_a_fit_of_several_ranks_is_refused_naming_the_alternative(monkeypatch):
-    """vLLM's in-process engine would take the training group over: refused, never silent."""
+def test_vllm_in_a_fit_of_several_ranks_refuses_fsdp_and_a_split_engine(monkeypatch):
+    """Each rank's engine holds the whole model: what cannot be so is refused, never silent."""
     from prefopt.backend import distributed
     from prefopt.worlds import TinyLMWorld
 
     world = TinyLMWorld(random_state=0)
     monkeypatch.setattr(distributed, "world_size", lambda: 2)
     monkeypatch.setattr(distributed, "rank", lambda: 1)
+    monkeypatch.setattr(vllm_engine, "_ENGINE", {})
     enc = pad_left([[1, 2]], world.tokenizer.pad_token_id)
-    with prefopt.config_context(generation="vllm"):
-        with pytest.raises(ValueError, match="rank 1 of 2.*generation='native' under torchrun"):
-            sample(world.policy_model(), enc, max_new_tokens=2, temperature=1.0,
-                   generator=make_generator(0))  # fmt: skip
+
+    def sample_with_engine():
+        sample(world.policy_model(), enc, max_new_tokens=2, temperature=1.0,
+               generator=make_generator(0))  # fmt: skip
+
+    with prefopt.config_context(generation="vllm", distributed="fsdp"):
+        with pytest.raises(ValueError, match=r"'fsdp' \(this process is rank 1 of 2\).*'ddp'"):
+            sample_with_engine()
         with pytest.raises(ValueError, match="rank 1 of 2"):  # the engine asked for by hand
             vllm_engine.engine_for(world.policy_model())
+    monkeypatch.setitem(vllm_engine.engine_options, "tensor_parallel_size", 2)
+    with prefopt.config_context(generation="vllm"):
+        with pytest.raises(ValueError, match=r"\{'tensor_parallel_size': 2\}.*same prompts"):
+            sample_with_engine()
 
 
 # ----- with vLLM ------------------------------------------------------------------------

