@@ -128,8 +128,11 @@ def _gold_and_distinct(world, policy, prompts):
 @pytest.mark.filterwarnings("ignore:.*ended with EOS")
 @pytest.mark.parametrize("cls", [RLOOPolicy, PPOPolicy])
 def test_the_usage_line_on_the_review_world(review, cls):
-    # Measured (seed 0): SFT gold 0.097, distinct-word share 0.89; RLOO reaches gold 0.829
-    # (distinct 0.76), PPO 0.915 (distinct 0.73).
+    # Measured (seed 0), at the tiny-model defaults of LR_SWEEP.md's rule 2: SFT gold 0.097,
+    # distinct-word share 0.89; RLOO (1e-4) reaches gold 0.265 (distinct 0.78), PPO (3e-4)
+    # 0.909 (distinct 0.72). At the former 1e-3 RLOO reached 0.829, but collapsed on other
+    # worlds (LR_SWEEP.md): the default now trades speed for not collapsing, so the bar is
+    # a gain of 0.1, not 0.2.
     world, sft, reward_model = review
     prompts = world.prompts
     policy = cls(beta=0.05, random_state=0).fit(prompts, reward_model)  # starts from sft
@@ -140,5 +143,5 @@ def test_the_usage_line_on_the_review_world(review, cls):
         f"{cls.__name__}: gold {gold_sft:.3f} -> {gold:.3f}, distinct {distinct_sft:.2f} -> "
         f"{distinct:.2f}"
     )
-    assert gold >= gold_sft + 0.2
+    assert gold >= gold_sft + 0.1
     assert distinct >= 0.5 * distinct_sft

@@ -58,7 +58,6 @@ together.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import functools
 import gc
 import logging
@@ -70,7 +69,9 @@ import torch
 
 from .._config import get_config
 from ._engine_gap import logprob_gap, truncated_importance_weights
-from ._shared_prompts import _unwrapped, is_transformers_model
+from ._shared_prompts import is_transformers_model
+from ._vllm_ranks import check_ranks, default_group_kept
+from ._vllm_weights import _base, named_weights
 
 logger = logging.getLogger(__name__)
 
@@ -118,58 +119,6 @@ def _import_vllm():
 def _dtype_name(model) -> str:
     dtype = next(model.parameters()).dtype
     return {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}[dtype]
-
-
-def _base(model):
-    """The transformers model to mirror: inside DDP, peft and ``torch.compile`` wrappers."""
-    return _unwrapped(getattr(model, "_orig_mod", model))
-
-
-def named_weights(model) -> list[tuple[str, torch.Tensor]]:
-    """The weights vLLM loads, under the names of a transformers checkpoint.
-
-    A peft (LoRA) model gives its base model's weights with every active,
-    unmerged adapter's delta added (out of place: the policy is untouched).
-
-    Parameters
-    ----------
-    model : torch.nn.Module
-        A transformers causal LM, possibly inside DDP, peft or ``torch.compile``.
-
-    Returns
-    -------
-    weights : list of (str, torch.Tensor)
-
-    Examples
-    --------
-    >>> from transformers import GPT2Config, GPT2LMHeadModel
-    >>> model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=10))
-    >>> [name for name, _ in named_weights(model)][:2]
-    ['transformer.wte.weight', 'transformer.wpe.weight']
-    """
-    base = _base(model)
-    inner = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
-    inner = getattr(inner, "_orig_mod", inner)
-    if base is inner:
-        return [(name, t.detach()) for name, t in base.state_dict().items()]
-    merged = {}
-    for name, module in base.named_modules():
-        if hasattr(module, "get_delta_weight") and hasattr(module, "base_layer"):
-            weight = module.base_layer.weight.detach()
-            if not getattr(module, "merged", False) and not getattr(
-                module, "disable_adapters", False
-            ):
-                for adapter in module.active_adapters:
-                    if adapter in getattr(module, "lora_A", {}):
-                        weight = weight + module.get_delta_weight(adapter).detach()
-            merged[f"{name}.weight"] = weight
-    out = []
-    for name, t in base.state_dict().items():
-        if "lora_" in name:
-            continue
-        name = name.replace(".base_layer.", ".")
-        out.append((name, merged.get(name, t.detach())))
-    return out
 
 
 # Optimiser steps taken in this process since the first engine was built, counted by a
@@ -270,7 +219,7 @@ class _Engine:
         if self.several_ranks:
             # vLLM's shutdown destroys its own groups, then the default one: the launcher's,
             # which the fit trains with. That one stays.
-            with _default_group_kept():
+            with default_group_kept():
                 self.llm.llm_engine.engine_core.shutdown()
                 del self.llm
                 gc.collect()
@@ -291,30 +240,6 @@ class _Engine:
         self.folder.cleanup()
 
 
-@contextlib.contextmanager
-def _default_group_kept():
-    """Inside the block, ``torch.distributed.destroy_process_group`` spares the default group.
-
-    vLLM's engine shutdown ends with ``destroy_distributed_environment``, which calls
-    ``destroy_process_group()``: with no argument torch destroys the default group and
-    every other one. Its own groups, destroyed one by one, still go; after the default
-    group is gone (the script destroyed it), they went with it and nothing is left to do.
-    """
-    import torch.distributed as dist
-
-    destroy = dist.destroy_process_group
-
-    def destroy_all_but_the_default(group=None):
-        if group is not None and dist.is_initialized():
-            destroy(group)
-
-    dist.destroy_process_group = destroy_all_but_the_default
-    try:
-        yield
-    finally:
-        dist.destroy_process_group = destroy
-
-
 _AT_EXIT: list = []
 
 
@@ -323,40 +248,6 @@ def _close_at_exit() -> None:
         close()
     except Exception as error:  # pragma: no cover - at exit, a failed close only logs
         logger.warning("closing the vLLM engine at exit failed: %r", error)
-
-
-def _check_ranks() -> None:
-    """Refuse what a fit of several ranks cannot sample with (never silently).
-
-    Each rank's engine holds the whole policy and samples that rank's prompts. A
-    policy sharded by FSDP has no rank with its whole weights to push, and an
-    engine split over ranks (tensor, pipeline or data parallel) would have them
-    sample the same prompts in lockstep.
-    """
-    from . import distributed
-
-    if distributed.world_size() <= 1:
-        return
-    where = f"this process is rank {distributed.rank()} of {distributed.world_size()}"
-    if get_config()["distributed"] == "fsdp":  # FSDP shards the policy: distributed.sharded()
-        raise ValueError(
-            f"generation='vllm' does not support distributed='fsdp' ({where}): each rank's "
-            "engine holds the whole model, and a policy sharded by FSDP would need its full "
-            "weights gathered on every rank for each push, which is not built. Use "
-            "distributed='ddp' (the default) or generation='native'."
-        )
-    split = {
-        name: engine_options[name]
-        for name in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")
-        if engine_options.get(name, 1) != 1
-    }
-    if split:
-        raise ValueError(
-            f"generation='vllm' in a fit of several ranks ({where}) gives each rank its own "
-            f"engine, holding the whole model, for that rank's own prompts; engine_options "
-            f"{split} would split one engine over several ranks, which then sample the same "
-            "prompts together (not supported). Remove them from engine_options."
-        )
 
 
 def engine_for(model) -> _Engine:
@@ -379,7 +270,7 @@ def engine_for(model) -> _Engine:
     process groups out of the default one): every rank must ask for it at the same
     call, as a fit's rollouts do. Sampling and pushing with it are not.
     """
-    _check_ranks()
+    check_ranks(engine_options)
     base = _base(model)
     key = (base.config.to_json_string(use_diff=False), _dtype_name(base), repr(engine_options))
     engine = _ENGINE.get("engine")
@@ -572,7 +463,7 @@ def dispatch(native):
                 f"generation='vllm' samples transformers causal LMs; {type(model).__name__} "
                 "is not one. Use generation='native' for it."
             )
-        _check_ranks()
+        check_ranks(engine_options)
         return sample(model, prompts, **options)
 
     return sample_with_engine
