@@ -363,7 +363,7 @@ def test_ppo_ptx_keeps_the_language_and_the_reward_gain():
     #   ptx_coef=0.05  gain 0.576 0.595 0.585 0.580 (mean 0.584), loss 1.88 1.81 1.82 1.77
     #   ptx_coef=0.1   gain 0.541 0.534 (seeds 0-1),               loss 1.80 1.74
     # PPO's own seed spread (0.44-0.62) is larger than the mix's cost, so the gain is
-    # compared as a mean over two seeds (0.586 vs 0.553 here; per seed the ratio is
+    # compared as a mean over two seeds (0.532 vs 0.524 here; per seed the ratio is
     # 0.93-1.36). About 35-45 s a run on an idle core, four runs and an SFT fit. At the
     # learning rate these were measured at, 1e-3 (the tiny-model default is now 3e-4, at
     # which 20 steps gain less: 0.42 plain against 0.37 mixed, too little to show the claim).

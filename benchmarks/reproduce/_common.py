@@ -160,13 +160,25 @@ def new_figure(n_panels: int = 1, width: float = 4.5, height: float = 3.4):
 
 
 def commit() -> str:
-    """The checked-out commit (``+dirty`` when the tree has changes), or "unknown"."""
+    """The checked-out commit (``+dirty`` when the tree has changes), or "unknown".
+
+    Changes under ``results/`` (what the scripts write) do not count: a run after
+    another one's results were written, before they are committed, ran the same code.
+    """
     try:
         sha = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
+            [
+                "git",
+                "status",
+                "--porcelain",
+                "--untracked-files=no",
+                "--",
+                ".",
+                f":(exclude){RESULTS}",
+            ],
             cwd=ROOT,
             capture_output=True,
             text=True,
