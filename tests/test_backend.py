@@ -22,7 +22,7 @@ from prefopt.backend import (
     score_sequences,
     truncate_after_eos,
 )
-from prefopt.policies._loop import PolicyLoop
+from prefopt.policies.loop._loop import PolicyLoop
 
 PROMPTS = ["the movie was", "the plot was"]
 DEMOS = [

@@ -29,7 +29,7 @@ from prefopt import (
 )
 from prefopt.backend import EncodedPrompts, distributed
 from prefopt.kl import AdaptiveKLController
-from prefopt.policies._batch import RolloutBatch
+from prefopt.policies.loop._batch import RolloutBatch
 
 N_PROMPTS = 6
 WORLD_KW = dict(n_prompts=N_PROMPTS, random_state=0)
@@ -420,7 +420,7 @@ def _online_refits(rank, out):
     from prefopt.worlds import PreferenceWorld
 
     world = PreferenceWorld(random_state=0)
-    from prefopt.policies import _online
+    from prefopt.policies.loop import _online
 
     rm = RewardModel().fit(world.comparisons(200, random_state=0))
     local, real = [], _online._pairs

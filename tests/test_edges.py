@@ -236,7 +236,7 @@ def _lm(tokenizer, seed):
 @pytest.mark.parametrize("policy_bos, reward_bos", [(True, False), (False, True), (True, True)])
 def test_loop_reward_equals_predict_across_bos_rules_and_cut_responses(policy_bos, reward_bos):
     from prefopt.backend import make_generator
-    from prefopt.policies._rollout import score_responses
+    from prefopt.policies.loop._rollout import score_responses
 
     rm_tok, policy_tok = _bos_tokenizer(reward_bos), _bos_tokenizer(policy_bos)
     rm = RewardModel(

@@ -18,7 +18,7 @@ from prefopt import (
     RLOOPolicy,
 )
 from prefopt.backend import response_logprobs, vllm_engine
-from prefopt.policies._steps import update
+from prefopt.policies.loop._update import update
 from prefopt.worlds import PreferenceWorld
 
 BUILT_IN = [GRPOPolicy, PPOPolicy, RAFTPolicy, ReinforcePlusPlusPolicy, ReinforcePolicy, RLOOPolicy]
@@ -129,7 +129,7 @@ def test_every_built_in_policy_gradient_takes_the_weights(world, cls):
 def test_the_gap_is_logged_each_step_when_an_engine_sampled(world, monkeypatch):
     # The engine's log-probs (what sampled_by_engine takes from the engine's sample) 0.25
     # nats above the policy's on every token.
-    from prefopt.policies import _rollout
+    from prefopt.policies.loop import _rollout
 
     real = _rollout.rollout_once
 
@@ -158,7 +158,7 @@ def test_the_gap_is_logged_each_step_when_an_engine_sampled(world, monkeypatch):
 
 
 def test_the_engine_logprobs_reach_the_batch_only_from_this_call(world):
-    from prefopt.policies._rollout import sampled_by_engine
+    from prefopt.policies.loop._rollout import sampled_by_engine
 
     mask = torch.ones(2, 3)
     vllm_engine._LAST.clear()

@@ -17,8 +17,8 @@ import prefopt
 from prefopt import GRPOPolicy
 from prefopt.backend.generation import EncodedPrompts
 from prefopt.policies import Minibatch, RolloutBatch
-from prefopt.policies._dynamic import varied_groups
 from prefopt.policies.grpo import overlong_penalty, sequence_log_ratio
+from prefopt.policies.loop._dynamic import varied_groups
 from prefopt.worlds import PreferenceWorld
 
 D = torch.float64

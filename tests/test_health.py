@@ -10,7 +10,7 @@ from _tiny import tiny_lm
 
 from prefopt import GRPOPolicy, RLOOPolicy, RunHealthError, RunHealthWarning, SFTPolicy
 from prefopt.lm._health import count_non_finite, loss_blowup, smoothed
-from prefopt.policies._health import dead_groups, health_statistics, reward_collapse
+from prefopt.policies.loop._health import dead_groups, health_statistics, reward_collapse
 
 PROMPTS = ["the movie was", "the plot was", "the movie", "the plot"]
 POLICY_DETECTORS = {

@@ -9,7 +9,7 @@ import prefopt
 from prefopt import GRPOPolicy, PPOPolicy, RAFTPolicy, ReinforcePolicy, RLOOPolicy
 from prefopt.data import check_pretraining_texts
 from prefopt.policies import BasePolicy, store_params
-from prefopt.policies._steps import pretraining_loss
+from prefopt.policies.loop._update import pretraining_loss
 from prefopt.rewards import check_token_rewards
 from prefopt.worlds import PreferenceWorld, TinyLMWorld
 

@@ -11,8 +11,8 @@ import prefopt
 from prefopt import GRPOPolicy, PPOPolicy, RAFTPolicy, ReinforcePolicy, RLOOPolicy
 from prefopt.kl import KLController
 from prefopt.policies import BasePolicy, store_params
-from prefopt.policies._loop import PolicyLoop
 from prefopt.policies._params import COMMON_CONSTRAINTS
+from prefopt.policies.loop._loop import PolicyLoop
 from prefopt.worlds import PreferenceWorld
 
 BUILT_IN = [PPOPolicy, RLOOPolicy, GRPOPolicy, ReinforcePolicy, RAFTPolicy]

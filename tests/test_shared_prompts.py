@@ -245,7 +245,7 @@ def test_models_outside_transformers_keep_the_plain_path():
 
 
 def test_minibatch_order_keeps_each_prompts_samples_together():
-    from prefopt.policies._batch import minibatch_order
+    from prefopt.policies.loop._batch import minibatch_order
 
     index = torch.tensor([5, 5, 5, 2, 2, 2, 7, 7, 7, 5, 5, 5])  # a prompt drawn twice
     order = minibatch_order(index, make_generator(0))

@@ -14,7 +14,7 @@ and the estimator's ``on_unhealthy`` says what a firing does: ``"warn"`` (one
 after that step) or ``"ignore"`` (only recorded). Reading the rows rather than
 keeping state makes the numbers the same for a resumed fit as for an
 uninterrupted one. The supervised detectors (SFT, the reward model, DPO) are
-here; the policies' are in ``prefopt/policies/_health.py``.
+here; the policies' are in ``prefopt/policies/loop/_health.py``.
 """
 
 from __future__ import annotations

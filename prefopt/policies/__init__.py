@@ -6,10 +6,9 @@ documents what it declares and supplies; it reads a :class:`RolloutBatch` and a
 """
 
 from ._base import BasePolicy, store_params
-from ._batch import Minibatch, RolloutBatch, masked_mean, masked_whiten
-from ._contract import Algorithm
 from .dpo import DPOPolicy
 from .grpo import GRPOPolicy
+from .loop import Algorithm, Minibatch, RolloutBatch, masked_mean, masked_whiten
 from .ppo import PPOPolicy
 from .raft import RAFTPolicy
 from .reinforce import ReinforcePolicy

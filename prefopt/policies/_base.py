@@ -6,7 +6,7 @@
 
 An algorithm is a subclass of :class:`BasePolicy` that declares what the loop
 needs and supplies two methods (``_contract.py``). ``fit`` validates, builds the
-fitted state and hands the steps to one :class:`~prefopt.policies._loop.PolicyLoop`
+fitted state and hands the steps to one :class:`~prefopt.policies.loop._loop.PolicyLoop`
 per call (``_loop.py``), which owns the run's state.
 """
 
@@ -30,12 +30,12 @@ from ..lm._run import one_fit_at_a_time
 from ..rewards import call_with_columns, check_reward_columns, check_rewards
 from ..rewards._combined import combine_rewards
 from ..tracking import check_callback
-from . import _online as online
-from ._contract import Algorithm
-from ._health import check_temperature
 from ._inputs import check_ptx, starting_policy
-from ._loop import PolicyLoop, checked_beta, make_optimizer
 from ._params import COMMON_CONSTRAINTS, store_params  # noqa: F401 (store_params re-exported)
+from .loop import Algorithm
+from .loop import _online as online
+from .loop._health import check_temperature
+from .loop._loop import PolicyLoop, checked_beta, make_optimizer
 
 logger = logging.getLogger("prefopt")
 

@@ -18,7 +18,6 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from ..backend import distributed
 from ..kl import FixedKLController, kl_estimate
 from ._base import BasePolicy, store_params
-from ._batch import Minibatch, RolloutBatch, masked_mean
 from ._docs import fill
 from ._group import (  # noqa: F401 (re-exported: prefopt.policies.grpo's public functions)
     STD_EPS,
@@ -28,6 +27,7 @@ from ._group import (  # noqa: F401 (re-exported: prefopt.policies.grpo's public
     overlong_penalty,
     sequence_log_ratio,
 )
+from .loop import Minibatch, RolloutBatch, masked_mean
 
 __all__ = ["GRPOPolicy", "aggregate_token_loss", "group_advantages"]
 

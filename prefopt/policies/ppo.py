@@ -15,8 +15,8 @@ from sklearn.utils._param_validation import Interval
 from ..backend import distributed
 from ..backend.heads import shared_value_model
 from ._base import BasePolicy, store_params
-from ._batch import Minibatch, RolloutBatch, masked_mean, masked_whiten
 from ._docs import fill
+from .loop import Minibatch, RolloutBatch, masked_mean, masked_whiten
 
 __all__ = ["PPOPolicy", "gae"]
 

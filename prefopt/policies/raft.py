@@ -16,8 +16,8 @@ import torch
 from sklearn.utils._param_validation import Interval, StrOptions
 
 from ._base import BasePolicy, store_params
-from ._batch import masked_mean
 from ._docs import fill
+from .loop import masked_mean
 
 __all__ = ["RAFTPolicy", "best_of_k_mask"]
 

@@ -16,9 +16,9 @@ import torch
 from sklearn.utils._param_validation import Interval
 
 from ._base import BasePolicy, store_params
-from ._batch import Minibatch, RolloutBatch, masked_mean, masked_whiten
 from ._docs import fill
 from ._group import clipped_surrogate
+from .loop import Minibatch, RolloutBatch, masked_mean, masked_whiten
 
 __all__ = ["ReinforcePlusPlusPolicy", "reinforce_pp_advantages"]
 

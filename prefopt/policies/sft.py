@@ -23,7 +23,7 @@ from ..data import PreferenceData, check_demonstrations
 from ..lm import GenerativeStep, check_lengths, too_long_error, train_minibatches, truncate_rows
 from ..lm import checkpoint as ckpt
 from ..tracking import check_callback
-from ._batch import masked_mean
+from .loop import masked_mean
 
 __all__ = ["SFTPolicy"]
 

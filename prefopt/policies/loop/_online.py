@@ -18,8 +18,8 @@ import numpy as np
 import torch
 from sklearn.utils import check_random_state
 
-from ..backend import distributed
-from ..data import check_comparisons
+from ...backend import distributed
+from ...data import check_comparisons
 
 
 def start(policy, reward, labeler):

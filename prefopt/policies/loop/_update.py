@@ -1,6 +1,6 @@
 """The gradient passes of one step: ``n_epochs`` x ``n_minibatches`` steps on the loss.
 
-:meth:`PolicyLoop.update <prefopt.policies._loop.PolicyLoop.update>` calls
+:meth:`PolicyLoop.update <prefopt.policies.loop._loop.PolicyLoop.update>` calls
 :func:`update` once per step; it calls the algorithm's ``compute_loss`` and adds
 the terms every algorithm gets (the entropy bonus and the pretraining loss).
 """
@@ -10,9 +10,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..backend import gradient_step, response_logprobs, sequence_values, vllm_engine
-from ..backend._shared_prompts import is_transformers_model
-from ..backend.memory import training_passes
+from ...backend import gradient_step, response_logprobs, sequence_values, vllm_engine
+from ...backend._shared_prompts import is_transformers_model
+from ...backend.memory import training_passes
 from ._batch import Minibatch, RolloutBatch, masked_mean, minibatch_order
 from ._rollout import _now
 

@@ -12,7 +12,7 @@ import warnings
 import numpy as np
 import torch
 
-from ..lm._health import (
+from ...lm._health import (
     NO_LEARNING_SUPERVISED,
     Detector,
     HealthMonitor,

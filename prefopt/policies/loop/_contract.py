@@ -7,7 +7,7 @@ the one optional module an algorithm may train beside the policy (a value model)
 
 from __future__ import annotations
 
-from ..backend import disable_dropout
+from ...backend import disable_dropout
 from ._batch import Minibatch, RolloutBatch
 from ._value import build_value_model
 

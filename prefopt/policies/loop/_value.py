@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import copy
 
-from ..backend import ScalarHeadModel, TokenValueTable, model_vocab_size
-from ..backend.heads import shared_value_model
+from ...backend import ScalarHeadModel, TokenValueTable, model_vocab_size
+from ...backend.heads import shared_value_model
 
 
 def build_value_model(spec, model, reward, tokenizer):

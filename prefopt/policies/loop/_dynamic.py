@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..backend import EncodedPrompts, distributed
+from ...backend import EncodedPrompts, distributed
 from ._batch import RolloutBatch
 
 

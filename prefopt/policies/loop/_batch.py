@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..backend import EncodedPrompts, distributed
+from ...backend import EncodedPrompts, distributed
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

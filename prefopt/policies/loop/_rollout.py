@@ -1,6 +1,6 @@
 """The passes of a rollout: sampling, old and reference log-probs, values, reward, KL.
 
-:meth:`PolicyLoop.rollout <prefopt.policies._loop.PolicyLoop.rollout>` calls
+:meth:`PolicyLoop.rollout <prefopt.policies.loop._loop.PolicyLoop.rollout>` calls
 :func:`sample_and_score` once per step; it reads the loop's prompts and random
 streams, the policy's fitted state and its algorithm's declarations
 (``kl_penalty``, ``recomputes_old_logprobs``, ``training_temperature``).
@@ -13,9 +13,9 @@ import time
 import numpy as np
 import torch
 
-from ..backend import response_logprobs, sequence_values, uses_bf16, vllm_engine
-from ..kl import kl_estimate
-from ..rewards import WeightedRewards, call_with_columns, check_rewards, check_token_rewards
+from ...backend import response_logprobs, sequence_values, uses_bf16, vllm_engine
+from ...kl import kl_estimate
+from ...rewards import WeightedRewards, call_with_columns, check_rewards, check_token_rewards
 from ._batch import RolloutBatch
 from ._dynamic import dynamic_batch
 
@@ -23,7 +23,7 @@ from ._dynamic import dynamic_batch
 def sample_and_score(loop, prompt_rows: np.ndarray) -> RolloutBatch:
     """One step's rollouts: sample, old and reference log-probs, values, scores, KL, rewards.
 
-    ``loop`` is the fit's :class:`~prefopt.policies._loop.PolicyLoop`; the phases'
+    ``loop`` is the fit's :class:`~prefopt.policies.loop._loop.PolicyLoop`; the phases'
     seconds go into the batch's ``timings``. With several rewards, each one's mean
     and std go into ``loop.rollout_stats``; with ``dynamic_sampling`` (DAPO) the
     groups whose rewards all tie are replaced (:func:`dynamic_batch`).

@@ -6,7 +6,7 @@
 parameters and fitted attributes: the prompts and their tokens, the random
 streams and the optimiser (a :class:`~prefopt.lm.RunState`), the checkpoint
 folder, the online refits and the one-time warnings. The passes of a rollout are
-in ``_rollout.py``, the gradient passes of an update in ``_steps.py``.
+in ``_rollout.py``, the gradient passes of an update in ``_update.py``.
 """
 
 from __future__ import annotations
@@ -16,15 +16,15 @@ import time
 
 import torch
 
-from .._config import get_config
-from ..backend import adamw, distributed, vllm_engine
-from ..backend.progress import tqdm
-from ..lm import RunState
-from ..tracking import open_run
+from ..._config import get_config
+from ...backend import adamw, distributed, vllm_engine
+from ...backend.progress import tqdm
+from ...lm import RunState
+from ...tracking import open_run
 from ._batch import RolloutBatch
 from ._health import check_health, health_statistics, policy_monitor
 from ._rollout import sample_and_score
-from ._steps import update
+from ._update import update
 
 # Completions shown per text sample: enough to read what the policy does, not the batch.
 _SAMPLES = 8
