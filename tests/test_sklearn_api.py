@@ -260,8 +260,9 @@ def test_fitted_policy_methods(rm):
     assert len(est.predict(WORLD.prompts)) == 4
     assert all(c in WORLD.responses for c in est.predict(WORLD.prompts))
     assert [len(s) for s in est.sample(WORLD.prompts[:2], n=5)] == [5, 5]
-    # score(X) uses the reward remembered from fit; one sample per prompt.
-    completions = est.predict(WORLD.prompts)
+    # score(X) uses the reward remembered from fit; one sample per prompt (a draw, at the
+    # estimator's random_state, not the greedy predict).
+    completions = [group[0] for group in est.sample(WORLD.prompts)]
     assert est.score(WORLD.prompts) == pytest.approx(float(np.mean(rm(WORLD.prompts, completions))))
 
 

@@ -225,7 +225,8 @@ def sample(
     max_new_tokens : int
         Tokens to draw.
     temperature : float
-        Logits are divided by it.
+        Logits are divided by it; ``0.0`` is greedy decoding, as ``generate(do_sample=False)``
+        (the generator is unused; log-probs are then at temperature 1).
     generator : torch.Generator
         Source of randomness.
     suppress_ids : sequence of int, default=()
@@ -307,11 +308,12 @@ def sample(
     # one-time probe per model pays.
     ready = _ready_mask(model, full_mask) if _may_take_ready_mask(model) else None
     for step in range(max_new_tokens):
-        logits = out.logits[:, -1].float() / temperature  # a new tensor: safe to edit in place
+        # A new tensor, safe to edit in place; greedy (temperature 0) takes the logits as they are.
+        logits = out.logits[:, -1].float() / (temperature or 1.0)
         if suppress is not None:
             logits.index_fill_(-1, suppress, float("-inf"))
         logp = F.log_softmax(logits, dim=-1)
-        token = draw_tokens(logp.exp(), generator)
+        token = draw_tokens(logp.exp(), generator) if temperature else logits.argmax(-1, True)
         tokens[:, step : step + 1] = token
         if return_logprobs:
             logprobs[:, step : step + 1] = logp.gather(-1, token)

@@ -178,12 +178,12 @@ class LanguageModelEstimator(TokenEncoding, BaseEstimator):
         self.model_ = self._load_lm(model, tokenizer, seed=seed)
         self._resolve_sampling(self.model_)
 
-    def _check_max_new_tokens(self, module) -> None:
-        """Refuse a ``max_new_tokens_`` that leaves no room for a prompt in the context."""
+    def _check_max_new_tokens(self, module, n=None) -> None:
+        """Refuse a ``max_new_tokens_`` (or a call's ``n``) that leaves no room for a prompt."""
         context = context_length(module)
-        n = self.max_new_tokens_
+        given = n or getattr(self, "max_new_tokens", None)
+        n = self.max_new_tokens_ if n is None else n
         if context is not None and n >= context:
-            given = getattr(self, "max_new_tokens", None)
             name = f"max_new_tokens={n}" if given else f"max_new_tokens=None (resolved to {n})"
             raise ValueError(
                 f"{name} does not fit the model's context of {context} tokens with a prompt "
@@ -239,19 +239,22 @@ class LanguageModelEstimator(TokenEncoding, BaseEstimator):
         model=None,
         return_logprobs=False,
         prompt_index=None,
+        temperature=None,
+        max_new_tokens=None,
     ):
         """Sample ``max_new_tokens_`` tokens per row, truncated after the first stop token.
 
         Returns ``(response_ids, response_mask, ended)``, and the sampling pass's
         per-token log-probs when ``return_logprobs``. Rows with equal ``prompt_index``
-        hold the same prompt, whose pass then runs once.
+        hold the same prompt, whose pass then runs once. ``temperature`` and
+        ``max_new_tokens`` replace the fitted ones for this call (temperature 0: greedy).
         """
         stops = self._stop_ids() or None  # none: fixed-length responses, all ended
         out = sample(
             self.model_ if model is None else model,
             encoded,
-            max_new_tokens=self.max_new_tokens_,
-            temperature=self.temperature_,
+            max_new_tokens=self.max_new_tokens_ if max_new_tokens is None else max_new_tokens,
+            temperature=self.temperature_ if temperature is None else temperature,
             generator=generator,
             suppress_ids=self._suppress_ids,
             eos_token_id=stops,

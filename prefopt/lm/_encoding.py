@@ -302,11 +302,14 @@ class TokenEncoding:
                     ) from None
             raise batch_error
 
-    def _tokenize_prompts(self, prompts, check_length: bool = True) -> list[list[int]]:
+    def _tokenize_prompts(
+        self, prompts, check_length: bool = True, max_new_tokens=None
+    ) -> list[list[int]]:
         context = context_length(self.model_)
         if check_length:
-            self._check_max_new_tokens(self.model_)
-        limit = None if context is None or not check_length else context - self.max_new_tokens_
+            self._check_max_new_tokens(self.model_, max_new_tokens)
+        new_tokens = self.max_new_tokens_ if max_new_tokens is None else max_new_tokens
+        limit = None if context is None or not check_length else context - new_tokens
         rows = []
         # One call for the whole list: the fast tokenizer batches it.
         encoded = self._prompt_ids(prompts, check_empty=True)
@@ -319,7 +322,7 @@ class TokenEncoding:
                     raise ValueError(
                         f"Prompt at row {i}{kind} has {len(ids)} tokens, more than the {limit} "
                         f"that fit in the model's context ({context}) with max_new_tokens="
-                        f"{self.max_new_tokens_}; shorten it, lower max_new_tokens, or pass "
+                        f"{new_tokens}; shorten it, lower max_new_tokens, or pass "
                         "truncate_prompts=True (text prompts)."
                     )
             rows.append(ids)

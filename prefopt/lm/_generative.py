@@ -42,8 +42,10 @@ class GenerativeEstimator(LanguageModelEstimator):
         with local_seed(int(seeds[3])):
             super()._setup_reference()
 
-    def sample(self, X, n: int = 1, *, random_state=None) -> list[list[str]]:
-        """Sample ``n`` completions for each prompt.
+    def sample(
+        self, X, n: int = 1, *, temperature=None, max_new_tokens=None, random_state=None
+    ) -> list[list[str]]:
+        """Sample ``n`` completions for each prompt (random; :meth:`predict` is greedy).
 
         Parameters
         ----------
@@ -52,6 +54,11 @@ class GenerativeEstimator(LanguageModelEstimator):
             the tokenizer's chat template and its generation prompt.
         n : int, default=1
             Completions per prompt.
+        temperature : float, default=None
+            Divide the logits by this; ``None`` is the sampling temperature of
+            the fit (``temperature_``), ``0.0`` greedy decoding.
+        max_new_tokens : int, default=None
+            The most tokens per completion; ``None`` is ``max_new_tokens_``.
         random_state : int, RandomState instance or None, default=None
             ``None`` uses the estimator's ``random_state``: the same call gives
             the same completions.
@@ -64,6 +71,7 @@ class GenerativeEstimator(LanguageModelEstimator):
         """
         check_is_fitted(self)
         prompts = check_prompts(X)
+        what = f"{type(self).__name__}.sample"
         if isinstance(n, bool) or not isinstance(n, Integral):
             raise TypeError(
                 f"n must be an int, the number of completions per prompt; got {n!r} "
@@ -71,37 +79,75 @@ class GenerativeEstimator(LanguageModelEstimator):
             )
         if n < 1:
             raise ValueError(f"n must be >= 1; got {n!r}.")
+        if temperature is not None and (
+            isinstance(temperature, bool)
+            or not isinstance(temperature, Real)
+            or not (math.isfinite(temperature) and temperature >= 0)
+        ):
+            raise ValueError(
+                f"{what}: temperature must be a finite number >= 0 (the logits are divided by "
+                f"it; 0.0 is greedy decoding, None the fit's temperature_={self.temperature_:g});"
+                f" got {temperature!r}."
+            )
+        _check_max_new_tokens_arg(max_new_tokens, what)
         # The same check as the constructors' random_state, naming the parameter.
         validate_parameter_constraints(
             {"random_state": ["random_state"]},
             {"random_state": random_state},
-            caller_name=f"{type(self).__name__}.sample",
+            caller_name=what,
         )
-        tokens = self._tokenize_prompts(prompts)
-        _check_finite_weights(self.model_, type(self).__name__)
-        generator = make_generator(self.random_state if random_state is None else random_state)
-        rows = np.repeat(np.arange(len(prompts)), n)
-        out = []
-        size = get_config()["eval_batch_size"]
-        for start in range(0, len(rows), size):
-            chunk = rows[start : start + size]
-            ids, mask, _ = self._generate(self._encode([tokens[i] for i in chunk]), generator)
-            out.extend(self._decode(ids, mask))
-        return [out[i * n : (i + 1) * n] for i in range(len(prompts))]
+        return self._completions(
+            prompts,
+            n,
+            temperature=temperature,
+            max_new_tokens=max_new_tokens,
+            random_state=self.random_state if random_state is None else random_state,
+        )
 
-    def predict(self, X) -> list[str]:
-        """One sampled completion per prompt (what a ``Pipeline`` calls).
+    def predict(self, X, *, max_new_tokens=None) -> list[str]:
+        """The greedy completion of each prompt: deterministic (:meth:`sample` draws).
+
+        The most likely token at each step, as ``model_.generate(do_sample=False)``;
+        this is what a ``Pipeline`` returns. The fit's sampling temperature does not
+        apply; to draw a completion, use :meth:`sample`.
 
         Parameters
         ----------
         X : list of str or of conversations, or table with a ``prompt`` column
             Prompts.
+        max_new_tokens : int, default=None
+            The most tokens per completion; ``None`` is ``max_new_tokens_``.
 
         Returns
         -------
         completions : list of str
         """
-        return [c[0] for c in self.sample(X, n=1)]
+        check_is_fitted(self)
+        prompts = check_prompts(X)
+        _check_max_new_tokens_arg(max_new_tokens, f"{type(self).__name__}.predict")
+        groups = self._completions(
+            prompts, 1, temperature=0.0, max_new_tokens=max_new_tokens, random_state=0
+        )
+        return [group[0] for group in groups]
+
+    def _completions(self, prompts, n, *, temperature, max_new_tokens, random_state):
+        """``n`` completions per prompt, drawn in ``eval_batch_size`` chunks."""
+        tokens = self._tokenize_prompts(prompts, max_new_tokens=max_new_tokens)
+        _check_finite_weights(self.model_, type(self).__name__)
+        generator = make_generator(random_state)
+        rows = np.repeat(np.arange(len(prompts)), n)
+        out = []
+        size = get_config()["eval_batch_size"]
+        for start in range(0, len(rows), size):
+            chunk = rows[start : start + size]
+            ids, mask, _ = self._generate(
+                self._encode([tokens[i] for i in chunk]),
+                generator,
+                temperature=temperature,
+                max_new_tokens=max_new_tokens,
+            )
+            out.extend(self._decode(ids, mask))
+        return [out[i * n : (i + 1) * n] for i in range(len(prompts))]
 
     @torch.no_grad()
     def log_prob(
@@ -235,6 +281,18 @@ def _one_fit_at_a_time(fit):
 
     guarded_fit._one_fit_at_a_time = True
     return guarded_fit
+
+
+def _check_max_new_tokens_arg(max_new_tokens, what: str) -> None:
+    if max_new_tokens is not None and (
+        isinstance(max_new_tokens, bool)
+        or not isinstance(max_new_tokens, Integral)
+        or max_new_tokens < 1
+    ):
+        raise ValueError(
+            f"{what}: max_new_tokens must be an int >= 1 (the most tokens per completion) or "
+            f"None (the fitted max_new_tokens_); got {max_new_tokens!r}."
+        )
 
 
 def _check_finite_weights(model, name: str) -> None:

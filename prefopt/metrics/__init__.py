@@ -4,8 +4,10 @@ Each ``make_*`` function returns a scorer that can be given as ``scoring=`` to
 :class:`~prefopt.model_selection.SeedSearchCV`, :func:`~prefopt.model_selection.compare`,
 ``GridSearchCV`` or ``cross_validate`` (alone or in a dict of named scorers).
 A scorer draws ``n_samples`` completions per prompt with the policy's
-``sample(X, n=..., random_state=...)`` at a fixed ``random_state`` (an
-estimator without ``sample`` is asked for ``predict(X)``), so the same policy
+``sample(X, n=..., random_state=...)`` at a fixed ``random_state``: every
+scorer here samples, none uses the greedy ``predict`` (a ``Pipeline`` is sampled
+through its last step; only an estimator that cannot sample is asked for
+``predict(X)``), so the same policy
 always gets the same score, scorers with the same ``random_state`` in one dict
 see the same completions, and two candidates of a search are scored on common
 random numbers.

@@ -35,9 +35,15 @@ def _sample_groups(estimator, prompts: list[str], n_samples: int, random_state) 
     """``n_samples`` completions for each prompt, one list per prompt."""
     if hasattr(estimator, "sample"):
         groups = estimator.sample(prompts, n=n_samples, random_state=random_state)
+    elif hasattr(getattr(estimator, "steps", None), "__getitem__") and hasattr(
+        estimator.steps[-1][1], "sample"
+    ):
+        # A Pipeline has no sample(): its last step samples what the steps before pass
+        # on (predict would give the greedy completion, not a draw from the policy).
+        prompts_in = estimator[:-1].transform(prompts) if len(estimator.steps) > 1 else prompts
+        groups = estimator.steps[-1][1].sample(prompts_in, n=n_samples, random_state=random_state)
     elif hasattr(estimator, "predict"):
-        # A Pipeline has no sample(): one completion per prompt from predict, which a
-        # prefopt policy draws with its own random_state.
+        # Anything else with predict only: its one completion per prompt.
         groups = [[c] for c in estimator.predict(prompts)]
     else:
         raise TypeError(

@@ -114,13 +114,15 @@ class _BestEstimatorMethods:
         check_is_fitted(self, "best_estimator_")
         return self.best_estimator_.log_prob(prompts, completions, **kwargs)
 
-    def predict(self, X) -> list:
-        """One sampled completion per prompt from ``best_estimator_``.
+    def predict(self, X, **kwargs) -> list:
+        """The greedy completion of each prompt from ``best_estimator_``.
 
         Parameters
         ----------
         X : list of str or table with a ``prompt`` column
             Prompts.
+        **kwargs : dict
+            Passed to ``best_estimator_.predict`` (e.g. ``max_new_tokens``).
 
         Returns
         -------
@@ -140,4 +142,4 @@ class _BestEstimatorMethods:
         3
         """
         check_is_fitted(self, "best_estimator_")
-        return self.best_estimator_.predict(X)
+        return self.best_estimator_.predict(X, **kwargs)

@@ -357,6 +357,10 @@ class BasePolicy(Algorithm, GenerativeEstimator):
     def score(self, X, y=None) -> float:
         """Mean reward of one sampled completion per prompt (larger is better).
 
+        It samples (as the fit does, at ``temperature_``), so it estimates the
+        objective the fit maximises; ``reward(X, predict(X))`` scores the greedy
+        completions instead.
+
         Parameters
         ----------
         X : list of str or table with a ``prompt`` column
@@ -383,6 +387,6 @@ class BasePolicy(Algorithm, GenerativeEstimator):
                 "pass one: score(X, y=reward)."
             )
         check_reward_columns(reward, list(columns), f"{type(self).__name__}.score")
-        completions = self.predict(prompts)
+        completions = [group[0] for group in self.sample(prompts, n=1)]
         raw = call_with_columns(reward, prompts, completions, columns)
         return float(np.mean(check_rewards(raw, len(prompts))))
