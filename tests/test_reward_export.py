@@ -71,3 +71,38 @@ def test_linear_reward_has_no_transformers_export(tmp_path):
     rm = RewardModel().fit(world.comparisons(50, random_state=0))
     with pytest.raises(TypeError, match=r"linear in features .* Use save\(folder\)"):
         rm.save_pretrained(tmp_path)
+
+
+def test_the_folders_scoring_helper_gives_predicts_numbers_and_joint_text_differs(tmp_path):
+    import importlib.util
+
+    rm = _fit(tiny_lm())
+    # The word-level tokenizer cannot split 'the' + 'movie' run together: a warning says so.
+    with pytest.warns(UserWarning, match=r"merge tokens across .*'the' \+ 'the'.*score_reward"):
+        rm.save_pretrained(tmp_path)
+    spec = importlib.util.spec_from_file_location("score_reward", tmp_path / "score_reward.py")
+    helper = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(helper)
+    expected = rm.predict(PROMPTS, COMPLETIONS)
+    np.testing.assert_allclose(
+        helper.score(str(tmp_path), PROMPTS, COMPLETIONS, batch_size=3), expected, atol=1e-5
+    )
+    # Tokenizing prompt + completion as one string (with no separator) scores other tokens.
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path)
+    joint = [tokenizer(p + c)["input_ids"] for p, c in zip(PROMPTS, COMPLETIONS)]
+    assert joint != [r[:-1] for r in helper.token_rows(tokenizer, PROMPTS, COMPLETIONS)]
+
+
+def test_no_merge_warning_for_a_character_tokenizer(tmp_path):
+    import warnings
+
+    from prefopt.worlds import ArithmeticWorld
+
+    world = ArithmeticWorld(random_state=0)
+    prompt = world.prompts[0]
+    rm = RewardModel(model=world.model_config(), normalize=False, max_new_tokens=4, random_state=0)
+    rm.fit([(prompt, "4", "5")] * 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rm.save_pretrained(tmp_path)
+    assert (tmp_path / "score_reward.py").exists()

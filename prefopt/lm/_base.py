@@ -35,6 +35,7 @@ from ..backend.serialization import dump_state, restore_state
 from . import _persist
 from ._checkpoint import check_folder
 from ._encoding import TokenEncoding, context_length
+from ._export import export_tokenizer, exported_model
 
 __all__ = ["LanguageModelEstimator", "context_length", "with_lora"]
 
@@ -100,9 +101,17 @@ class LanguageModelEstimator(TokenEncoding, BaseEstimator):
         """Write the fitted model and tokenizer so plain ``transformers`` loads them.
 
         Weights are written as safetensors; ``AutoModelForCausalLM.from_pretrained``
-        and ``AutoTokenizer.from_pretrained`` read the folder back. A policy sharded
-        with ``set_config(distributed="fsdp")`` gathers its full weights: call this on
-        every rank; rank 0 writes.
+        and ``AutoTokenizer.from_pretrained`` read the folder back, and
+        ``pipeline("text-generation", model=directory)`` on a padded batch with
+        ``do_sample=False`` gives :meth:`predict`'s completions (its default samples
+        as :meth:`sample` does). The tokenizer encodes a text prompt as prefopt does
+        (the same BOS) and pads on the left; its pad token has an embedding row (a
+        pad token prefopt added past the model's rows gets one, the mean of the
+        others) and the generation config never samples it; the generation config
+        holds the stop ids, ``max_new_tokens_`` and ``temperature_``. A policy
+        sharded with ``set_config(distributed="fsdp")`` gathers its full weights:
+        call this on every rank; rank 0 writes (there, a pad token past the
+        embedding rows gets no row of its own).
 
         Parameters
         ----------
@@ -126,8 +135,9 @@ class LanguageModelEstimator(TokenEncoding, BaseEstimator):
             if not distributed.is_main():
                 return
         directory = check_folder(directory, "save_pretrained's folder")
-        model.save_pretrained(directory, safe_serialization=True, state_dict=state)
-        self.tokenizer_.save_pretrained(directory)
+        with exported_model(self, model, resize=state is None) as model:
+            model.save_pretrained(directory, safe_serialization=True, state_dict=state)
+        export_tokenizer(self).save_pretrained(directory)
         written = set(os.listdir(directory))
         if "config.json" not in written or not any(f.endswith(".safetensors") for f in written):
             raise OSError(

@@ -3,13 +3,61 @@
 from __future__ import annotations
 
 import copy
+import os
+import warnings
 
 import torch
 from sklearn.utils.validation import check_is_fitted
 
 from ..lm._checkpoint import check_folder
 
-__all__ = ["SequenceClassifierExport", "to_sequence_classifier"]
+__all__ = ["SCORING_HELPER", "SequenceClassifierExport", "to_sequence_classifier"]
+
+# The file save_pretrained writes beside the weights: scoring with transformers alone.
+SCORING_HELPER = "score_reward.py"
+_HELPER_SOURCE = '''"""Score (prompt, completion) pairs as prefopt's RewardModel.predict does.
+
+Needs only torch and transformers. Each prompt and completion are tokenized APART, then
+joined with the stop token: prompt ids (with the tokenizer's BOS) + completion ids + {end}.
+Tokenizing prompt + completion as one string can merge tokens across the boundary (BPE)
+and then scores other tokens than the reward model was fitted on. Rows are right-padded,
+and the classifier reads the last token that is not padding (the stop token).
+
+    import sys; sys.path.insert(0, folder)
+    from score_reward import score
+    score(folder, ["2+2="], ["4"])  # -> array of rewards
+"""
+
+import numpy as np
+import torch
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+END_ID = {end}  # the stop token prefopt appends to a completion
+
+
+def token_rows(tokenizer, prompts, completions):
+    """prompt ids + completion ids + END_ID, each tokenized apart."""
+    prompt_ids = tokenizer(list(prompts))["input_ids"]
+    completion_ids = tokenizer(list(completions), add_special_tokens=False)["input_ids"]
+    return [p + c + [END_ID] for p, c in zip(prompt_ids, completion_ids)]
+
+
+@torch.no_grad()
+def score(folder, prompts, completions, batch_size=16):
+    """One reward per (prompt, completion) pair, as an array."""
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForSequenceClassification.from_pretrained(folder).eval()
+    rows = token_rows(tokenizer, prompts, completions)
+    out = []
+    for start in range(0, len(rows), batch_size):
+        chunk = rows[start : start + batch_size]
+        width = max(len(r) for r in chunk)
+        ids = [r + [tokenizer.pad_token_id] * (width - len(r)) for r in chunk]
+        mask = [[1] * len(r) + [0] * (width - len(r)) for r in chunk]
+        logits = model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask)).logits
+        out.append(logits[:, 0].double().numpy())
+    return np.concatenate(out) if out else np.zeros(0)
+'''
 
 # Where causal LMs keep the norm applied to their last hidden state (GPT-2, BLOOM and
 # Falcon; Llama, Mistral, Qwen and Gemma; OPT's decoder).
@@ -116,7 +164,11 @@ class SequenceClassifierExport:
         reads the last real token (the EOS) as prefopt does. Score right-padded
         rows of prompt + completion + EOS tokens, as :meth:`predict` builds them
         (a causal model's positions then match prefopt's); the tokenizer's pad token
-        must differ from the EOS.
+        must differ from the EOS. The folder's ``score_reward.py`` does this with
+        transformers alone (``score(folder, prompts, completions)`` gives
+        :meth:`predict`'s numbers); a warning says when the tokenizer can merge
+        tokens across the prompt/completion boundary, so that tokenizing
+        ``prompt + completion`` as one string would score other tokens.
 
         Parameters
         ----------
@@ -148,3 +200,39 @@ class SequenceClassifierExport:
         model = to_sequence_classifier(self, set(self._stop_ids()))
         model.save_pretrained(directory, safe_serialization=True)
         self.tokenizer_.save_pretrained(directory)
+        with open(os.path.join(directory, SCORING_HELPER), "w") as f:
+            f.write(_HELPER_SOURCE.format(end=int(self._text_end_id())))
+        merged = _joint_merge(self.tokenizer_)
+        if merged is not None:
+            warnings.warn(
+                f"{type(self).__name__}.save_pretrained: this tokenizer can merge tokens across "
+                f"the prompt/completion boundary ({merged}), so tokenizing prompt + completion "
+                "as one string scores other tokens than this reward model does (it tokenizes "
+                f"them apart). Score the export with {SCORING_HELPER} (written in the folder), "
+                "which tokenizes them apart.",
+                UserWarning,
+                stacklevel=2,
+            )
+
+
+def _joint_merge(tokenizer, n_words: int = 12) -> str | None:
+    """An example where ``tok(a + b)`` differs from ``tok(a) + tok(b)``, or ``None``.
+
+    Probed on pairs of the vocabulary's first ordinary tokens (texts a tokenizer
+    splits only at their boundary, if it never merges across it).
+    """
+    specials = set(tokenizer.all_special_ids)
+    words = []
+    for i in range(len(tokenizer)):
+        text = tokenizer.decode([i])
+        if i not in specials and text.strip() and text not in words:
+            words.append(text)
+        if len(words) == n_words:
+            break
+    encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    for a in words:
+        for b in words:
+            joint, apart = encode(a + b), encode(a) + encode(b)
+            if joint != apart:
+                return f"{a!r} + {b!r}: {joint} as one string, {apart} apart"
+    return None
