@@ -58,4 +58,5 @@ prefopt_api_modules = [
     "prefopt.metrics",
     "prefopt.plotting",
     "prefopt.backend",
+    "prefopt.validation",
 ]

@@ -15,8 +15,9 @@ from numbers import Integral, Real
 import numpy as np
 import torch
 from sklearn.base import BaseEstimator
-from sklearn.utils._param_validation import Interval
 from sklearn.utils.validation import check_is_fitted
+
+from .validation import Interval, validate_params
 
 __all__ = ["KLController", "FixedKLController", "AdaptiveKLController", "kl_estimate"]
 
@@ -120,7 +121,7 @@ class KLController(BaseEstimator):
             Used when the controller's own ``beta`` is None (the policy passes
             its ``beta`` here).
         """
-        self._validate_params()
+        validate_params(self)
         start = self.beta if self.beta is not None else beta
         if start is None:
             raise ValueError(

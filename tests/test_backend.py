@@ -23,6 +23,7 @@ from prefopt.backend import (
     truncate_after_eos,
 )
 from prefopt.policies.loop._loop import PolicyLoop
+from prefopt.validation import validate_params
 
 PROMPTS = ["the movie was", "the plot was"]
 DEMOS = [
@@ -132,7 +133,7 @@ def test_truncation_after_first_eos_in_rollouts():
 
 def _started(policy, reward):
     """The loop of a fresh run of ``policy`` on PROMPTS, before any step."""
-    policy._validate_params()
+    validate_params(policy)
     run, _ = policy._start_run(reward, policy.model)
     policy.reward_model_ = reward
     return PolicyLoop(policy, run=run, prompts=PROMPTS, reward=reward)

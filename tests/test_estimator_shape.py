@@ -15,6 +15,7 @@ from sklearn.exceptions import NotFittedError
 
 import prefopt
 from prefopt import AdaptiveKLController, FixedKLController, KLController, PPOPolicy, RewardModel
+from prefopt.validation import validate_params
 
 KLS = [0.5, 7.0, 12.0, 6.0, 2.0, 6.5, 30.0, 0.0]  # on, above, below target 6; clipped both ways
 
@@ -55,7 +56,7 @@ def test_user_subclass_gets_sample_and_score_and_is_a_valid_kl_parameter():
     assert kl.beta_ == 1.0
     # Base score: minus the standard deviation; [1, 3]: mean 2, deviations 1 -> std 1.
     assert kl.score([1.0, 3.0]) == pytest.approx(-1.0)
-    PPOPolicy(kl=HalvingKL(beta=0.1))._validate_params()  # the policies' constraint accepts it
+    validate_params(PPOPolicy(kl=HalvingKL(beta=0.1)))  # the policies' constraint accepts it
 
 
 def test_base_update_says_what_is_missing():

@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 import torch
 from _tiny import tiny_lm, word_tokenizer
-from sklearn.utils._param_validation import InvalidParameterError
 
 from prefopt import (
     AdaptiveKLController,
@@ -24,6 +23,7 @@ from prefopt import (
     RLOOPolicy,
     SFTPolicy,
 )
+from prefopt.validation import InvalidParameterError
 from prefopt.worlds import PreferenceWorld
 
 ROOT = Path(__file__).resolve().parents[1]

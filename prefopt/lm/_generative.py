@@ -10,12 +10,12 @@ from numbers import Integral, Real
 import numpy as np
 import torch
 from sklearn.utils import check_random_state
-from sklearn.utils._param_validation import validate_parameter_constraints
 from sklearn.utils.validation import check_is_fitted
 
 from .._config import get_config
 from ..backend import local_seed, make_generator, response_logprobs
 from ..data import PreferenceData, check_prompts, check_texts
+from ..validation import validate_parameter_constraints
 from ._base import LanguageModelEstimator
 from ._encoding import context_length
 from ._run import one_fit_at_a_time

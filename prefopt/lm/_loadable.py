@@ -14,7 +14,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
+import inspect
 import re
+
+from ..validation import validate_params
 
 # prefopt's estimators and controllers, by their public names (``prefopt.<Name>``).
 ESTIMATORS = frozenset(
@@ -94,7 +97,7 @@ def build_estimator(name, params: dict, decode):
     cls = estimator_class(name)
     if not isinstance(params, dict):
         raise ValueError(f"The saved parameters of {name} are not a mapping: {params!r}.")
-    known = set(cls._get_param_names())
+    known = set(inspect.signature(cls.__init__).parameters) - {"self"}
     unknown = sorted(set(params) - known)
     if unknown:
         raise ValueError(
@@ -103,8 +106,7 @@ def build_estimator(name, params: dict, decode):
             "changed by hand."
         )
     estimator = cls(**{k: decode(v) for k, v in params.items()})
-    if hasattr(estimator, "_validate_params"):
-        estimator._validate_params()  # the constructor's declared types and ranges
+    validate_params(estimator)  # the constructor's declared types and ranges
     return estimator
 
 

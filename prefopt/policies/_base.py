@@ -30,6 +30,7 @@ from ..lm._run import one_fit_at_a_time
 from ..rewards import call_with_columns, check_reward_columns, check_rewards
 from ..rewards._combined import combine_rewards
 from ..tracking import check_callback
+from ..validation import validate_params
 from ._inputs import check_ptx, starting_policy
 from ._params import COMMON_CONSTRAINTS, store_params  # noqa: F401 (store_params re-exported)
 from .loop import Algorithm
@@ -64,7 +65,9 @@ class BasePolicy(Algorithm, GenerativeEstimator):
 
     Optionally ``after_update(batch)`` runs once per step after the update (a
     moving baseline, say), and ``_parameter_constraints`` validates new
-    parameters. To the loss ``compute_loss`` returns, the loop adds the entropy
+    parameters (``{**BasePolicy._parameter_constraints, "cap":
+    [Interval(Real, 0, None, closed="neither")]}``, with the constraints of
+    :mod:`prefopt.validation`). To the loss ``compute_loss`` returns, the loop adds the entropy
     bonus (``-entropy_coef`` times the minibatch's mean entropy) and the
     pretraining term (``ptx_coef`` times a next-token loss on ``ptx_data``) for
     every algorithm; an algorithm does not see them. What the loop needs is
@@ -212,7 +215,7 @@ class BasePolicy(Algorithm, GenerativeEstimator):
         self : object
             The fitted policy.
         """
-        self._validate_params()
+        validate_params(self)
         check_callback(callback)
         self._check_algorithm_params()
         self._tell_hidden_parameters()

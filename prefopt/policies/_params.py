@@ -5,9 +5,8 @@ from __future__ import annotations
 import os
 from numbers import Integral, Real
 
-from sklearn.utils._param_validation import Interval, StrOptions
-
 from ..kl import KLController
+from ..validation import Interval, StrOptions
 
 COMMON_CONSTRAINTS = {
     "model": "no_validation",

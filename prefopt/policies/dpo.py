@@ -18,7 +18,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from sklearn.utils import check_random_state
-from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 from torch import nn
 
@@ -37,6 +36,7 @@ from ..data import PreferenceData, check_comparisons
 from ..lm import GenerativeStep, check_lengths, too_long_error, train_minibatches, truncate_rows
 from ..lm import checkpoint as ckpt
 from ..tracking import check_callback
+from ..validation import Interval, StrOptions, validate_params
 
 __all__ = ["DPOPolicy"]
 
@@ -309,7 +309,7 @@ class DPOPolicy(GenerativeStep):
         -------
         self : DPOPolicy
         """
-        self._validate_params()
+        validate_params(self)
         check_callback(callback)
         start = self.model
         if isinstance(X, PreferenceData):  # a step of a Pipeline

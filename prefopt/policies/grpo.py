@@ -13,10 +13,10 @@ from __future__ import annotations
 from numbers import Integral, Real
 
 import torch
-from sklearn.utils._param_validation import Interval, StrOptions
 
 from ..backend import distributed
 from ..kl import FixedKLController, kl_estimate
+from ..validation import Interval, StrOptions
 from ._base import BasePolicy, store_params
 from ._docs import fill
 from ._group import (  # noqa: F401 (re-exported: prefopt.policies.grpo's public functions)

@@ -10,10 +10,10 @@ from __future__ import annotations
 from numbers import Real
 
 import torch
-from sklearn.utils._param_validation import Interval
 
 from ..backend import distributed
 from ..backend.heads import shared_value_model
+from ..validation import Interval
 from ._base import BasePolicy, store_params
 from ._docs import fill
 from .loop import Minibatch, RolloutBatch, masked_mean, masked_whiten

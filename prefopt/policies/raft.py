@@ -13,8 +13,8 @@ from __future__ import annotations
 from numbers import Integral
 
 import torch
-from sklearn.utils._param_validation import Interval, StrOptions
 
+from ..validation import Interval, StrOptions
 from ._base import BasePolicy, store_params
 from ._docs import fill
 from .loop import masked_mean

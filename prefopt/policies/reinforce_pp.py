@@ -13,8 +13,8 @@ from __future__ import annotations
 from numbers import Integral, Real
 
 import torch
-from sklearn.utils._param_validation import Interval
 
+from ..validation import Interval
 from ._base import BasePolicy, store_params
 from ._docs import fill
 from ._group import clipped_surrogate

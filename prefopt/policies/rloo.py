@@ -11,8 +11,8 @@ from __future__ import annotations
 from numbers import Integral
 
 import torch
-from sklearn.utils._param_validation import Interval
 
+from ..validation import Interval
 from ._base import BasePolicy, store_params
 from ._docs import fill
 

@@ -14,7 +14,6 @@ from numbers import Integral, Real
 import numpy as np
 import torch
 from sklearn.utils import check_random_state
-from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
 from .._config import get_config
@@ -23,6 +22,7 @@ from ..data import PreferenceData, check_demonstrations
 from ..lm import GenerativeStep, check_lengths, too_long_error, train_minibatches, truncate_rows
 from ..lm import checkpoint as ckpt
 from ..tracking import check_callback
+from ..validation import Interval, StrOptions, validate_params
 from .loop import masked_mean
 
 __all__ = ["SFTPolicy"]
@@ -258,7 +258,7 @@ class SFTPolicy(GenerativeStep):
         -------
         self : SFTPolicy
         """
-        self._validate_params()
+        validate_params(self)
         check_callback(callback)
         if isinstance(X, PreferenceData):  # a step of a Pipeline
             X = X.require("demonstrations", "SFTPolicy")

@@ -8,7 +8,6 @@ from numbers import Integral, Real
 
 import numpy as np
 from sklearn.utils import check_random_state
-from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
 from ..backend import unpad
@@ -16,6 +15,7 @@ from ..data import PreferenceData, check_comparisons, check_texts
 from ..lm import LanguageModelEstimator, check_lengths
 from ..lm._run import one_fit_at_a_time
 from ..tracking import check_callback, open_run
+from ..validation import Interval, StrOptions, validate_params
 from ._export import SequenceClassifierExport
 from ._linear import LinearBradleyTerry
 from ._lm import (
@@ -295,7 +295,7 @@ class RewardModel(
         return self
 
     def _fit(self, X, references, callback) -> None:
-        self._validate_params()
+        validate_params(self)
         check_callback(callback)  # a bad one fails before any training
         model = self.model
         if isinstance(X, PreferenceData):  # a step of a Pipeline
