@@ -17,8 +17,8 @@ from prefopt import (
     ReinforcePolicy,
     RLOOPolicy,
 )
-from prefopt.backend import response_logprobs, vllm_engine
-from prefopt.policies.loop._update import update
+from prefopt.backend import response_logprobs
+from prefopt.backend.samplers import NativeSampler, Samples
 from prefopt.worlds import PreferenceWorld
 
 BUILT_IN = [GRPOPolicy, PPOPolicy, RAFTPolicy, ReinforcePlusPlusPolicy, ReinforcePolicy, RLOOPolicy]
@@ -63,7 +63,7 @@ def policy_step(policy, loop, batch):
         skip = {id(p) for p in policy.value_model_.parameters()}
     params = [p for p in policy.model_.parameters() if p.requires_grad and id(p) not in skip]
     before = [p.detach().clone() for p in params]
-    stats = update(loop, batch)
+    stats = loop.update(batch)
     return [p.detach() - b for p, b in zip(params, before)], stats
 
 
@@ -126,19 +126,24 @@ def test_every_built_in_policy_gradient_takes_the_weights(world, cls):
         torch.testing.assert_close(off, native, rtol=0, atol=0)  # None: no correction
 
 
+class OffsetEngine(NativeSampler):
+    """A sampling engine whose log-probs are the policy's plus ``offset`` on every token."""
+
+    def __init__(self, offset):
+        self.offset = offset
+
+    def sample(self, model, prompts, **options):
+        out = super().sample(model, prompts, **options)
+        engine = (out.logprobs + self.offset) * out.response_mask
+        return Samples(out.response_ids, out.response_mask, out.ended, out.logprobs, engine)
+
+
 def test_the_gap_is_logged_each_step_when_an_engine_sampled(world, monkeypatch):
-    # The engine's log-probs (what sampled_by_engine takes from the engine's sample) 0.25
+    # The engine's log-probs (what the sampler object returns with its samples) 0.25
     # nats above the policy's on every token.
-    from prefopt.policies.loop import _rollout
+    from prefopt.policies.loop import _loop
 
-    real = _rollout.rollout_once
-
-    def with_engine(loop, rows):
-        batch, parts = real(loop, rows)
-        batch.engine_logprobs = (batch.old_logprobs + 0.25) * batch.response_mask
-        return batch, parts
-
-    monkeypatch.setattr(_rollout, "rollout_once", with_engine)
+    monkeypatch.setattr(_loop, "sampler_for", lambda model: OffsetEngine(0.25))
     policy = RLOOPolicy(model=world.policy_model(), k=2, n_steps=3, batch_size=8,
                         vllm_importance_sampling_cap=2.0, random_state=0)  # fmt: skip
     policy.fit(world.prompts, world.true_quality)
@@ -157,25 +162,25 @@ def test_the_gap_is_logged_each_step_when_an_engine_sampled(world, monkeypatch):
     assert not [key for key in native.history_[0] if key.startswith("engine/")]
 
 
-def test_the_engine_logprobs_reach_the_batch_only_from_this_call(world):
-    from prefopt.policies.loop._rollout import sampled_by_engine
+def test_the_engine_logprobs_reach_the_batch_only_from_its_own_sampler(world):
+    # The engine's log-probs travel in the sampler's answer, masked to the response; a
+    # rollout given the native sampler has none, whatever another sampler returned before.
+    policy, loop = set_up(world, RLOOPolicy)
+    rollout = loop.rollout_
+    assert isinstance(rollout.sampler, NativeSampler)
+    rows = np.arange(4) % len(loop.prompts)
+    rollout.sampler = OffsetEngine(-0.5)
+    with torch.inference_mode():
+        engine = rollout(rows, beta=0.1, step=1)
+    torch.testing.assert_close(engine.engine_logprobs,
+                               (engine.old_logprobs - 0.5) * engine.response_mask)  # fmt: skip
+    assert (engine.engine_logprobs[engine.response_mask == 0] == 0).all()
+    rollout.sampler = NativeSampler()
+    with torch.inference_mode():
+        assert rollout(rows, beta=0.1, step=1).engine_logprobs is None
+    from prefopt.backend import vllm_engine
 
-    mask = torch.ones(2, 3)
-    vllm_engine._LAST.clear()
-    assert sampled_by_engine(mask) is None  # the native sampler leaves nothing
-    engine = torch.tensor([[-1.0, -2.0, 0.0], [-0.5, 0.0, 0.0]])
-    vllm_engine._LAST.update(engine=engine, policy=engine, mask=mask)
-    try:
-        torch.testing.assert_close(sampled_by_engine(torch.tensor([[1, 1, 0], [1, 0, 0]])),
-                                   torch.tensor([[-1.0, -2.0, 0.0], [-0.5, 0.0, 0.0]]))  # fmt: skip
-        assert sampled_by_engine(torch.ones(3, 3)) is None  # another call's shape
-        # Every sampling call clears it first: a native call leaves nothing behind.
-        policy = RLOOPolicy(model=world.policy_model(), k=2, n_steps=0, batch_size=8,
-                            random_state=0).fit(world.prompts, world.true_quality)  # fmt: skip
-        policy.predict(world.prompts[:2])
-        assert vllm_engine.last_logprobs() == {}
-    finally:
-        vllm_engine._LAST.clear()
+    assert not hasattr(vllm_engine, "last_logprobs") and not hasattr(vllm_engine, "_LAST")
 
 
 def test_the_cap_is_validated(world):

@@ -221,8 +221,8 @@ def test_health_statistics_by_hand():
         ref_logprobs=torch.tensor([[-1.5] * 5, [-1.0, 0, 0, 0, 0], [-1.0, -1.0, -1.0, 0, 0]]),
         scores=torch.tensor([1.0, 0.0, 2.0]),
     )
-    policy = SimpleNamespace(stop_token_ids_=[eos], _samples_per_prompt=lambda: 1)
-    stats = health_statistics(policy, batch)
+    view = SimpleNamespace(stop_ids=(eos,), k=1, needs_reference=True)
+    stats = health_statistics(view, batch)
     assert stats["response/empty_share"] == pytest.approx(1 / 3)
     assert stats["response/distinct_tokens"] == pytest.approx((1 / 5 + 1) / 2)
     assert stats["response/repeated_ngrams"] == pytest.approx((2 / 3 + 0) / 2)

@@ -98,6 +98,18 @@ def training_view(estimator, names=("model_", "value_model_")):
         estimator.__dict__.update(swapped)
 
 
+def wrapper(module):
+    """The module a training pass of ``module`` goes through: its DDP wrapper, or itself.
+
+    A training pass must go through DistributedDataParallel's ``forward`` for its
+    backward to average the gradients; the policy loop's update holds the wrappers
+    of the modules it trains. ``None`` stays ``None``.
+    """
+    if module is None or world_size() == 1:
+        return module
+    return _WRAPPED.get(module, module)
+
+
 def is_sharded(module) -> bool:
     """Whether ``module`` was sharded in place by :func:`prepare`."""
     return module is not None and module in _SHARDED

@@ -39,6 +39,7 @@ from ._engines import (  # noqa: F401
     load_full_optimizer_state,
     prepare,
     training_view,
+    wrapper,
 )
 from ._process_group import init_from_env, is_main, local_rank, rank, sharded, world_size
 

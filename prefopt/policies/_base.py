@@ -272,9 +272,9 @@ class BasePolicy(Algorithm, GenerativeEstimator):
                 if saved_run is not None:
                     online_log = saved_run.pop("online", None)
                     run.load_state_dict(saved_run)
+            if online_state is not None:  # the refits so far, redone exactly
+                reward = online_state.replay(reward, online_log)
             self.reward_model_ = reward
-            if online_state is not None:
-                online_state.replay(self, online_log)  # the refits so far, redone exactly
             self._loop = loop = PolicyLoop(
                 self,
                 run=run,
@@ -292,9 +292,20 @@ class BasePolicy(Algorithm, GenerativeEstimator):
             maybe_compile(self.ref_model_)
             loop.prepare_distributed()  # DDP or fully_shard under a launcher; else nothing
             with distributed.global_statistics():  # under a launcher: statistics over all ranks
-                loop.train(run.start_step + self.n_steps - self.n_iter_, callback)
+                loop.train(
+                    run.start_step + self.n_steps - self.n_iter_, callback, record=self._record
+                )
             loop.checkpoint = None  # the folder's lock ends with this block
         return self
+
+    def _record(self, result) -> None:
+        """Write one step's :class:`~prefopt.policies.loop._loop.StepResult` into the fit."""
+        self.beta_ = result.beta
+        self.n_iter_ += 1
+        self.n_episodes_ += result.n_episodes
+        self.budget_ = result.budget
+        self.reward_model_ = result.reward
+        self.history_.append(result.row)
 
     def _tell_hidden_parameters(self) -> None:
         """Warn once per class which common parameters its ``__init__`` leaves out."""
@@ -319,7 +330,7 @@ class BasePolicy(Algorithm, GenerativeEstimator):
             # Distributed fits: each rank its own sampling stream (rank 0 keeps this seed's).
             generator=make_generator(distributed.rank_seed(int(seeds[1]))),
             rng=np.random.RandomState(int(seeds[2])),
-            optimizer=make_optimizer(self),
+            optimizer=make_optimizer(self._trained_modules(), self.optimizer, self.learning_rate_),
         )
         return run, start_key
 

@@ -160,6 +160,10 @@ class RolloutBatch:
         the native sampler, which samples from the policy itself. The loss
         never reads them: the step logs their gap to ``old_logprobs``, and
         ``vllm_importance_sampling_cap`` weighs the gradient with them.
+    stats : dict of str to float
+        What the rollout measured besides the tensors, for the step's
+        ``history_`` row: each reward's mean and std when there are several
+        (``rewards/<name>/mean``), and the resampling counts (``sampling/...``).
     """
 
     prompts: EncodedPrompts
@@ -179,6 +183,7 @@ class RolloutBatch:
     returns: torch.Tensor | None = None
     timings: dict = field(default_factory=dict)
     engine_logprobs: torch.Tensor | None = None
+    stats: dict = field(default_factory=dict)
 
     def __len__(self) -> int:
         return self.response_ids.shape[0]

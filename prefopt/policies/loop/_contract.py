@@ -1,8 +1,11 @@
 """The contract of a policy-optimisation algorithm: its declarations and its two methods.
 
 :class:`Algorithm` is what :class:`~prefopt.policies.BasePolicy` mixes in: the
-class-level declarations the loop reads, the methods an algorithm supplies, and
-the one optional module an algorithm may train beside the policy (a value model).
+declarations the loop reads (each with a default), the methods an algorithm
+supplies, the hooks by which it changes the loop (the reference pass, resampling
+of tied groups, modules trained and saved beside the policy), and
+``_step_view``, which gathers once per fit what the step needs
+(:class:`~prefopt.policies.loop._view.StepView`).
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 from ...backend import disable_dropout
 from ._batch import Minibatch, RolloutBatch
 from ._value import build_value_model
+from ._view import StepView
 
 
 class Algorithm:
@@ -59,6 +63,22 @@ class Algorithm:
         class has one (a module, or ``None``: a copy of a language-model reward
         model, else the policy's trunk with a zero head, else one value per
         token), and trained by the same optimiser; ``value_model_`` holds it.
+        :meth:`extra_modules` builds it; an algorithm may override that hook
+        to train other modules.
+    needs_reference : bool, default=True
+        Whether a rollout runs the reference pass. ``False`` (GRPO at beta = 0
+        under a fixed coefficient) skips it: ``ref_logprobs`` is then a copy of
+        ``old_logprobs``, the KL is 0, and the run-health check of learning
+        watches the trained weights instead of the log-prob shift.
+    dynamic_sampling : bool, default=False
+        Replace the groups whose k rewards all tie (zero advantage, no
+        gradient) with groups of freshly drawn prompts, for at most
+        ``max_resamples`` extra rounds a step (Yu et al. 2025's DAPO; a batch
+        still short is filled with tied groups). ``history_`` logs
+        ``sampling/extra_generations``, ``sampling/dropped_groups`` and
+        ``sampling/rounds``. GRPO takes both as parameters.
+    max_resamples : int, default=0
+        The cap on those extra rounds per step.
     tiny_model_learning_rate : float, default=1e-3
         The learning rate ``learning_rate=None`` means for a model under 10M
         parameters (a tiny transformer built from a config); see
@@ -73,6 +93,9 @@ class Algorithm:
     uses_ratio: bool = False
     training_temperature: str | float = "sampling"
     uses_value_model: bool = False
+    needs_reference: bool = True
+    dynamic_sampling: bool = False
+    max_resamples: int = 0
     tiny_model_learning_rate: float = 1e-3
 
     @property
@@ -120,6 +143,33 @@ class Algorithm:
             The step's rollouts.
         """
 
+    def extra_modules(self, reward) -> dict:
+        """The modules trained beside the policy and saved with it, by fitted-attribute name.
+
+        Called once per fresh fit, before the reference is made (so a copy of the
+        policy's trunk is taken from the plain model, never from a LoRA
+        wrapper). By default a value model when ``uses_value_model``, else none.
+        Each module is trained by the fit's optimiser, moved to the device with
+        dropout off, set as the fitted attribute of its name (a lower-case name
+        ending in ``_``), saved by :func:`prefopt.save` and rebuilt by
+        :func:`prefopt.load` (a module type prefopt does not know is passed to
+        ``load`` again by that name).
+
+        Parameters
+        ----------
+        reward : callable
+            The reward given to ``fit``.
+
+        Returns
+        -------
+        modules : dict of str to torch.nn.Module
+        """
+        if not self.uses_value_model:
+            return {}
+        # Only classes with a value_model parameter have one; the type varies.
+        spec = self.get_params(deep=False).get("value_model")
+        return {"value_model_": build_value_model(spec, self.model_, reward, self.tokenizer_)}
+
     # ----- what the loop reads from the declarations ---------------------------------
     def _samples_per_prompt(self) -> int:
         k = self.samples_per_prompt
@@ -135,21 +185,64 @@ class Algorithm:
             raise ValueError(f"kl_penalty must be 'reward' or 'loss'; got {self.kl_penalty!r}.")
 
     def _setup_modules(self, reward) -> None:
-        """The modules beside ``model_``: ``value_model_`` (None unless declared), the reference.
+        """The modules beside ``model_``: those of :meth:`extra_modules`, then the reference.
 
-        The value model is built before the reference is made, so that a copy of the
-        policy's trunk is taken from the plain model, never from its LoRA wrapper.
+        ``value_model_`` is ``None`` when no hook builds one (the loop reads it).
         """
-        module = None
-        if self.uses_value_model:
-            # Only classes with a value_model parameter have one; the type varies.
-            spec = getattr(self, "value_model", None)
-            module = build_value_model(spec, self.model_, reward, self.tokenizer_)
+        modules = self.extra_modules(reward)
         self._setup_reference()  # a frozen copy, or LoRA on model_ with no copy
-        self.value_model_ = (
-            None if module is None else disable_dropout(module).to(self.device_).eval()
-        )
+        self.value_model_ = None
+        self.extra_modules_ = sorted(modules)
+        for name, module in modules.items():
+            setattr(self, name, disable_dropout(module).to(self.device_).eval())
 
     def _trained_modules(self) -> dict:
         """The modules the optimiser trains, by attribute name."""
-        return {"model_": self.model_, "value_model_": self.value_model_}
+        names = self.__dict__.get("extra_modules_", ["value_model_"])
+        return {"model_": self.model_, **{name: getattr(self, name) for name in names}}
+
+    def _step_view(self) -> StepView:
+        """What the step needs of this fitted policy, gathered once per fit."""
+        resample = self.dynamic_sampling and self.max_resamples > 0
+        return StepView(
+            name=type(self).__name__,
+            model=self.model_,
+            value_model=self.value_model_,
+            trained=self._trained_modules(),
+            reference=self._reference,
+            device=self.device_,
+            encode=self._encode,
+            decode=self._decode,
+            pad_responses=self._pad_responses,
+            pad_token_id=self.tokenizer_.pad_token_id,
+            stop_ids=self._stop_ids(),
+            suppress_ids=tuple(self._suppress_ids),
+            k=self._samples_per_prompt(),
+            temperature=self.temperature_,
+            training_temperature=self._training_temperature(),
+            max_new_tokens=self.max_new_tokens_,
+            compute_advantages=self.compute_advantages,
+            compute_loss=self.compute_loss,
+            after_update=self.after_update,
+            kl_penalty=self.kl_penalty,
+            recomputes_old_logprobs=bool(self.recomputes_old_logprobs),
+            needs_reference=bool(self.needs_reference),
+            resample_tied_groups=int(self.max_resamples) if resample else None,
+            batch_size=self.batch_size,
+            n_epochs=self.n_epochs,
+            n_minibatches=self.n_minibatches,
+            n_steps=self.n_steps,
+            learning_rate=self.learning_rate_,
+            lr_schedule=self.lr_schedule,
+            max_grad_norm=self.max_grad_norm,
+            entropy_coef=float(self.entropy_coef),
+            ptx_coef=float(self.ptx_coef),
+            kl_estimator=self.kl_estimator,
+            missing_eos_reward=self.missing_eos_reward,
+            importance_sampling_cap=self.vllm_importance_sampling_cap,
+            max_kl=self.max_kl,
+            max_kl_action=self.max_kl_action,
+            min_eos_share=self.min_eos_share,
+            checkpoint_every=self.checkpoint_every,
+            refit_every=self.refit_every,
+        )

@@ -31,25 +31,25 @@ def varied_groups(scores: torch.Tensor, k: int) -> torch.Tensor:
     return ~(grouped == grouped[:, :1]).all(1)
 
 
-def dynamic_batch(
-    loop, batch: RolloutBatch, parts: dict, rollout_once
-) -> tuple[RolloutBatch, dict]:
+def dynamic_batch(rollout, batch: RolloutBatch, parts: dict, *, beta: float, step: int):
     """``batch`` with its tied groups replaced by varied groups of fresh prompts.
 
-    ``rollout_once(loop, prompt_rows) -> (batch, parts)`` samples and scores new
-    prompts (``_rollout.rollout_once``). Distributed fits: every rank draws as
-    many rounds as the rank that needs the most, so the ranks' prompt streams
-    stay in step.
+    ``rollout`` (a :class:`~prefopt.policies.loop._rollout.Rollout`) samples and
+    scores the new prompts it draws from its run's prompt stream, for at most
+    ``rollout.view.resample_tied_groups`` extra rounds. Distributed fits: every
+    rank draws as many rounds as the rank that needs the most, so the ranks'
+    prompt streams stay in step. Returns the batch, each reward's values and the
+    resampling counts for ``history_``.
     """
-    policy = loop.policy
-    k = policy._samples_per_prompt()
+    view = rollout.view
+    k = view.k
     n_groups = len(batch) // k
     rounds = [(batch, parts, varied_groups(batch.scores, k))]
     have = int(rounds[0][2].sum())
     dropped, extra, count = n_groups - have, 0, 0
-    while count < policy.max_resamples and distributed.any_rank(have < n_groups):
-        rows = distributed.shard(loop.run.next_rows(policy.batch_size // k, len(loop.prompts)))
-        new, new_parts = rollout_once(loop, rows)
+    while count < view.resample_tied_groups and distributed.any_rank(have < n_groups):
+        rows = distributed.shard(rollout.run.next_rows(view.batch_size // k, len(rollout.prompts)))
+        new, new_parts = rollout.once(rows, beta=beta, step=step)
         varied = varied_groups(new.scores, k)
         rounds.append((new, new_parts, varied))
         have += int(varied.sum())
@@ -61,17 +61,15 @@ def dynamic_batch(
     picks = picks[:n_groups]
     ties = torch.nonzero(~rounds[0][2]).flatten()
     picks += [(0, g) for g in ties[: n_groups - len(picks)]]
-    out, out_parts = _take(rounds, picks, k, policy.tokenizer_.pad_token_id)
+    out, out_parts = _take(rounds, picks, k, view.pad_token_id)
     # Counts over all ranks: the step's row averages the ranks' figures (reduce_row).
     ranks = distributed.world_size()
-    loop.rollout_stats.update(
-        {
-            "sampling/extra_generations": float(extra * ranks),
-            "sampling/dropped_groups": float((dropped - max(0, n_groups - have)) * ranks),
-            "sampling/rounds": float(count),
-        }
-    )
-    return out, out_parts
+    stats = {
+        "sampling/extra_generations": float(extra * ranks),
+        "sampling/dropped_groups": float((dropped - max(0, n_groups - have)) * ranks),
+        "sampling/rounds": float(count),
+    }
+    return out, out_parts, stats
 
 
 def _take(rounds, picks, k: int, pad_id: int) -> tuple[RolloutBatch, dict]:

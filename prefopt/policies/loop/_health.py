@@ -47,7 +47,7 @@ def check_temperature(policy) -> None:
 NGRAM = 3  # repeated trigrams: the loops of a degenerate sampler ("the the the", "a b a b a")
 
 
-def health_statistics(policy, batch) -> dict:
+def health_statistics(view, batch) -> dict:
     """A step's columns for the detectors: reward spread, response shape, movement.
 
     ``objective/reward_std`` (the scores' standard deviation),
@@ -61,7 +61,7 @@ def health_statistics(policy, batch) -> dict:
     scores are all equal: no group-relative signal).
     """
     mask = batch.response_mask.bool()
-    stops = torch.as_tensor(list(policy.stop_token_ids_ or []), dtype=batch.response_ids.dtype)
+    stops = torch.as_tensor(list(view.stop_ids), dtype=batch.response_ids.dtype)
     content = mask & ~torch.isin(batch.response_ids, stops.to(batch.response_ids.device))
     ids = batch.response_ids.cpu().numpy()
     keep = content.cpu().numpy()
@@ -81,10 +81,10 @@ def health_statistics(policy, batch) -> dict:
         "response/distinct_tokens": float(np.mean(distinct)) if distinct else 0.0,
         "response/repeated_ngrams": float(np.mean(repeated)) if repeated else 0.0,
     }
-    if getattr(policy, "needs_reference", True):  # else no reference pass: nothing to compare
+    if view.needs_reference:  # else no reference pass: nothing to compare
         shift = ((batch.old_logprobs - batch.ref_logprobs).abs() * mask).sum() / n_tokens
         out["policy/logprob_shift"] = float(shift)
-    k = policy._samples_per_prompt()
+    k = view.k
     if k > 1:  # the loop draws the k samples of a prompt in consecutive rows
         groups = scores.reshape(-1, k)
         out["objective/dead_group_share"] = float((groups == groups[:, :1]).all(1).float().mean())
@@ -145,7 +145,7 @@ def _last(key: str):
     return lambda rows: rows[-1][key]
 
 
-def policy_monitor(policy, *, first_row: int) -> HealthMonitor:
+def policy_monitor(policy, view, *, first_row: int) -> HealthMonitor:
     """The run-health detectors of a policy's fit, with their default thresholds.
 
     - ``reward_collapse``: ``(start - smoothed) / spread``, where ``start`` is the
@@ -207,7 +207,7 @@ def policy_monitor(policy, *, first_row: int) -> HealthMonitor:
             "controller or lower learning_rate.",
         ),
     ]
-    if policy._samples_per_prompt() > 1:
+    if view.k > 1:
         detectors.append(
             Detector(
                 "dead_groups",
@@ -224,17 +224,17 @@ def policy_monitor(policy, *, first_row: int) -> HealthMonitor:
             count_non_finite,
             advice="Lower learning_rate, set max_grad_norm, or check the reward.",
         ),
-        _no_learning(policy),
+        _no_learning(view),
     ]
     return HealthMonitor(policy, detectors, first_row=first_row)
 
 
-def _no_learning(policy) -> Detector:
+def _no_learning(view) -> Detector:
     """``no_learning`` by the log-prob shift, or by the weights where no reference runs."""
-    if getattr(policy, "needs_reference", True):
+    if view.needs_reference:
         threshold, measure, what = NO_LEARNING, _largest_shift, "log-probs"
     else:
-        trained = [m for m in policy._trained_modules().values() if m is not None]
+        trained = [m for m in view.trained.values() if m is not None]
         probe = WeightProbe(p for m in trained for p in m.parameters() if p.requires_grad)
         threshold, measure, what = NO_LEARNING_SUPERVISED, probe.largest_change, "weights"
     return Detector(
@@ -250,27 +250,27 @@ def _no_learning(policy) -> Detector:
 
 def check_health(loop, row: dict) -> None:
     """After a step of ``loop``: a KL beyond ``max_kl`` warns or stops; too few EOS warns once."""
-    policy = loop.policy
+    view = loop.view
     step, kl, eos = row["step"], row["objective/kl"], row["response/eos_share"]
-    if policy.max_kl is not None and kl > policy.max_kl:
+    if view.max_kl is not None and kl > view.max_kl:
         message = (
-            f"{type(policy).__name__}: the KL to the reference reached {kl:.3g} nats at "
-            f"step {step}, beyond max_kl={policy.max_kl}; raise beta, use an adaptive "
+            f"{view.name}: the KL to the reference reached {kl:.3g} nats at "
+            f"step {step}, beyond max_kl={view.max_kl}; raise beta, use an adaptive "
             "KL controller or lower learning_rate."
         )
-        if policy.max_kl_action == "raise":
+        if view.max_kl_action == "raise":
             raise RuntimeError(message + " The last checkpoint (if any) is intact.")
         warnings.warn(message, RuntimeWarning, stacklevel=4)  # the caller of fit
     if (
-        policy.min_eos_share is not None
-        and policy._stop_ids()
-        and policy.missing_eos_reward is not None
-        and eos < policy.min_eos_share
+        view.min_eos_share is not None
+        and view.stop_ids
+        and view.missing_eos_reward is not None
+        and eos < view.min_eos_share
         and loop.run.warn_once("eos_share")
     ):
         warnings.warn(
-            f"{type(policy).__name__}: only {eos:.0%} of responses ended with EOS at "
-            f"step {step}; the fixed missing_eos_reward={policy.missing_eos_reward} "
+            f"{view.name}: only {eos:.0%} of responses ended with EOS at "
+            f"step {step}; the fixed missing_eos_reward={view.missing_eos_reward} "
             "then dominates the reward. Raise max_new_tokens or fine-tune the "
             "model to stop (SFTPolicy).",
             RuntimeWarning,

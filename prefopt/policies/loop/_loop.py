@@ -3,37 +3,42 @@
     rollout (sample, score, KL) -> advantages (the algorithm) -> update -> beta
 
 :class:`PolicyLoop` holds everything a run needs besides the estimator's
-parameters and fitted attributes: the prompts and their tokens, the random
-streams and the optimiser (a :class:`~prefopt.lm.RunState`), the checkpoint
-folder, the online refits and the one-time warnings. The passes of a rollout are
-in ``_rollout.py``, the gradient passes of an update in ``_update.py``.
+parameters and fitted attributes: what the step needs of the policy (a
+:class:`~prefopt.policies.loop._view.StepView`, gathered once), the prompts and
+their tokens, the random streams and the optimiser (a :class:`~prefopt.lm.RunState`),
+its :class:`~prefopt.policies.loop._rollout.Rollout` (given the sampling engine) and
+:class:`~prefopt.policies.loop._update.Update`, the checkpoint folder, the online
+refits and the one-time warnings. A step returns a :class:`StepResult`; the
+estimator's ``fit`` writes it into its fitted attributes.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 
 import torch
 
 from ..._config import get_config
 from ...backend import adamw, distributed, vllm_engine
 from ...backend.progress import tqdm
+from ...backend.samplers import sampler_for
 from ...lm import RunState
 from ...tracking import open_run
 from ._batch import RolloutBatch
 from ._health import check_health, health_statistics, policy_monitor
-from ._rollout import sample_and_score
-from ._update import update
+from ._rollout import Rollout
+from ._update import Update
 
 # Completions shown per text sample: enough to read what the policy does, not the batch.
 _SAMPLES = 8
 
 
-def trainable_parameters(policy) -> list:
+def trainable_parameters(modules: dict) -> list:
     """Parameters of the trained modules, each once (two modules may share a trunk)."""
     seen, params = set(), []
-    for module in policy._trained_modules().values():
+    for module in modules.values():
         for p in [] if module is None else module.parameters():
             if p.requires_grad and id(p) not in seen:
                 seen.add(id(p))
@@ -41,12 +46,12 @@ def trainable_parameters(policy) -> list:
     return params
 
 
-def make_optimizer(policy) -> torch.optim.Optimizer:
-    """The optimiser of a policy's trained parameters, at its ``learning_rate_``."""
-    params = trainable_parameters(policy)
-    if policy.optimizer == "adam":
-        return adamw(params, policy.learning_rate_)  # eps=1e-5, as the original code
-    return torch.optim.SGD(params, lr=policy.learning_rate_)
+def make_optimizer(modules: dict, optimizer: str, learning_rate: float) -> torch.optim.Optimizer:
+    """The optimiser (``"adam"`` or ``"sgd"``) of the trained modules' parameters."""
+    params = trainable_parameters(modules)
+    if optimizer == "adam":
+        return adamw(params, learning_rate)  # eps=1e-5, as the original code
+    return torch.optim.SGD(params, lr=learning_rate)
 
 
 def checked_beta(controller, beta, when: str) -> float:
@@ -77,16 +82,47 @@ def engine_gap(batch: RolloutBatch) -> dict:
     return vllm_engine.logprob_gap(batch.old_logprobs, batch.engine_logprobs, batch.response_mask)
 
 
+@dataclass
+class StepResult:
+    """One step's outcome, which ``fit`` writes into the estimator's fitted attributes.
+
+    Parameters
+    ----------
+    row : dict
+        The ``history_`` row.
+    beta : float
+        The KL coefficient for the next step (``beta_``).
+    n_episodes : int
+        Episodes sampled in the step, over all ranks.
+    budget : dict
+        The run's cumulative budget after the step (``budget_``).
+    reward : callable
+        The reward after the step (an online refit replaces it: ``reward_model_``).
+    batch : RolloutBatch
+        The step's rollouts, with advantages.
+    """
+
+    row: dict
+    beta: float
+    n_episodes: int
+    budget: dict
+    reward: object
+    batch: RolloutBatch
+
+
 class PolicyLoop:
     """The state and the steps of one fit of a policy.
 
     ``BasePolicy.fit`` makes one per call and keeps the last (``warm_start``
     continues its random streams and optimiser); pickling a policy drops it.
+    The steps read the fit's :class:`StepView` (``view``) and nothing else of the
+    estimator; the estimator itself (``policy``) is what checkpoints, callbacks,
+    trackers and the run-health monitor receive.
 
     Parameters
     ----------
     policy : BasePolicy
-        The estimator being fitted; the loop writes its fitted attributes.
+        The estimator being fitted.
     run : RunState
         The random streams, the optimiser and the prompt stream.
     prompts : list of str
@@ -94,7 +130,7 @@ class PolicyLoop:
     columns : dict of str to list, default=None
         The prompt table's other columns, one value per prompt, for the reward.
     reward : callable
-        The reward given to ``fit`` (before any online refit).
+        The reward given to ``fit`` (after the online refits so far).
     ptx_texts : list of str, default=None
         Pretraining texts (``ptx_coef``), tokenised once here.
     checkpoint : Resume, default=None
@@ -119,10 +155,10 @@ class PolicyLoop:
         start_key=None,
     ):
         self.policy = policy
+        self.view = view = policy._step_view()
         self.run = run
         self.prompts = prompts
         self.columns = columns or {}
-        self.rollout_stats: dict = {}  # the last rollout's figures for history_ (per reward)
         self.prompt_tokens = policy._tokenize_prompts(prompts)
         self.ptx_tokens = None if ptx_texts is None else policy._pretraining_tokens(ptx_texts)
         tokenizer = getattr(reward, "tokenizer_", None)  # rewards of any type
@@ -135,92 +171,123 @@ class PolicyLoop:
         self.checkpoint = checkpoint
         self.online = online
         self.start_key = start_key
+        # The step count and cumulative budget the fit continues from (a warm start or a
+        # resumed run keeps counting).
+        self.n_iter = policy.n_iter_
+        self.n_episodes = policy.n_episodes_
+        self.totals = _budget_totals(policy.history_[-1] if policy.history_ else {})
+        self.kl = policy.kl_  # the fit's KL controller
+        self.rollout_ = Rollout(
+            view,
+            sampler_for(view.model),
+            run=run,
+            prompts=prompts,
+            prompt_tokens=self.prompt_tokens,
+            reward=reward,
+            columns=self.columns,
+            scores_tokens=self.scores_tokens,
+        )
+        self.update_ = Update(view, run.optimizer, run.generator, ptx_tokens=self.ptx_tokens)
 
     # ----- one step ---------------------------------------------------------------------
     def rollout(self, prompt_rows) -> RolloutBatch:
-        """One step's rollouts of the prompts ``prompt_rows``, ``samples_per_prompt`` each.
+        """One step's rollouts of the prompts ``prompt_rows``, ``k`` each.
 
         Sampling, the reference, the value model and the reward run once per batch
         under ``inference_mode``; the batch is then cloned into ordinary tensors for
         the update (FSDP reuses its gathered-weight buffers in training, which
         inference tensors forbid, so a sharded model runs under ``no_grad``).
         """
-        sharded = distributed.is_sharded(self.policy.model_)
+        sharded = distributed.is_sharded(self.view.model)
         with torch.no_grad() if sharded else torch.inference_mode():
-            batch = sample_and_score(self, prompt_rows)
+            batch = self.rollout_(prompt_rows, beta=self.kl.beta_, step=self.n_iter + 1)
         return batch.clone()
 
     def update(self, batch: RolloutBatch) -> dict:
         """The gradient passes of one step on ``batch`` (with advantages); their statistics."""
-        with distributed.training_view(self.policy):  # distributed: through the DDP wrappers
-            return update(self, batch)
+        return self.update_(batch, step=self.n_iter + 1).stats
 
     def set_learning_rate(self) -> None:
         """The schedule's learning rate for the next step."""
-        policy = self.policy
-        if policy.lr_schedule == "linear":  # annealed linearly to 0, as the original code
-            frac = 1.0 - (policy.n_iter_ - self.run.start_step) / policy.n_steps
+        view = self.view
+        if view.lr_schedule == "linear":  # annealed linearly to 0, as the original code
+            frac = 1.0 - (self.n_iter - self.run.start_step) / view.n_steps
         else:
             frac = 1.0
         for group in self.run.optimizer.param_groups:
-            group["lr"] = frac * policy.learning_rate_
+            group["lr"] = frac * view.learning_rate
 
-    def step(self, tracked=None) -> dict:
-        """One step: rollout, advantages, update, beta; returns the ``history_`` row.
+    def step(self, tracked=None) -> StepResult:
+        """One step: rollout, advantages, update, beta; returns its :class:`StepResult`.
 
         ``tracked`` (the fit's :class:`~prefopt.tracking.TrackedRun`) gets a text
         sample of the completions every so often.
         """
-        policy, run = self.policy, self.run
+        view, run = self.view, self.run
         self.set_learning_rate()
         start = time.perf_counter()
-        k = policy._samples_per_prompt()
+        k = view.k
         # Distributed fits: every rank draws the same global rows and takes its share.
-        rows = distributed.shard(run.next_rows(policy.batch_size // k, len(self.prompts)))
+        rows = distributed.shard(run.next_rows(view.batch_size // k, len(self.prompts)))
         batch = self.rollout(rows)
-        advantages = policy.compute_advantages(batch)
+        advantages = view.compute_advantages(batch)
         if isinstance(advantages, tuple):
             batch.advantages, batch.returns = advantages
         else:
             batch.advantages = advantages
-        stats = self.update(batch)
-        policy.after_update(batch)
+        update = self.update_(batch, step=self.n_iter + 1)
+        stats = dict(update.stats)
+        view.after_update(batch)
         if self.online is not None:
-            stats.update(self.online.after_step(self, batch))
+            online_stats, self.rollout_.reward = self.online.after_step(
+                self, batch, self.n_iter + 1, self.rollout_.reward
+            )
+            stats.update(online_stats)
         mean_kl = float(distributed.mean(batch.kl.sum(1)))  # over all ranks
         n_episodes = len(batch) * distributed.world_size()  # the global batch
-        policy.beta_ = checked_beta(
-            policy.kl_,
-            policy.kl_.update(mean_kl, n_episodes=n_episodes),
-            f"after step {policy.n_iter_ + 1}",
+        beta = checked_beta(
+            self.kl, self.kl.update(mean_kl, n_episodes=n_episodes), f"after step {self.n_iter + 1}"
         )
-        policy.n_iter_ += 1
-        policy.n_episodes_ += n_episodes
+        self.n_iter += 1
+        self.n_episodes += n_episodes
         elapsed = time.perf_counter() - start
         row = {
-            "step": policy.n_iter_,
-            "episodes": policy.n_episodes_,
+            "step": self.n_iter,
+            "episodes": self.n_episodes,
             "objective/reward": float(batch.scores.mean()),
             "objective/kl": mean_kl,
             "objective/rlhf_reward": float(batch.rlhf_rewards.mean()),
             "objective/beta": batch.beta,
             **stats,
-            **self.rollout_stats,
+            **batch.stats,
             **engine_gap(batch),
             "response/length": float(batch.response_mask.sum(1).float().mean()),
             "response/eos_share": float(batch.ended.float().mean()),
             "charts/learning_rate": run.optimizer.param_groups[0]["lr"],
             "time/episodes_per_s": len(batch) / elapsed,
-            **health_statistics(policy, batch),  # what the run-health detectors read
+            **health_statistics(view, batch),  # what the run-health detectors read
         }
         row = distributed.reduce_row(row, elapsed, len(batch))  # global figures
-        row.update(self.budget(batch, n_episodes, elapsed))
+        budget = self.budget(batch, n_episodes, elapsed, update.gradient_steps)
+        row.update(budget)
         if tracked is not None:
             self.log_samples(tracked, batch)
-        return row
+        return StepResult(
+            row=row,
+            beta=beta,
+            n_episodes=n_episodes,
+            budget={
+                "episodes": budget["budget/episodes"],
+                "tokens": budget["budget/tokens"],
+                "gradient_steps": budget["budget/gradient_steps"],
+                "seconds": budget["time/elapsed"],
+            },
+            reward=self.rollout_.reward,
+            batch=batch,
+        )
 
-    def budget(self, batch: RolloutBatch, n_episodes: int, elapsed: float) -> dict:
-        """The run's cumulative budget after this step, as ``history_`` columns; sets ``budget_``.
+    def budget(self, batch: RolloutBatch, n_episodes: int, elapsed: float, steps: int) -> dict:
+        """The run's cumulative budget after this step, as ``history_`` columns.
 
         Comparisons of algorithms are fair only at a matched budget (Engstrom et
         al. 2020 trace PPO's gains to such unmatched details): ``budget/episodes``
@@ -230,52 +297,46 @@ class PolicyLoop:
         continue from the last ``history_`` row, so a warm start or a resumed run
         keeps counting.
         """
-        policy = self.policy
-        before = policy.history_[-1] if policy.history_ else {}
         tokens = float(distributed.mean(batch.response_mask.sum().float()))
-        size = max(1, len(batch) // policy.n_minibatches)  # as the update's minibatches
         this_step = {
             "budget/episodes": n_episodes,
             "budget/tokens": int(round(tokens * distributed.world_size())),
-            "budget/gradient_steps": policy.n_epochs * math.ceil(len(batch) / size),
+            "budget/gradient_steps": steps,
             "time/elapsed": elapsed,
         }
-        totals = {key: before.get(key, 0) + value for key, value in this_step.items()}
-        policy.budget_ = {
-            "episodes": totals["budget/episodes"],
-            "tokens": totals["budget/tokens"],
-            "gradient_steps": totals["budget/gradient_steps"],
-            "seconds": totals["time/elapsed"],
-        }
-        return totals
+        self.totals = {key: self.totals[key] + value for key, value in this_step.items()}
+        return dict(self.totals)
 
-    def train(self, n_steps: int, callback=None) -> None:
-        """``n_steps`` steps, each logged to ``history_``, checked and checkpointed.
+    def train(self, n_steps: int, callback=None, *, record) -> None:
+        """``n_steps`` steps, each recorded, logged, checked and checkpointed.
 
-        The trackers of ``set_config(report_to=...)`` and the loggers among
-        ``callback`` open (and log the parameters) before the first step and close
-        with the fit; each row goes to them, to ``verbose`` and to the callbacks.
+        ``record(result)`` (the estimator's) writes each :class:`StepResult` into
+        the fitted attributes before the health checks, the checkpoint and the
+        callbacks read them. The trackers of ``set_config(report_to=...)`` and the
+        loggers among ``callback`` open (and log the parameters) before the first
+        step and close with the fit; each row goes to them, to ``verbose`` and to
+        the callbacks.
         """
-        policy = self.policy
-        total = policy.n_iter_ + max(n_steps, 0)
+        policy, view = self.policy, self.view
+        total = self.n_iter + max(n_steps, 0)
         show = get_config()["show_progress_bar"] and distributed.is_main()  # rank 0 alone
-        name = type(policy).__name__
         # The detectors read the run's whole history_: a warm start continues the run, and
         # its rows then equal those of one uninterrupted fit.
-        health = policy_monitor(policy, first_row=0)
-        with open_run(policy, callback, name=name, total=total) as tracked:
-            bar = tqdm(range(max(n_steps, 0)), desc=name, disable=not show, leave=False)
+        health = policy_monitor(policy, view, first_row=0)
+        with open_run(policy, callback, name=view.name, total=total) as tracked:
+            bar = tqdm(range(max(n_steps, 0)), desc=view.name, disable=not show, leave=False)
             for _ in bar:
-                row = self.step(tracked)
-                policy.history_.append(row)
+                result = self.step(tracked)
+                record(result)
+                row = result.row
                 check_health(self, row)
                 unhealthy = health.observe()  # the health/ columns; True: on_unhealthy="stop"
                 bar.set_postfix(
                     reward=f"{row['objective/reward']:.3f}", kl=f"{row['objective/kl']:.3f}"
                 )
-                last = policy.n_iter_ == total
+                last = self.n_iter == total
                 if self.checkpoint is not None and (
-                    policy.n_iter_ % policy.checkpoint_every == 0 or last
+                    self.n_iter % view.checkpoint_every == 0 or last
                 ):
                     self.save_checkpoint()
                 stop = tracked(policy, row) or unhealthy
@@ -286,20 +347,19 @@ class PolicyLoop:
 
     def log_samples(self, tracked, batch: RolloutBatch) -> None:
         """A few of the step's prompts and completions as text, when a tracker wants them."""
-        step = self.policy.n_iter_
-        if not tracked.samples_due(step):
+        if not tracked.samples_due(self.n_iter):
             return
         n = min(len(batch), _SAMPLES)
         prompts = [self.prompts[int(i)] for i in batch.prompt_index[:n]]
-        completions = self.policy._decode(batch.response_ids[:n], batch.response_mask[:n])
-        tracked.log_samples(prompts, completions, step, batch.scores[:n].tolist())
+        completions = self.view.decode(batch.response_ids[:n], batch.response_mask[:n])
+        tracked.log_samples(prompts, completions, self.n_iter, batch.scores[:n].tolist())
 
     def save_checkpoint(self) -> None:
         """Write the policy's fitted state and this run's state to the checkpoint folder."""
         state = self.run.state_dict()
-        if distributed.is_sharded(self.policy.model_):  # FSDP: gather the moments (collective)
+        if distributed.is_sharded(self.view.model):  # FSDP: gather the moments (collective)
             state["optimizer"] = distributed.full_optimizer_state(
-                self.policy._trained_modules(), self.run.optimizer
+                self.view.trained, self.run.optimizer
             )
         if self.online is not None:
             state["online"] = self.online.state_dict()
@@ -307,18 +367,39 @@ class PolicyLoop:
 
     # ----- distributed fits ---------------------------------------------------------------
     def prepare_distributed(self) -> None:
-        """Under a process group: DDP beside the trained modules, or FSDP's fully_shard."""
+        """Under a process group: DDP beside the trained modules, or FSDP's fully_shard.
+
+        The update's training passes then go through the DDP wrappers (their backward
+        averages the gradients); the modules themselves stay what checkpoints read.
+        """
         if distributed.world_size() == 1:
             return
-        policy = self.policy
-        before = [id(p) for p in trainable_parameters(policy)]
-        for module in policy._trained_modules().values():
-            distributed.prepare(module, policy.device_)
+        view = self.view
+        trained = view.trained
+        before = [id(p) for p in trainable_parameters(trained)]
+        for module in trained.values():
+            distributed.prepare(module, view.device)
         if distributed.sharded() and get_config()["fsdp_frozen"] == "shard":
-            distributed.prepare(policy.ref_model_, policy.device_)
-        if [id(p) for p in trainable_parameters(policy)] != before:  # fully_shard's new ones
-            old, self.run.optimizer = self.run.optimizer, make_optimizer(policy)
+            with view.reference() as reference:
+                if reference is not view.model:
+                    distributed.prepare(reference, view.device)
+        self.update_.model, self.update_.value_model = (
+            distributed.wrapper(view.model), distributed.wrapper(view.value_model)
+        )  # fmt: skip
+        if [id(p) for p in trainable_parameters(trained)] != before:  # fully_shard's new ones
+            old = self.run.optimizer
+            self.run.optimizer = make_optimizer(trained, _kind(old), view.learning_rate)
+            self.update_.optimizer = self.run.optimizer
             if old.state:  # a resumed run's moments, loaded whole into every rank: shard them
-                distributed.load_full_optimizer_state(
-                    policy._trained_modules(), self.run.optimizer, old.state_dict()
-                )
+                distributed.load_full_optimizer_state(trained, self.run.optimizer, old.state_dict())
+
+
+def _kind(optimizer) -> str:
+    """``"sgd"`` for an SGD optimiser, else ``"adam"`` (make_optimizer's two kinds)."""
+    return "sgd" if isinstance(optimizer, torch.optim.SGD) else "adam"
+
+
+def _budget_totals(row: dict) -> dict:
+    """The cumulative budget columns of a ``history_`` row (0 before the first step)."""
+    keys = ("budget/episodes", "budget/tokens", "budget/gradient_steps", "time/elapsed")
+    return {key: row.get(key, 0) for key in keys}

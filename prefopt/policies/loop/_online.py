@@ -77,18 +77,20 @@ class OnlineRewards:
         """The refit log, JSON-describable (for checkpoints)."""
         return self.log
 
-    def replay(self, policy, log) -> None:
-        """Redo the refits of ``log`` on the reward given to ``fit``."""
+    def replay(self, reward, log):
+        """The reward given to ``fit`` with the refits of ``log`` redone; returns it."""
         for record in log or []:
-            self._apply(policy, record)
+            reward, _ = self._apply(reward, record)
+        return reward
 
-    def after_step(self, loop, batch) -> dict:
-        """On every ``refit_every``-th step of ``loop``: label pairs of its samples and refit."""
-        policy = loop.policy
+    def after_step(self, loop, batch, step: int, reward) -> tuple[dict, object]:
+        """On every ``refit_every``-th ``step`` of ``loop``: label pairs of its samples, refit.
+
+        Returns the statistics for ``history_`` and the reward (refitted, or as given).
+        """
         stats = {"reward/refits": float(len(self.log))}
-        step = policy.n_iter_ + 1  # this step's number (the loop counts it after the update)
-        if step % policy.refit_every:
-            return stats
+        if step % loop.view.refit_every:
+            return stats, reward
         # Distributed fits: every rank's pairs, in rank order (the global batch's order), so
         # every rank labels the same pairs with the same seed and refits the same reward.
         shares = distributed.gather_objects(_pairs(loop, batch))
@@ -109,7 +111,7 @@ class OnlineRewards:
                 len(keep),
             )
         record["labels"] = labels.tolist()
-        accuracy = self._apply(policy, record)
+        reward, accuracy = self._apply(reward, record)
         stats.update(
             {
                 "reward/refits": float(len(self.log)),
@@ -118,13 +120,13 @@ class OnlineRewards:
                 "reward/online_accuracy": accuracy,
             }
         )
-        return stats
+        return stats, reward
 
-    def _apply(self, policy, record: dict) -> float:
-        """Refit a copy of the current reward on the record's pairs; its accuracy before."""
+    def _apply(self, reward, record: dict) -> tuple[object, float]:
+        """A copy of ``reward`` refitted on the record's pairs, and its accuracy before."""
         self.log.append(record)
         if not record["labels"]:
-            return float("nan")
+            return reward, float("nan")
         chosen, rejected = [], []
         for a, b, label in zip(record["a"], record["b"], record["labels"]):
             chosen.append(a if label == 0 else b)
@@ -132,15 +134,14 @@ class OnlineRewards:
         data = check_comparisons(
             {"prompt": record["prompts"], "chosen": chosen, "rejected": rejected}
         )
-        old = policy.reward_model_
+        old = reward
         accuracy = float(
             np.mean(
                 np.asarray(old(data.prompt, data.chosen))
                 > np.asarray(old(data.prompt, data.rejected))
             )
         )
-        policy.reward_model_ = _warm_copy(old).partial_fit(data, random_state=record["seed"])
-        return accuracy
+        return _warm_copy(old).partial_fit(data, random_state=record["seed"]), accuracy
 
 
 def _pairs(loop, batch) -> tuple[list, list, list]:
@@ -148,10 +149,10 @@ def _pairs(loop, batch) -> tuple[list, list, list]:
 
     At k = 1 one more sample of each prompt is drawn to pair with it.
     """
-    policy = loop.policy
-    k = policy._samples_per_prompt()
+    view = loop.view
+    k = view.k
     rows = batch.prompt_index.cpu().numpy()
-    texts = policy._decode(batch.response_ids, batch.response_mask)
+    texts = view.decode(batch.response_ids, batch.response_mask)
     if k >= 2:  # independent samples of the same prompt
         heads = np.array([g + j for g in range(0, len(rows), k) for j in range(0, k - 1, 2)])
         first = [texts[i] for i in heads]
@@ -159,8 +160,17 @@ def _pairs(loop, batch) -> tuple[list, list, list]:
         rows = rows[heads]
     else:
         with torch.inference_mode():
-            ids, mask, _ = policy._generate(batch.prompts, loop.run.generator)
-        first, second = texts, policy._decode(ids, mask)
+            again = loop.rollout_.sampler.sample(
+                view.model,
+                batch.prompts,
+                max_new_tokens=view.max_new_tokens,
+                temperature=view.temperature,
+                generator=loop.run.generator,
+                pad_token_id=view.pad_token_id,
+                suppress_ids=view.suppress_ids,
+                stop_ids=view.stop_ids,
+            )
+        first, second = texts, view.decode(again.response_ids, again.response_mask)
     return [loop.prompts[i] for i in rows], first, second
 
 

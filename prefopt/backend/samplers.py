@@ -1,0 +1,193 @@
+"""Sampling engines as objects: prefopt's own sampler, or a vLLM engine, given to a rollout.
+
+A rollout holds one sampler for the whole fit and calls its ``sample``, which
+returns a :class:`Samples`: the responses truncated after their first stop id,
+their mask, whether each ended, the policy's log-probs of the sampled tokens (the
+sampling pass's), and the engine's own log-probs when an engine other than the
+policy drew them. Nothing the sampler measured travels through module state.
+:func:`sampler_for` picks the one ``set_config(generation=...)`` names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .._config import get_config
+from . import vllm_engine
+from .generation import sample as native_sample
+from .generation import truncate_after_eos
+
+__all__ = ["NativeSampler", "Samples", "VLLMSampler", "sampler_for"]
+
+
+@dataclass
+class Samples:
+    """What one sampling call drew.
+
+    Parameters
+    ----------
+    response_ids, response_mask : torch.Tensor of shape (n, max_new_tokens)
+        Responses truncated after the first stop id, and the mask up to and
+        including it.
+    ended : torch.Tensor of bool, shape (n,)
+        Whether each response holds a stop id.
+    logprobs : torch.Tensor of shape (n, max_new_tokens)
+        The policy's log-probs of the sampled tokens at the sampling temperature.
+    engine_logprobs : torch.Tensor of shape (n, max_new_tokens) or None
+        The sampling engine's own log-probs, 0 outside the mask; ``None`` when
+        the policy itself sampled (the native sampler).
+    """
+
+    response_ids: torch.Tensor
+    response_mask: torch.Tensor
+    ended: torch.Tensor
+    logprobs: torch.Tensor
+    engine_logprobs: torch.Tensor | None = None
+
+
+class NativeSampler:
+    """prefopt's own batched sampler with a KV cache (:func:`prefopt.backend.sample`).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from prefopt.backend import EncodedPrompts
+    >>> from prefopt.worlds import PreferenceWorld
+    >>> model = PreferenceWorld(random_state=0).policy_model()
+    >>> prompts = EncodedPrompts(torch.zeros(2, 1, dtype=torch.long), torch.ones(2, 1))
+    >>> out = NativeSampler().sample(model, prompts, max_new_tokens=1, temperature=1.0,
+    ...                              generator=torch.Generator().manual_seed(0), pad_token_id=0)
+    >>> out.response_ids.shape, out.engine_logprobs is None
+    (torch.Size([2, 1]), True)
+    """
+
+    def sample(
+        self,
+        model,
+        prompts,
+        *,
+        max_new_tokens: int,
+        temperature: float,
+        generator: torch.Generator,
+        pad_token_id: int,
+        suppress_ids=(),
+        stop_ids=(),
+        prompt_index=None,
+    ) -> Samples:
+        """Draw one response a row of ``prompts``; see :class:`Samples`.
+
+        Parameters
+        ----------
+        model : torch.nn.Module
+        prompts : EncodedPrompts
+            Left-padded prompts.
+        max_new_tokens : int
+        temperature : float
+        generator : torch.Generator
+        pad_token_id : int
+            What pads a response after its stop id.
+        suppress_ids : sequence of int, default=()
+            Ids never sampled.
+        stop_ids : sequence of int, default=()
+            The ids that end a response; ``()``: fixed-length responses.
+        prompt_index : torch.Tensor of shape (n,), default=None
+            Rows with equal values hold the same prompt, run once.
+
+        Returns
+        -------
+        samples : Samples
+        """
+        stops = tuple(stop_ids) or None
+        raw, logprobs = native_sample(
+            model,
+            prompts,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            generator=generator,
+            suppress_ids=suppress_ids,
+            eos_token_id=stops,
+            return_logprobs=True,
+            prompt_index=prompt_index,
+        )
+        ids, mask, ended = truncate_after_eos(raw, stops, pad_token_id)
+        return Samples(ids, mask, ended, logprobs)
+
+
+class VLLMSampler:
+    """The sampler of a fit under ``set_config(generation="vllm")``: a rollout holds one.
+
+    Its :meth:`sample` answers as :class:`~prefopt.backend.samplers.NativeSampler`'s
+    does, and returns the engine's own log-probs of the sampled tokens beside the
+    policy's (``Samples.engine_logprobs``). The engine itself is the process's one
+    (see :func:`~prefopt.backend.vllm_engine.engine_for`), built on first use.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The policy, a transformers causal LM (checked here, before any work).
+
+    Examples
+    --------
+    >>> import torch
+    >>> VLLMSampler(torch.nn.Linear(1, 1))
+    Traceback (most recent call last):
+    ...
+    ValueError: generation='vllm' samples transformers causal LMs; Linear is not one...
+    """
+
+    def __init__(self, model):
+        vllm_engine._check_model(model)
+        vllm_engine.check_ranks(vllm_engine.engine_options)
+
+    def sample(self, model, prompts, *, max_new_tokens, temperature, generator, pad_token_id,
+               suppress_ids=(), stop_ids=(), prompt_index=None):  # fmt: skip
+        """Draw one response a row; see :meth:`NativeSampler.sample`.
+
+        Parameters
+        ----------
+        model : torch.nn.Module
+        prompts : EncodedPrompts
+        max_new_tokens : int
+        temperature : float
+        generator : torch.Generator
+        pad_token_id : int
+        suppress_ids : sequence of int, default=()
+        stop_ids : sequence of int, default=()
+        prompt_index : torch.Tensor of shape (n,), default=None
+
+        Returns
+        -------
+        samples : Samples
+            With ``engine_logprobs``, the engine's log-probs after temperature.
+        """
+        stops = tuple(stop_ids) or None
+        tokens, policy, engine = vllm_engine._sample(model, prompts, max_new_tokens=max_new_tokens,
+                                         temperature=temperature, generator=generator,
+                                         suppress_ids=suppress_ids, return_logprobs=True,
+                                         eos_token_id=stops, prompt_index=prompt_index)  # fmt: skip
+        ids, mask, ended = truncate_after_eos(tokens, stops, pad_token_id)
+        return Samples(ids, mask, ended, policy, engine * mask)
+
+
+def sampler_for(model):
+    """The sampler ``set_config(generation=...)`` names, for ``model``.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The policy; ``generation="vllm"`` needs a transformers causal LM.
+
+    Returns
+    -------
+    sampler : NativeSampler or prefopt.backend.vllm_engine.VLLMSampler
+
+    Examples
+    --------
+    >>> type(sampler_for(None)).__name__
+    'NativeSampler'
+    """
+    if get_config()["generation"] != "vllm":
+        return NativeSampler()
+    return VLLMSampler(model)

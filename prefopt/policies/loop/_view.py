@@ -1,0 +1,76 @@
+"""What a step needs of the policy, gathered once per fit: :class:`StepView`.
+
+:meth:`Algorithm._step_view <prefopt.policies.Algorithm>` builds it when a fit
+starts; the loop, its rollout and its update read it and nothing else of the
+estimator. It holds the modules (policy, value model, reference), the
+tokenisation (encode, decode, pad), the sampling settings (stop and suppressed
+ids, k, temperatures), the parameters the step reads, the algorithm's methods and
+its declared hooks (:class:`~prefopt.policies.loop._contract.Algorithm`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class StepView:
+    """The policy as the step sees it: modules, tokenisation, settings, algorithm, hooks.
+
+    Frozen: a step reads it, never writes it; a new fit builds a new one.
+    """
+
+    # who, for messages
+    name: str
+    # the modules
+    model: torch.nn.Module
+    value_model: torch.nn.Module | None
+    trained: dict  # the modules the optimiser trains, by attribute name
+    reference: Callable  # a context manager yielding the frozen reference
+    device: torch.device
+    # tokenisation
+    encode: Callable  # token lists -> EncodedPrompts on the device
+    decode: Callable  # (response_ids, response_mask) -> list of str
+    pad_responses: Callable  # token lists -> (ids, mask), right-padded, on the device
+    pad_token_id: int
+    stop_ids: tuple
+    suppress_ids: tuple
+    # sampling
+    k: int
+    temperature: float
+    training_temperature: float
+    max_new_tokens: int
+    # the algorithm: its methods and declarations
+    compute_advantages: Callable
+    compute_loss: Callable
+    after_update: Callable
+    kl_penalty: str
+    recomputes_old_logprobs: bool
+    needs_reference: bool
+    resample_tied_groups: int | None  # extra rounds of resampling, or None
+    # the parameters the step reads
+    batch_size: int
+    n_epochs: int
+    n_minibatches: int
+    n_steps: int
+    learning_rate: float
+    lr_schedule: str
+    max_grad_norm: float | None
+    entropy_coef: float
+    ptx_coef: float
+    kl_estimator: str
+    missing_eos_reward: float | None
+    importance_sampling_cap: float | None
+    max_kl: float | None
+    max_kl_action: str
+    min_eos_share: float | None
+    checkpoint_every: int
+    refit_every: int | None
+
+    @property
+    def models(self) -> tuple:
+        """The policy and the value model (``None`` when there is none)."""
+        return self.model, self.value_model
