@@ -136,7 +136,7 @@ def _started(policy, reward):
     validate_params(policy)
     run, _ = policy._start_run(reward, policy.model)
     policy.reward_model_ = reward
-    return PolicyLoop(policy, run=run, prompts=PROMPTS, reward=reward)
+    return PolicyLoop(policy, view=policy._step_view(), run=run, prompts=PROMPTS, reward=reward)
 
 
 def test_missing_eos_reward_replaces_the_score():

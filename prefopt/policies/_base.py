@@ -277,6 +277,7 @@ class BasePolicy(Algorithm, GenerativeEstimator):
             self.reward_model_ = reward
             self._loop = loop = PolicyLoop(
                 self,
+                view=self._step_view(),  # what the step needs of this policy, gathered once
                 run=run,
                 prompts=prompts,
                 columns=columns,

@@ -123,6 +123,8 @@ class PolicyLoop:
     ----------
     policy : BasePolicy
         The estimator being fitted.
+    view : StepView
+        What the step needs of it (built by ``fit`` from the policy).
     run : RunState
         The random streams, the optimiser and the prompt stream.
     prompts : list of str
@@ -145,6 +147,7 @@ class PolicyLoop:
         self,
         policy,
         *,
+        view,
         run: RunState,
         prompts,
         reward,
@@ -155,18 +158,18 @@ class PolicyLoop:
         start_key=None,
     ):
         self.policy = policy
-        self.view = view = policy._step_view()
+        self.view = view
         self.run = run
         self.prompts = prompts
         self.columns = columns or {}
-        self.prompt_tokens = policy._tokenize_prompts(prompts)
-        self.ptx_tokens = None if ptx_texts is None else policy._pretraining_tokens(ptx_texts)
+        self.prompt_tokens = view.tokenize_prompts(prompts)
+        self.ptx_tokens = None if ptx_texts is None else view.pretraining_tokens(ptx_texts)
         tokenizer = getattr(reward, "tokenizer_", None)  # rewards of any type
         # Same vocabulary: the reward scores the ids directly, no decoding and re-encoding.
         self.scores_tokens = (
             callable(getattr(reward, "score_tokens", None))
             and tokenizer is not None
-            and tokenizer.get_vocab() == policy.tokenizer_.get_vocab()
+            and tokenizer.get_vocab() == view.tokenizer.get_vocab()
         )
         self.checkpoint = checkpoint
         self.online = online

@@ -32,6 +32,9 @@ class StepView:
     reference: Callable  # a context manager yielding the frozen reference
     device: torch.device
     # tokenisation
+    tokenizer: object
+    tokenize_prompts: Callable  # prompts -> token lists (checked against the context)
+    pretraining_tokens: Callable  # texts -> (context, continuation) token lists
     encode: Callable  # token lists -> EncodedPrompts on the device
     decode: Callable  # (response_ids, response_mask) -> list of str
     pad_responses: Callable  # token lists -> (ids, mask), right-padded, on the device
