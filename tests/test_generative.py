@@ -114,3 +114,41 @@ def test_score_and_scorers_sample_also_through_a_pipeline(sft):
     assert scorer(policy, PROMPTS) == pytest.approx(expected)
     assert scorer(pipe, PROMPTS) == pytest.approx(expected)
     assert pipe.predict(PROMPTS) == policy.predict(PROMPTS)
+
+
+def _length_reward(prompts, completions):
+    return np.array([len(c) for c in completions], dtype=float)
+
+
+def test_a_fit_says_its_response_length_and_warns_when_sft_demonstrations_set_it(
+    sft, caplog, recwarn
+):
+    import logging
+
+    # SFT's longest demonstration: "great ." or "awful ." plus EOS, 3 tokens.
+    assert sft.max_new_tokens_ == 3 and sft.max_new_tokens is None
+    small = dict(k=2, batch_size=4, n_steps=1, random_state=0)
+    with caplog.at_level(logging.INFO, logger="prefopt"):
+        with pytest.warns(
+            UserWarning,
+            match=r"max_new_tokens=None takes 3 tokens from the "
+            r"starting SFTPolicy.*Pass max_new_tokens=",
+        ):
+            policy = RLOOPolicy(model=sft, **small).fit(PROMPTS, _length_reward)
+    assert policy.max_new_tokens_ == 3
+    assert (
+        "RLOOPolicy: sampling up to 3 new tokens per response (the starting SFTPolicy's "
+        "longest demonstration), at temperature 0.7" in caplog.messages
+    )
+    # Given by the user: said, and no warning.
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="prefopt"):
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", UserWarning)
+            RLOOPolicy(model=sft, max_new_tokens=6, **small).fit(PROMPTS, _length_reward)
+    assert (
+        "RLOOPolicy: sampling up to 6 new tokens per response (max_new_tokens), at "
+        "temperature 0.7" in caplog.messages
+    )

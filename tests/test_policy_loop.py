@@ -42,6 +42,7 @@ def test_a_fit_keeps_its_state_in_one_loop_and_the_rest_are_fitted_attributes(wo
         "_fitting",
         "_suppress_ids",
         "_prefix_cache",
+        "_max_new_tokens_from",
     }
     assert "_loop" not in pickle.loads(pickle.dumps(policy)).__dict__
 

@@ -526,13 +526,16 @@ def test_policy_verbose_prints_a_line_per_logging_step(capsys):
     capsys.readouterr()
     _rloo(n_steps=12, verbose=1).fit(WORLD.prompts, rm)
     lines = capsys.readouterr().out.splitlines()
+    # First the length of a response and where it comes from, then the steps.
+    assert lines[0].startswith("RLOOPolicy: sampling up to 1 new tokens per response (")
+    lines = lines[1:]
     assert [line.split(":")[0] for line in lines] == [
         "RLOOPolicy step 10/12",
         "RLOOPolicy step 12/12",
     ]
     assert lines[0].split(": ")[1].startswith("objective/reward ")
     _rloo(n_steps=3, verbose=2).fit(WORLD.prompts, rm)
-    assert len(capsys.readouterr().out.splitlines()) == 3
+    assert len(capsys.readouterr().out.splitlines()) == 1 + 3
     _rloo(n_steps=3).fit(WORLD.prompts, rm)
     assert capsys.readouterr().out == ""
 

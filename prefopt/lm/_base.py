@@ -208,10 +208,12 @@ class LanguageModelEstimator(TokenEncoding, BaseEstimator):
             or getattr(generation_config, "temperature", None)
             or DEFAULT_TEMPERATURE
         )
-        self.max_new_tokens_ = int(
-            getattr(self, "max_new_tokens", None)
-            or getattr(generation_config, "max_new_tokens", None)
-            or DEFAULT_MAX_NEW_TOKENS
+        given = getattr(self, "max_new_tokens", None)
+        configured = getattr(generation_config, "max_new_tokens", None)
+        self.max_new_tokens_ = int(given or configured or DEFAULT_MAX_NEW_TOKENS)
+        # Where the length came from, said at the start of a policy's fit.
+        self._max_new_tokens_from = (
+            "max_new_tokens" if given else "generation_config" if configured else "default"
         )
         vocab = model_vocab_size(module)
         pad = self.tokenizer_.pad_token_id

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import functools
+import logging
 import math
+import warnings
 from contextlib import nullcontext
 from numbers import Integral, Real
 
@@ -14,6 +16,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from .._config import get_config
 from ..backend import local_seed, make_generator, response_logprobs
+from ..backend.progress import verbose_log
 from ..data import PreferenceData, check_prompts, check_texts
 from ..validation import validate_parameter_constraints
 from ._base import LanguageModelEstimator
@@ -41,6 +44,47 @@ class GenerativeEstimator(LanguageModelEstimator):
         seeds = check_random_state(self.random_state).randint(np.iinfo(np.int32).max, size=4)
         with local_seed(int(seeds[3])):
             super()._setup_reference()
+
+    def _tell_sampling(self, start_model=None) -> None:
+        """Say at the start of a fit how many tokens a response may have, and from where.
+
+        Logged on the ``prefopt`` logger (and printed with ``verbose``); a warning when
+        the length is the starting SFT model's longest demonstration, which it wrote
+        into the generation config: a run whose responses should grow longer than the
+        demonstrations (verifiable rewards) would be cut there without a word.
+        """
+        name, n = type(self).__name__, self.max_new_tokens_
+        source = getattr(self, "_max_new_tokens_from", "max_new_tokens")
+        if type(start_model).__name__ == "FrozenEstimator":
+            start_model = start_model.estimator
+        from_demonstrations = (
+            source == "generation_config"
+            and getattr(start_model, "_max_new_tokens_from", None) == "demonstrations"
+        )
+        where = {
+            "max_new_tokens": "max_new_tokens",
+            "generation_config": "the starting model's generation_config.max_new_tokens",
+            "default": "the default, as neither max_new_tokens nor the generation config sets it",
+        }[source]
+        if from_demonstrations:
+            where = f"the starting {type(start_model).__name__}'s longest demonstration"
+        line = (
+            f"{name}: sampling up to {n} new tokens per response ({where}), "
+            f"at temperature {self.temperature_:g}"
+        )
+        logging.getLogger("prefopt").info(line)
+        if getattr(self, "verbose", 0):
+            verbose_log.info(line)
+        if from_demonstrations:
+            warnings.warn(
+                f"{name}: max_new_tokens=None takes {n} tokens from the starting "
+                f"{type(start_model).__name__}, whose longest demonstration (with its stop "
+                f"token) has {n}: responses are cut after {n} tokens. Pass max_new_tokens= "
+                "to choose the length (longer where answers should grow past the "
+                "demonstrations, as with verifiable rewards).",
+                UserWarning,
+                stacklevel=3,  # the caller of fit
+            )
 
     def sample(
         self, X, n: int = 1, *, temperature=None, max_new_tokens=None, random_state=None

@@ -288,6 +288,7 @@ class BasePolicy(Algorithm, GenerativeEstimator):
                 start_key=start_key,
             )
             check_temperature(self)
+            self._tell_sampling(start_model)
             for module in self._trained_modules().values():  # also after a resume
                 maybe_compile(module)  # set_config(compile=...); off by default
             maybe_compile(self.ref_model_)

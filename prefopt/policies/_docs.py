@@ -55,7 +55,8 @@ COMMON_PARAMETERS = """model : str, transformers config, torch module or fitted 
         Same seed, same CPU run. No global seed is set.
     verbose : int
         ``1`` prints a line (step, reward, KL, losses) every 10 steps and at the
-        last, ``2`` every step; no ``logging`` setup needed.
+        last, ``2`` every step; no ``logging`` setup needed. Both first print
+        the response length (``max_new_tokens_``) and where it came from.
     warm_start : bool
         Continue from the fitted state (model, reference, optimiser, beta,
         history) for ``n_steps`` more steps instead of starting over; a linear

@@ -278,6 +278,7 @@ class SFTPolicy(GenerativeStep):
         ptoks, ctoks = self._demonstration_tokens(prompts, completions)
         if self.max_new_tokens is None:
             self.max_new_tokens_ = max(len(c) for c in ctoks)
+            self._max_new_tokens_from = "demonstrations"  # a policy started here says so
         self._check_max_new_tokens(self.model_)  # sampling would fail later otherwise
         generation_config = getattr(self.model_, "generation_config", None)
         if generation_config is not None:

@@ -327,7 +327,9 @@ class PolicyLoop:
         # its rows then equal those of one uninterrupted fit.
         health = policy_monitor(policy, view, first_row=0)
         with open_run(policy, callback, name=view.name, total=total) as tracked:
-            bar = tqdm(range(max(n_steps, 0)), desc=view.name, disable=not show, leave=False)
+            # The length of a response, shown from the start (logged too: _tell_sampling).
+            desc = f"{view.name} (up to {policy.max_new_tokens_} tokens)"
+            bar = tqdm(range(max(n_steps, 0)), desc=desc, disable=not show, leave=False)
             for _ in bar:
                 result = self.step(tracked)
                 record(result)
