@@ -1,5 +1,6 @@
 """A user-written algorithm on the public contract: no private name; the loop does the rest."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -155,3 +156,78 @@ def test_missing_methods_say_what_to_define(world):
 
     with pytest.raises(NotImplementedError, match="compute_advantages"):
         Empty(model=world.policy_model()).fit(world.prompts, world.true_quality)
+
+
+class Hooked(BatchMeanReinforce):
+    """Uses every hook of the contract: no reference pass, resampling of tied groups, and a
+    module trained beside the policy and saved with it (a learned per-prompt baseline)."""
+
+    needs_reference = False
+    dynamic_sampling = True
+    max_resamples = 2
+
+    def extra_modules(self, reward):
+        from prefopt.backend import TokenValueTable
+
+        return {"baseline_": TokenValueTable(len(self.tokenizer_))}
+
+    def compute_loss(self, batch, minibatch):
+        loss, stats = super().compute_loss(batch, minibatch)
+        # The baseline of a prompt: the table's value at the prompt's last (left-padded) token.
+        baseline = self.baseline_(batch.prompts.input_ids[minibatch.rows])[:, -1]
+        fit = ((baseline - batch.sequence_rewards[minibatch.rows]) ** 2).mean()
+        return loss + fit, {**stats, "loss/baseline": fit.item()}
+
+
+def test_a_user_algorithm_uses_every_hook(world):
+    def ties(prompts, completions):  # every group ties: resampling runs all its rounds
+        return np.zeros(len(completions))
+
+    policy = Hooked(model=world.policy_model(), k=2, n_steps=2, random_state=0)
+    with pytest.warns(prefopt.RunHealthWarning):  # a constant reward: dead groups
+        policy.fit(world.prompts, ties)
+    batch = policy._loop.rollout(np.arange(4))
+    # needs_reference = False: no reference pass, a KL of 0, no log-prob shift measured.
+    torch.testing.assert_close(batch.ref_logprobs, batch.old_logprobs, rtol=0, atol=0)
+    assert all(row["objective/kl"] == 0.0 for row in policy.history_)
+    assert not any("policy/logprob_shift" in row for row in policy.history_)
+    # dynamic_sampling with max_resamples = 2: two extra rounds of a whole batch (64) a step.
+    for row in policy.history_:
+        assert row["sampling/rounds"] == 2.0 and row["sampling/extra_generations"] == 128.0
+        assert row["sampling/dropped_groups"] == 64.0  # the 32 groups of each extra round
+    # extra_modules: trained by the fit's optimiser (zeros at the start) and listed.
+    assert policy.extra_modules_ == ["baseline_"]
+    assert policy._loop.view.trained["baseline_"] is policy.baseline_
+    assert policy.value_model_ is None
+
+
+def test_a_user_algorithm_saves_and_loads_with_explicit_registration(world, tmp_path):
+    policy = Hooked(model=world.policy_model(), k=2, n_steps=2, random_state=0)
+    policy.fit(world.prompts, world.true_quality)
+    assert float(policy.baseline_.values.weight.abs().sum()) > 0  # the baseline learned
+    folder = policy.save(tmp_path / "hooked")
+    # The folder names a class of the user's: refused unless the caller allows it.
+    with pytest.raises(ValueError, match=r"Refusing to load the class .*Hooked.*algorithms="):
+        prefopt.load(folder, reward=None, model_=world.policy_model())
+    with pytest.raises(TypeError, match="algorithms="):
+        prefopt.load(folder, algorithms=[dict], reward=None, model_=world.policy_model())
+    loaded = prefopt.load(folder, algorithms=[Hooked], reward=None, model_=world.policy_model())
+    assert type(loaded) is Hooked and loaded.get_params() == {**policy.get_params(), "model": None}
+    assert loaded.extra_modules_ == ["baseline_"]
+    torch.testing.assert_close(loaded.baseline_.values.weight, policy.baseline_.values.weight)
+    assert torch.equal(loaded.model_.theta, policy.model_.theta)
+    assert loaded.history_ == policy.history_ and loaded.beta_ == policy.beta_
+    assert loaded.sample(world.prompts[:2], n=3) == policy.sample(world.prompts[:2], n=3)
+
+
+def test_the_hooks_have_defaults_on_the_contract():
+    from prefopt.policies import Algorithm
+
+    assert Algorithm.needs_reference is True
+    assert Algorithm.dynamic_sampling is False and Algorithm.max_resamples == 0
+    policy = BatchMeanReinforce()
+    assert policy.extra_modules(reward=None) == {}  # uses_value_model is False
+    assert policy.shared_trunk_modules() == {}
+    assert prefopt.PPOPolicy(value_model="shared").shared_trunk_modules() == {
+        "value_model_": "model_"
+    }

@@ -73,6 +73,27 @@ def test_transformers_policy_round_trips_with_its_value_model(tmp_path):
     assert loaded.score(prompts) == pytest.approx(ppo.score(prompts))
 
 
+def test_a_shared_value_head_is_saved_alone_and_loaded_onto_the_policys_trunk(tmp_path):
+    # PPO declares value_model_ a head on model_'s trunk (shared_trunk_modules): the folder
+    # holds the head and rebuilds it on the loaded policy's own trunk, no second copy.
+    world = TinyLMWorld(random_state=0)
+    ppo = PPOPolicy(model=world.policy_model(), value_model="shared", batch_size=8, n_steps=2,
+                    random_state=0).fit(world.prompts, world.reward)  # fmt: skip
+    with pytest.warns(UserWarning, match="not saved"):
+        folder = ppo.save(tmp_path / "ppo")
+    spec = json.loads((tmp_path / "ppo" / "estimator.json").read_text())["modules"]
+    assert spec["value_model_"] == {"kind": "shared_head", "trunk": "model_"}
+    loaded = prefopt.load(folder, reward=world.reward)
+    trunk = loaded.model_.base_model
+    assert loaded.value_model_.backbone is trunk  # the same module, not a copy
+    for name in ("model_", "value_model_"):
+        for (k, a), b in zip(
+            getattr(ppo, name).state_dict().items(), getattr(loaded, name).state_dict().values()
+        ):
+            assert torch.equal(a, b), (name, k)
+    assert ppo.value_model_.head.weight.abs().sum() > 0  # the head trained: a real round trip
+
+
 def test_load_never_runs_a_planted_pickle(tmp_path, monkeypatch):
     class Boom:
         def __reduce__(self):

@@ -86,6 +86,22 @@ class TokenEncoding:
     ``stop_token_ids`` when the estimator has them.
     """
 
+    # ----- declarations persistence reads -------------------------------------------
+    def shared_trunk_modules(self) -> dict:
+        """Fitted modules that are a head on another fitted module's trunk; none by default.
+
+        A declaration :func:`prefopt.save` and :func:`prefopt.load` read: for
+        ``{"value_model_": "model_"}`` (PPO's ``value_model="shared"``) only the
+        head of ``value_model_`` is saved, and loading puts it on ``model_``'s
+        trunk again (no second copy of the trunk).
+
+        Returns
+        -------
+        trunks : dict of str to str
+            The head module's attribute name to its trunk module's.
+        """
+        return {}
+
     # ----- stop tokens --------------------------------------------------------------
     def _resolve_stop_ids(self, module) -> None:
         """``stop_token_ids_``: ``stop_token_ids``, else the EOS ids of the tokenizer and model.

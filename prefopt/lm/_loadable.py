@@ -51,8 +51,8 @@ def refuse(kind: str, name) -> ValueError:
     return ValueError(
         f"Refusing to load the {kind} {name!r}: a saved folder may name only prefopt's "
         "estimators and KL controllers, transformers' model and config classes, and peft's "
-        "LoraConfig; nothing else is built or imported from a folder. Was it written by "
-        "prefopt.save?"
+        "LoraConfig, and the classes of your own passed as load(folder, algorithms=[...]); "
+        "nothing else is built or imported from a folder. Was it written by prefopt.save?"
     )
 
 
@@ -60,10 +60,33 @@ def _qualname(cls) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def estimator_class(name):
-    """The prefopt estimator or controller a folder names (``prefopt.X`` or its module path)."""
+def user_classes(classes) -> dict:
+    """The estimator classes a caller of ``load`` allows, by their module and qualified name."""
+    from sklearn.base import BaseEstimator
+
+    if isinstance(classes, type):
+        classes = [classes]
+    out = {}
+    for cls in classes:
+        if not (isinstance(cls, type) and issubclass(cls, BaseEstimator)):
+            raise TypeError(
+                f"load(algorithms=...) takes prefopt estimator classes of your own (a subclass "
+                f"of prefopt.policies.BasePolicy); got {cls!r}."
+            )
+        out[_qualname(cls)] = cls
+    return out
+
+
+def estimator_class(name, classes=None):
+    """The estimator a folder names: prefopt's (``prefopt.X`` or its module path) or allowed.
+
+    ``classes`` are the caller's own (:func:`user_classes`), matched by module and
+    qualified name.
+    """
     if not isinstance(name, str):
         raise refuse("class", name)
+    if classes and name in classes:
+        return classes[name]
     short = name.rpartition(".")[2]
     if short not in ESTIMATORS:
         raise refuse("class", name)
@@ -92,9 +115,9 @@ def check_attribute(name) -> str:
     return name
 
 
-def build_estimator(name, params: dict, decode):
+def build_estimator(name, params: dict, decode, classes=None):
     """``cls(**params)`` for an allow-listed class, each argument checked by its ``__init__``."""
-    cls = estimator_class(name)
+    cls = estimator_class(name, classes)
     if not isinstance(params, dict):
         raise ValueError(f"The saved parameters of {name} are not a mapping: {params!r}.")
     known = set(inspect.signature(cls.__init__).parameters) - {"self"}

@@ -68,18 +68,17 @@ def _module_spec(module: nn.Module, owner) -> dict:
     if isinstance(module, PreTrainedModel):
         return transformers_spec(module)
     if isinstance(module, ScalarHeadModel):
-        model = getattr(owner, "model_", None)
-        trunk = (
-            None
-            if model is None
-            else getattr(getattr(model, "get_base_model", lambda: model)(), "base_model", None)
-        )
-        if trunk is not None and module.backbone is trunk:
-            return {"kind": "shared_head"}  # the policy's own trunk (value_model="shared")
         return {"kind": "scalar_head", "backbone": _module_spec(module.backbone, owner)}
     if isinstance(module, TokenValueTable):
         return {"kind": "token_values", "vocab_size": int(module.values.num_embeddings)}
     return {"kind": "given", "type": qualname(module)}
+
+
+def _shared_trunks(estimator) -> dict:
+    """The estimator's declared heads on another fitted module's trunk (``{}`` for none)."""
+    if not isinstance(estimator, TokenEncoding):  # a linear reward model: no modules
+        return {}
+    return dict(estimator.shared_trunk_modules())
 
 
 def _build(spec: dict, name: str, given: dict, built: dict) -> nn.Module:
@@ -102,8 +101,11 @@ def _build(spec: dict, name: str, given: dict, built: dict) -> nn.Module:
             return get_peft_model(base, _loadable.lora_config(spec["lora"]))
     if kind == "scalar_head":
         return ScalarHeadModel(_build(spec["backbone"], name, given, built))
-    if kind == "shared_head":
-        return shared_value_model(built["model_"])
+    if kind == "shared_head":  # a head on another fitted module's trunk, built before it
+        trunk = _loadable.check_attribute(spec.get("trunk", "model_"))
+        if trunk not in built:
+            raise ValueError(f"The saved {name} is a head on {trunk!r}, which is not saved.")
+        return shared_value_model(built[trunk])
     if kind == "token_values":
         if not isinstance(spec.get("vocab_size"), int) or spec["vocab_size"] < 1:
             raise ValueError(f"The saved {name} has vocab_size {spec.get('vocab_size')!r}.")
@@ -180,8 +182,11 @@ def save(estimator, folder) -> str:
             save(value, os.path.join(folder, key.rstrip("_")))
             objects[key] = "saved"
     fitted, others = fitted_state(estimator, skip={"device_", "tokenizer_", *objects})
+    trunks = _shared_trunks(estimator)  # a head on another module's trunk: the head alone
     modules = {
-        key: _module_spec(value, estimator)
+        key: {"kind": "shared_head", "trunk": trunks[key]}
+        if key in trunks
+        else _module_spec(value, estimator)
         for key, value in vars(estimator).items()
         if key in fitted and isinstance(value, nn.Module)
     }
@@ -243,7 +248,7 @@ def _write_folder(folder: str, state: dict, data: bytes, tokenizer) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def load(folder, **objects):
+def load(folder, *, algorithms=(), **objects):
     """Rebuild an estimator written by :func:`save`; no code from the folder runs.
 
     A saved folder is data. Every class it names must be one prefopt itself
@@ -259,6 +264,13 @@ def load(folder, **objects):
     ----------
     folder : str or path
         What :func:`save` wrote.
+    algorithms : sequence of classes, default=()
+        Estimator classes of your own (an algorithm subclassing
+        :class:`~prefopt.policies.BasePolicy`) that the folder may name, added
+        to the allow-list for this call: the folder's class name must be one of
+        theirs (module and qualified name), and the class is built through its
+        constructor with checked parameters, as prefopt's own. The folder never
+        names code to import: the class comes from your code.
     **objects
         What JSON could not hold, by name: ``reward=`` (the reward given to
         ``fit`` when it was a function; ``reward=None`` loads a policy for
@@ -303,7 +315,7 @@ def load(folder, **objects):
             f"load() got keyword arguments this folder does not take: {said}. It takes "
             f"{sorted(taken) or 'none'}; the reward given to fit is passed as {REWARD}=."
         )
-    return _load(folder, objects)
+    return _load(folder, objects, _loadable.user_classes(algorithms))
 
 
 def _accepted(folder: str) -> set:
@@ -358,20 +370,20 @@ def _subfolder(folder: str, name: str) -> str:
     return path
 
 
-def _load(folder: str, objects: dict):
+def _load(folder: str, objects: dict, classes: dict):
     state = _read_state(folder)
     try:
-        estimator = _rebuild(folder, state, objects)
+        estimator = _rebuild(folder, state, objects, classes)
     except (KeyError, TypeError, AttributeError, IndexError) as exc:
         raise ValueError(
             f"{os.path.join(folder, STATE)!r} is malformed ({type(exc).__name__}: {exc}); save "
             "the estimator again."
         ) from None
-    _restore_objects(folder, state, estimator, objects)
+    _restore_objects(folder, state, estimator, objects, classes)
     return estimator
 
 
-def _rebuild(folder: str, state: dict, objects: dict):
+def _rebuild(folder: str, state: dict, objects: dict, classes: dict):
     """The estimator from its class and parameters, then its tokenizer, modules and numbers."""
     from transformers import AutoTokenizer
 
@@ -380,7 +392,10 @@ def _rebuild(folder: str, state: dict, objects: dict):
     params = state["params"]
     given = {k for k, v in params.items() if isinstance(v, dict) and "__object__" in v}
     estimator = _loadable.build_estimator(
-        state["class"], {**params, **{k: objects[k] for k in given & set(objects)}}, _decode_param
+        state["class"],
+        {**params, **{k: objects[k] for k in given & set(objects)}},
+        _decode_param,
+        classes,
     )
     data = read_regular(folder, TENSORS, "The saved tensors file")
     if state.get("tensors_sha256") != sha256(data):
@@ -437,12 +452,12 @@ def _fitted_estimator(key: str, value: dict, objects: dict):
     )
 
 
-def _restore_objects(folder: str, state: dict, estimator, objects: dict) -> None:
+def _restore_objects(folder: str, state: dict, estimator, objects: dict, classes: dict) -> None:
     """Nested estimators from their sub-folders; what JSON could not hold from ``objects``."""
     for key, kind in state["objects"].items():
         _loadable.check_attribute(key)
         if kind == "saved":
-            nested = _load(_subfolder(folder, key.rstrip("_")), objects)
+            nested = _load(_subfolder(folder, key.rstrip("_")), objects, classes)
             setattr(estimator, key, nested)
         elif key == "reward_model_":
             if REWARD not in objects:

@@ -314,6 +314,15 @@ class PPOPolicy(BasePolicy):
                 "value_model=None (a copy of the reward model) or give a module."
             )
 
+    def shared_trunk_modules(self) -> dict:
+        """``value_model_`` sits on ``model_``'s trunk with ``value_model="shared"``.
+
+        Returns
+        -------
+        trunks : dict of str to str
+        """
+        return {"value_model_": "model_"} if isinstance(self.value_model, str) else {}
+
     def __getstate__(self):
         state = super().__getstate__()
         value = self.__dict__.get("value_model_")  # fitted or not

@@ -33,6 +33,11 @@ class Algorithm:
     importance weight (Yao et al. 2025), so every algorithm, its own loss
     unchanged, gets the correction.
 
+    The loop reads these declarations, and the hooks :meth:`extra_modules` and
+    ``shared_trunk_modules``, never an algorithm's own names. A fitted algorithm
+    of your own is saved as a built-in one is, and loaded by naming its class:
+    ``prefopt.load(folder, algorithms=[MyPolicy])``.
+
     Attributes
     ----------
     samples_per_prompt : int or str, default=1
