@@ -16,16 +16,30 @@ Both run their fits through joblib, so ``n_jobs`` and any joblib backend
 or Dask) parallelise them unchanged.
 """
 
+from ._aggregates import (
+    iqm,
+    performance_profile,
+    probability_of_improvement,
+    stratified_bootstrap_ci,
+)
 from ._compare import compare
 from ._comparison import Comparison
 from ._search import SeedSearchCV
-from ._stats import minimum_detectable_difference, t_interval, verdict
+from ._environment import environment
+from ._stats import claim_status, holm, minimum_detectable_difference, t_interval, verdict
 
 __all__ = [
     "Comparison",
     "SeedSearchCV",
+    "claim_status",
     "compare",
+    "environment",
+    "holm",
+    "iqm",
     "minimum_detectable_difference",
+    "performance_profile",
+    "probability_of_improvement",
+    "stratified_bootstrap_ci",
     "t_interval",
     "verdict",
 ]

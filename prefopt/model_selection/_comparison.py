@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from ._stats import minimum_detectable_difference, t_interval, verdict
+from ._stats import decision_p_value, holm, minimum_detectable_difference, t_interval, verdict
 
 BUDGETS = ("episodes", "tokens", "gradient_steps", "seconds")
 
@@ -202,25 +202,64 @@ def summarise(results, names, seeds, baseline, confidence, runs, margins, lower)
             test = _paired(a_values, b_values, confidence, margins[metric], metric in lower)
             pairs.append({"algorithm": a, "other": b, "metric": metric, **test})
             pairs[-1]["margin"] = margins[metric]
-    return pd.DataFrame(rows), pd.DataFrame(pairs)
+    pairs = correct_holm(pd.DataFrame(pairs), confidence).drop(columns="leaning", errors="ignore")
+    summary = pd.DataFrame(rows).drop(columns="leaning", errors="ignore")
+    if baseline is not None and not pairs.empty:  # the baseline's pairs, from the family
+        corrected = pairs[pairs["other"] == baseline].set_index(["algorithm", "metric"])
+        at = list(zip(summary["algorithm"], summary["metric"]))
+        for column in ("p_holm", "verdict_holm"):
+            summary[column] = [corrected[column].get(k, np.nan) for k in at]
+        summary.loc[summary["algorithm"] == baseline, "verdict_holm"] = None
+    return summary, pairs
 
 
 def _paired(values, base, confidence, margin, lower_is_better) -> dict:
-    """The paired t-test of ``values - base`` over seeds, its MDD and the verdict."""
+    """The paired t-test of ``values - base`` over seeds, its MDD, verdict and decision p."""
     with warnings.catch_warnings():  # one seed, or identical runs: NaN, silently
         warnings.simplefilter("ignore", RuntimeWarning)
         test = stats.ttest_rel(values, base)
         diff = test.confidence_interval(confidence)
     low, high = float(diff.low), float(diff.high)
+    d = values - base
     if np.all(values == base):  # identical runs: a zero difference, known exactly
         low = high = 0.0
     # A lower-is-better metric: the verdict reads the negated interval.
     said = verdict(-high, -low, margin) if lower_is_better else verdict(low, high, margin)
+    sign = -1.0 if lower_is_better else 1.0
+    n = int(np.sum(~np.isnan(d)))
+    se = float(np.nanstd(d, ddof=1) / np.sqrt(n)) if n > 1 else np.nan
+    leaning, p_decision = decision_p_value(sign * float(np.nanmean(d)), se, n - 1, margin)
     return {
-        "diff_mean": float(np.mean(values - base)),
+        "diff_mean": float(np.mean(d)),
         "diff_ci_low": float(diff.low),
         "diff_ci_high": float(diff.high),
         "p_value": float(test.pvalue),
-        "mdd": minimum_detectable_difference(values - base, confidence),
+        "mdd": minimum_detectable_difference(d, confidence),
         "verdict": said,
+        "leaning": leaning,
+        "p_decision": p_decision,
     }
+
+
+def correct_holm(pairs: pd.DataFrame, confidence: float) -> pd.DataFrame:
+    """``p_holm`` and ``verdict_holm``: the verdicts corrected as one family (Holm 1979).
+
+    The family is every unordered pair of algorithms on every metric (a pair
+    and its mirror are one verdict). A verdict survives when its decision
+    p-value (:func:`decision_p_value`), Holm-adjusted over the family, stays
+    below ``(1 - confidence) / 2``, the level of each one-sided test behind a
+    two-sided interval; else it reads "inconclusive".
+    """
+    if pairs.empty:
+        return pairs.assign(p_holm=[], verdict_holm=[])
+    key = [
+        (metric, *sorted((a, b))) for a, b, metric in zip(pairs.algorithm, pairs.other, pairs.metric)
+    ]
+    first = pd.Series(range(len(key))).groupby(pd.Series(key).astype(str)).first()
+    adjusted = dict(zip(first.index, holm(pairs["p_decision"].to_numpy()[first.to_numpy()])))
+    p_holm = np.array([adjusted[str(k)] for k in key])
+    level = (1 - confidence) / 2
+    survives = (p_holm < level) & (pairs["verdict"] != "inconclusive").to_numpy()
+    return pairs.assign(
+        p_holm=p_holm, verdict_holm=np.where(survives, pairs["verdict"], "inconclusive")
+    )

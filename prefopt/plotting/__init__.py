@@ -9,12 +9,14 @@ function is called; it is the optional ``plot`` extra (``pip install 'prefopt[pl
 
 from ._history import DEFAULT_HISTORY_KEYS as DEFAULT_HISTORY_KEYS  # noqa: F401
 from ._history import plot_exact_path, plot_history, plot_response_probs
+from ._profile import plot_performance_profile
 from ._search import plot_comparison, plot_search
 
 __all__ = [
     "plot_comparison",
     "plot_exact_path",
     "plot_history",
+    "plot_performance_profile",
     "plot_response_probs",
     "plot_search",
 ]
