@@ -57,6 +57,7 @@ def test_every_cell_is_the_seeds_fit_and_the_best_mean_wins():
         "mean_fit_time", "std_fit_time", "mean_score_time", "std_score_time",
         "param_shift", "params", "seed0_test_score", "seed1_test_score", "mean_test_score",
         "std_test_score", "ci_low_test_score", "ci_high_test_score", "rank_test_score",
+        "tied_with_best_test_score",
     ]  # fmt: skip
     per_seed = np.array([[s + draw(4), s + draw(9)] for s in (0.0, 1.0)])
     np.testing.assert_array_equal(res["seed0_test_score"], per_seed[:, 0])

@@ -24,12 +24,15 @@ from ._aggregates import (
 )
 from ._compare import compare
 from ._comparison import Comparison
-from ._search import SeedSearchCV
+from ._controls import FormatReward, RandomReward
 from ._environment import environment
+from ._search import SeedSearchCV
 from ._stats import claim_status, holm, minimum_detectable_difference, t_interval, verdict
 
 __all__ = [
     "Comparison",
+    "FormatReward",
+    "RandomReward",
     "SeedSearchCV",
     "claim_status",
     "compare",

@@ -156,6 +156,11 @@ def stratified_bootstrap_ci(
     return np.asarray(value), np.asarray(low), np.asarray(high)
 
 
+def improvement(x: np.ndarray, y: np.ndarray, axis: int = -1):
+    """Mann-Whitney ``U / (n m)``: the share of (x, y) pairs with x higher, ties half."""
+    return stats.mannwhitneyu(x, y, axis=axis).statistic / (x.shape[axis] * y.shape[axis])
+
+
 def probability_of_improvement(
     scores_x, scores_y, *, confidence: float = 0.95, n_resamples: int = 2000, random_state=0
 ):
@@ -193,10 +198,7 @@ def probability_of_improvement(
     n = len(xs)
 
     def statistic(*samples, axis=-1):
-        out = [
-            stats.mannwhitneyu(x, y, axis=axis).statistic / (x.shape[axis] * y.shape[axis])
-            for x, y in zip(samples[:n], samples[n:])
-        ]
+        out = [improvement(x, y, axis) for x, y in zip(samples[:n], samples[n:])]
         return np.mean(out, axis=0)
 
     return stratified_bootstrap_ci(

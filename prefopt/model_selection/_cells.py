@@ -11,12 +11,16 @@ import warnings
 from contextlib import contextmanager, nullcontext
 
 import numpy as np
+import pandas as pd
+from scipy import stats
 from sklearn.metrics import check_scoring
 from sklearn.model_selection import cross_validate
 
 from .._config import config_context, get_config
+from ..data import check_prompts
 from ..tracking import run_group
 from ..tracking._base import default_run_name
+from ._stats import t_interval
 
 
 class _AllPrompts:
@@ -146,3 +150,51 @@ def _param_arrays(candidate_params: list) -> dict:
             array[i] = value
         arrays[key] = array
     return arrays
+
+
+def _tied_with_best(per_seed: np.ndarray, rank: np.ndarray, confidence: float) -> np.ndarray:
+    """Candidates whose paired interval (best minus them, over seeds) reaches 0."""
+    best = int(np.argmin(rank))
+    tied = np.zeros(len(per_seed), dtype=bool)
+    for i, row in enumerate(per_seed):
+        _, _, low, high = t_interval(per_seed[best] - row, confidence)
+        tied[i] = i == best or bool(np.isnan(low) or (low <= 0 <= high))
+    return tied
+
+
+def _with_eval_prompts(X, eval_prompts, cv, y):
+    """The prompts with ``eval_prompts`` after them and the one split: fit on X, score after."""
+    if cv is not None:
+        raise ValueError(
+            "SeedSearchCV: give held-out prompts either as eval_prompts= or as cv= folds, not both."
+        )
+    if y is not None and not callable(y):
+        raise ValueError("SeedSearchCV: eval_prompts= needs y=None (the reward as reward_model=).")
+    check_prompts(eval_prompts)
+    if isinstance(X, pd.DataFrame) or isinstance(eval_prompts, pd.DataFrame):
+
+        def frame(v):
+            return v if isinstance(v, pd.DataFrame) else pd.DataFrame({"prompt": list(v)})
+
+        joined = pd.concat([frame(X), frame(eval_prompts)], ignore_index=True)
+    else:
+        joined = list(X) + list(eval_prompts)
+    n, m = len(X), len(eval_prompts)
+    return joined, [(np.arange(n), np.arange(n, n + m))]
+
+
+def _rank(means: np.ndarray, n_unhealthy: np.ndarray | None = None) -> np.ndarray:
+    """1 for the best mean; a NaN mean (a failed fit) ties with the worst, as in scikit-learn.
+
+    With ``n_unhealthy``, a candidate with any unhealthy run ranks after every
+    candidate without one (a failed run is a failure, not a low score to
+    average away); the mean orders each of the two groups.
+    """
+    if np.isnan(means).all():
+        return np.ones(len(means), dtype=np.int32)
+    filled = np.where(np.isnan(means), np.nanmin(means) - 1, means)
+    if n_unhealthy is not None and np.any(n_unhealthy > 0):
+        # Shift the unhealthy group below the worst healthy mean, keeping its own order.
+        span = np.nanmax(filled) - np.nanmin(filled) + 1.0
+        filled = np.where(n_unhealthy > 0, filled - 2 * span, filled)
+    return stats.rankdata(-filled, method="min").astype(np.int32)

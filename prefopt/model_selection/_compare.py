@@ -18,7 +18,9 @@ from sklearn.utils.parallel import Parallel, delayed
 from .._config import config_context, get_config
 from ..data import check_prompts
 from ._cells import member, run_healthy, tracked_group
-from ._comparison import BUDGETS, Comparison, summarise
+from ._comparison import BUDGETS, Comparison, control_gains, summarise
+from ._controls import check_controls, control_name, control_reward
+from ._environment import environment
 from ._stats import _check_seeds, split_seeds
 from ._tuning import check_tune, tune_algorithms
 
@@ -67,6 +69,7 @@ def compare(
     matched_budget=None,
     margin=None,
     positive_kl=(),
+    controls=None,
 ) -> Comparison:
     """Fit several algorithms on the same seeds and prompts and compare them.
 
@@ -133,13 +136,24 @@ def compare(
         Metrics whose scorer returns the negated KL (``make_kl_scorer``,
         ``world.scorer("kl")``), reported as the positive KL; their verdicts
         call lower better.
+    controls : "random", list or dict of str to "random" or callable, default=None
+        Control runs beside the real reward (Shao et al. 2025): every algorithm
+        is fitted again on the same seeds, with the same (tuned) settings and
+        budget, against each control reward: ``"random"`` (a
+        :class:`RandomReward` of 1 or 0 with probability 0.5, seeded by the
+        run's seed) or a callable, such as :class:`FormatReward` (1 for a
+        response in the expected format). Needs a ``scoring`` that does not
+        depend on the reward a policy was fitted with (the real reward's
+        scorer, a gold or exact-world scorer). ``Comparison.controls`` holds
+        each algorithm's gain over each control.
 
     Returns
     -------
     comparison : Comparison
         ``results`` (tidy: algorithm, seed, metric, value), ``summary``,
-        ``verdicts``, ``runs`` (health and budget per fit), ``budgets``, and
-        with ``tune`` the ``tuning`` table and ``tuned_params``.
+        ``verdicts``, ``runs`` (health and budget per fit), ``budgets``,
+        ``environment``, with ``tune`` the ``tuning`` table and
+        ``tuned_params``, and with ``controls`` the ``controls`` table.
 
     Warns
     -----
@@ -153,9 +167,19 @@ def compare(
     Notes
     -----
     The verdict of a pair reads the ``confidence`` interval of the paired
-    differences over seeds: ``"equivalent"`` when it lies within
-    ``(-margin, margin)``, else ``"better"`` above 0, ``"worse"`` below 0 and
-    ``"inconclusive"`` otherwise; ``mdd`` is the minimum detectable
+    differences over seeds (:func:`verdict`): ``"better"`` when it lies at or
+    above ``margin`` (above 0 without one), ``"worse"`` at or below
+    ``-margin``, ``"equivalent"`` inside ``(-margin, margin)`` and
+    ``"inconclusive"`` when it reaches two of these regions; ``verdict_holm``
+    corrects the verdicts of one comparison for their number (Holm 1979).
+    Every evaluation seed counts (intention to treat): a run that
+    ``health_`` calls unhealthy keeps the score it ended with, is counted in
+    ``n_unhealthy`` and stays in its pairs, so that a failure weighs against
+    the algorithm that failed instead of leaving the comparison. A gain that
+    is not larger than the gain of the same algorithm under a random or
+    format-only control reward (``controls=``, ``verdict_holm`` "better" in
+    ``Comparison.controls``) is not shown to come from the reward, however
+    large it is. ``mdd`` is the minimum detectable
     difference of that test at 80% power (:func:`minimum_detectable_difference`),
     so an inconclusive verdict says how large a difference the seeds could
     have found. Ahmadian et al. (2024) compare PPO, RLOO, REINFORCE and RAFT
@@ -168,6 +192,10 @@ def compare(
        Optimization for Learning from Human Feedback in LLMs", ACL 2024.
     .. [2] Henderson et al. 2018, "Deep Reinforcement Learning that Matters",
        AAAI 2018.
+    .. [3] Holm 1979, "A simple sequentially rejective multiple test
+       procedure", Scand. J. Statist. 6(2).
+    .. [4] Shao et al. 2025, "Spurious Rewards: Rethinking Training Signals in
+       RLVR", arXiv:2506.10947.
 
     Examples
     --------
@@ -212,6 +240,14 @@ def compare(
     if baseline == START and not include_start:
         raise ValueError(f"baseline={START!r} needs include_start=True.")
     positive_kl = [positive_kl] if isinstance(positive_kl, str) else list(positive_kl)
+    controls = check_controls(controls)
+    if controls and (reward_model is None or scoring is None):
+        raise ValueError(
+            "controls= fits every algorithm against a control reward, so it needs the real "
+            "reward_model and a scoring= that does not read the reward a policy was fitted "
+            "with (each estimator's own score would score a control run by its random "
+            "reward): pass e.g. scoring=make_reward_scorer(reward_model) or a gold scorer."
+        )
     named = _metric_names(scoring)
     unknown = [m for m in positive_kl if named is not None and m not in named]
     if unknown:
@@ -253,15 +289,30 @@ def compare(
             estimators[name] = clone(estimators[name]).set_params(**params)
     if include_start:
         estimators = _with_start(estimators, include_start, baseline)
+    compared = list(estimators)
+    arms = {
+        control_name(name, control): (name, control)
+        for name in compared
+        if name != START
+        for control in controls
+    }
+    for row, (name, _) in arms.items():
+        estimators[row] = estimators[name]
     scorers = {name: check_scoring(est, scoring) for name, est in estimators.items()}
     jobs = [(name, seed) for name in estimators for seed in seeds]
+
+    def params_of(name, seed):  # a control run fits against its control reward
+        if name not in arms:
+            return fit_params
+        return {"reward_model": control_reward(controls[arms[name][1]], seed)}
+
     with tracked_group("compare") as group:  # report_to: one run per algorithm and seed
         out = Parallel(n_jobs=n_jobs)(
             delayed(_fit_and_score_seed)(
                 estimators[name],
                 prompts,
                 X_score,
-                fit_params,
+                params_of(name, seed),
                 seed_param,
                 seed,
                 scorers[name],
@@ -302,7 +353,13 @@ def compare(
         runs,
         _margins(margin, metrics),
         set(positive_kl),
+        compared=compared,
     )
+    gains = None
+    if arms:
+        gains = control_gains(
+            results, compared, arms, confidence, _margins(margin, metrics), set(positive_kl)
+        )
     floors = _floors(scoring, X_score)
     if floors:
         summary["empty_floor"] = summary["metric"].map(floors)
@@ -320,6 +377,8 @@ def compare(
         tuning=tuning,
         tuned_params=tuned,
         tuning_seeds=tuning_seeds,
+        controls=gains,
+        environment=environment(),
     )
 
 

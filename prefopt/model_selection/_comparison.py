@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from ._aggregates import improvement, stratified_bootstrap_ci
 from ._stats import decision_p_value, holm, minimum_detectable_difference, t_interval, verdict
 
 BUDGETS = ("episodes", "tokens", "gradient_steps", "seconds")
@@ -34,8 +35,13 @@ class Comparison:
         ``diff_ci_high``, ``p_value`` (the paired t-test
         ``scipy.stats.ttest_rel(algorithm, baseline)``, two-sided, and its
         ``confidence_interval``), ``mdd`` and ``verdict`` (as in ``verdicts``),
-        NaN on the baseline's own rows; ``empty_floor`` where the metric is a
+        NaN on the baseline's own rows, and ``p_holm`` and ``verdict_holm`` (as
+        in ``verdicts``); ``iqm``, ``iqm_ci_low`` and ``iqm_ci_high`` (the
+        interquartile mean over seeds and its bootstrap interval,
+        :func:`stratified_bootstrap_ci`); ``empty_floor`` where the metric is a
         win rate (the ``floor`` of :func:`~prefopt.metrics.make_win_rate_scorer`).
+        Every seed counts (intention to treat): an unhealthy run keeps the score
+        it ended with and is counted in ``n_unhealthy``, never dropped.
     seeds : list of int
         The evaluation seeds every algorithm was fitted with.
     confidence : float
@@ -59,14 +65,34 @@ class Comparison:
         ``p_value``, ``mdd`` (:func:`minimum_detectable_difference` at the
         seeds used) and ``verdict`` (:func:`verdict`; for a metric where lower
         is better, such as a positive KL, "better" means lower), with the
-        ``margin`` used.
+        ``margin`` used; ``prob_improvement`` (the chance that a run of
+        ``algorithm`` beats a run of ``other``, ties half: Agarwal et al.
+        2021); ``p_decision`` (the p-value of the test behind the verdict,
+        :func:`decision_p_value`), ``p_holm`` (Holm-adjusted over every
+        unordered pair and metric of this comparison, one family) and
+        ``verdict_holm`` (the verdict when ``p_holm`` stays below
+        ``(1 - confidence) / 2``, else "inconclusive": read it when several
+        verdicts are read together).
     tuning : pandas.DataFrame or None, default=None
         With ``tune=``: one row per (algorithm, candidate) of the tuning, its
-        mean, interval, ``n_unhealthy``, ``rank`` and whether it was ``selected``.
+        mean, interval, ``n_unhealthy``, ``rank``, whether it was ``selected``
+        and ``catchable_failure_rate``: the smallest rate of unhealthy runs the
+        tuning seeds show at least once with probability 0.9 (nine seeds catch
+        one run in four; fewer warn).
     tuned_params : dict or None, default=None
         The selected setting of each tuned algorithm.
     tuning_seeds : list of int or None, default=None
         The seeds the tuning ran on (disjoint from ``seeds``).
+    controls : pandas.DataFrame or None, default=None
+        With ``controls=``: per algorithm, control and metric the paired
+        ``gain`` of the algorithm over its control run, ``gain_ci_low``,
+        ``gain_ci_high``, ``p_value``, ``mdd``, ``verdict`` and, corrected
+        over this table (Holm), ``p_holm`` and ``verdict_holm``. The control
+        runs' own rows are in ``results`` and ``summary`` as
+        ``"<algorithm> [<control> control]"``.
+    environment : dict or None, default=None
+        What the comparison ran with (:func:`environment`): versions, CPU and
+        GPU, threads, commit.
 
     See Also
     --------
@@ -97,6 +123,8 @@ class Comparison:
     tuning: pd.DataFrame | None = field(default=None, repr=False)
     tuned_params: dict | None = field(default=None, repr=False)
     tuning_seeds: list | None = field(default=None, repr=False)
+    controls: pd.DataFrame | None = field(default=None, repr=False)
+    environment: dict | None = field(default=None, repr=False)
 
     def wide(self) -> pd.DataFrame:
         """The summary with one row per algorithm: ``<metric>``, ``<metric>_ci_low``, ...
@@ -145,8 +173,15 @@ class Comparison:
         return table
 
 
-def summarise(results, names, seeds, baseline, confidence, runs, margins, lower) -> tuple:
-    """``summary`` and ``verdicts`` of :class:`Comparison` from the tidy ``results``."""
+def summarise(
+    results, names, seeds, baseline, confidence, runs, margins, lower, compared=None
+) -> tuple:
+    """``summary`` and ``verdicts`` of :class:`Comparison` from the tidy ``results``.
+
+    ``compared``: the algorithms the verdicts pair (default: all ``names``; control runs
+    are summarised but compared only with their own algorithm, in :func:`control_gains`).
+    """
+    compared = names if compared is None else compared
     # Not pivot_table: it drops a metric that is NaN on every seed (and then has no seed
     # columns at all); such a metric keeps its rows, with a NaN mean and a warning.
     table = (
@@ -180,6 +215,7 @@ def summarise(results, names, seeds, baseline, confidence, runs, margins, lower)
                 "ci_low": float(low),
                 "ci_high": float(high),
                 "n_unhealthy": int(unhealthy.get(name, 0)),
+                **_iqm_interval(values, confidence),
             }
             if baseline is not None:
                 row.update(
@@ -196,10 +232,11 @@ def summarise(results, names, seeds, baseline, confidence, runs, margins, lower)
             rows.append(row)
     pairs = []
     for metric in metrics:
-        for a, b in permutations([n for n in names if (n, metric) in table.index], 2):
+        for a, b in permutations([n for n in compared if (n, metric) in table.index], 2):
             a_values = table.loc[(a, metric)].to_numpy(dtype=np.float64)
             b_values = table.loc[(b, metric)].to_numpy(dtype=np.float64)
             test = _paired(a_values, b_values, confidence, margins[metric], metric in lower)
+            test["prob_improvement"] = _improvement(a_values, b_values, metric in lower)
             pairs.append({"algorithm": a, "other": b, "metric": metric, **test})
             pairs[-1]["margin"] = margins[metric]
     pairs = correct_holm(pd.DataFrame(pairs), confidence).drop(columns="leaning", errors="ignore")
@@ -211,6 +248,53 @@ def summarise(results, names, seeds, baseline, confidence, runs, margins, lower)
             summary[column] = [corrected[column].get(k, np.nan) for k in at]
         summary.loc[summary["algorithm"] == baseline, "verdict_holm"] = None
     return summary, pairs
+
+
+def _iqm_interval(values, confidence) -> dict:
+    """The IQM over seeds and its bootstrap interval (NaN with a NaN seed or one seed)."""
+    if np.isnan(values).any():
+        return {"iqm": np.nan, "iqm_ci_low": np.nan, "iqm_ci_high": np.nan}
+    value, low, high = stratified_bootstrap_ci(values, confidence=confidence)
+    return {"iqm": float(value), "iqm_ci_low": float(low), "iqm_ci_high": float(high)}
+
+
+def _improvement(values, other, lower_is_better) -> float:
+    """P(a run of one beats a run of the other) over seeds, ties half (NaN with a NaN seed)."""
+    if np.isnan(values).any() or np.isnan(other).any():
+        return np.nan
+    sign = -1.0 if lower_is_better else 1.0
+    return improvement(sign * values, sign * other)
+
+
+def control_gains(results, algorithms, controls, confidence, margins, lower) -> pd.DataFrame:
+    """Each algorithm's paired gain over each of its control runs, per metric, Holm-corrected.
+
+    ``controls`` maps a control run's row name to ``(algorithm, control)``. A gain
+    whose ``verdict_holm`` is not "better" is not shown to come from the reward: the
+    control run, with the same settings, tuning and budget, moved as far.
+    """
+    table = results.set_index(["algorithm", "metric", "seed"])["value"].unstack("seed")
+    rows = []
+    for row_name, (algorithm, control) in controls.items():
+        for metric in dict.fromkeys(results["metric"]):
+            if (algorithm, metric) not in table.index or (row_name, metric) not in table.index:
+                continue
+            a = table.loc[(algorithm, metric)].to_numpy(dtype=np.float64)
+            c = table.loc[(row_name, metric)].to_numpy(dtype=np.float64)
+            test = _paired(a, c, confidence, margins[metric], metric in lower)
+            rows.append({"algorithm": algorithm, "control": control, "metric": metric, **test})
+    if not rows:
+        return pd.DataFrame()
+    out = pd.DataFrame(rows).rename(
+        columns={"diff_mean": "gain", "diff_ci_low": "gain_ci_low", "diff_ci_high": "gain_ci_high"}
+    )
+    out = out.drop(columns="leaning")
+    level = (1 - confidence) / 2
+    out["p_holm"] = holm(out["p_decision"].to_numpy())
+    out["verdict_holm"] = np.where(
+        (out["p_holm"] < level) & (out["verdict"] != "inconclusive"), out["verdict"], "inconclusive"
+    )
+    return out
 
 
 def _paired(values, base, confidence, margin, lower_is_better) -> dict:
@@ -253,7 +337,8 @@ def correct_holm(pairs: pd.DataFrame, confidence: float) -> pd.DataFrame:
     if pairs.empty:
         return pairs.assign(p_holm=[], verdict_holm=[])
     key = [
-        (metric, *sorted((a, b))) for a, b, metric in zip(pairs.algorithm, pairs.other, pairs.metric)
+        (metric, *sorted((a, b)))
+        for a, b, metric in zip(pairs.algorithm, pairs.other, pairs.metric)
     ]
     first = pd.Series(range(len(key))).groupby(pd.Series(key).astype(str)).first()
     adjusted = dict(zip(first.index, holm(pairs["p_decision"].to_numpy()[first.to_numpy()])))

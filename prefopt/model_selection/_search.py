@@ -15,7 +15,6 @@ from numbers import Integral, Real
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 from sklearn.base import BaseEstimator, MetaEstimatorMixin, clone, is_classifier
 from sklearn.model_selection import ParameterGrid, check_cv
 from sklearn.utils import get_tags
@@ -24,7 +23,17 @@ from sklearn.utils.parallel import Parallel, delayed
 from .._config import get_config
 from ..backend.progress import verbose_log
 from ._best import _BestEstimatorMethods
-from ._cells import _AllPrompts, _cell, _param_arrays, _scorers, member, tracked_group
+from ._cells import (
+    _AllPrompts,
+    _cell,
+    _param_arrays,
+    _rank,
+    _scorers,
+    _tied_with_best,
+    _with_eval_prompts,
+    member,
+    tracked_group,
+)
 from ._stats import _check_seeds, split_seeds, t_interval
 
 __all__ = ["SeedSearchCV"]
@@ -33,23 +42,6 @@ __all__ = ["SeedSearchCV"]
 def _run_name(cell: str, split: int, splits: list) -> str:
     """A cell's tracked run: ``candidate=<i>-seed=<s>``, with ``-split=<k>`` under folds."""
     return cell + (f"-split={split}" if len(splits) > 1 else "")
-
-
-def _rank(means: np.ndarray, n_unhealthy: np.ndarray | None = None) -> np.ndarray:
-    """1 for the best mean; a NaN mean (a failed fit) ties with the worst, as in scikit-learn.
-
-    With ``n_unhealthy``, a candidate with any unhealthy run ranks after every
-    candidate without one (a failed run is a failure, not a low score to
-    average away); the mean orders each of the two groups.
-    """
-    if np.isnan(means).all():
-        return np.ones(len(means), dtype=np.int32)
-    filled = np.where(np.isnan(means), np.nanmin(means) - 1, means)
-    if n_unhealthy is not None and np.any(n_unhealthy > 0):
-        # Shift the unhealthy group below the worst healthy mean, keeping its own order.
-        span = np.nanmax(filled) - np.nanmin(filled) + 1.0
-        filled = np.where(n_unhealthy > 0, filled - 2 * span, filled)
-    return stats.rankdata(-filled, method="min").astype(np.int32)
 
 
 class SeedSearchCV(_BestEstimatorMethods, MetaEstimatorMixin, BaseEstimator):
@@ -104,6 +96,10 @@ class SeedSearchCV(_BestEstimatorMethods, MetaEstimatorMixin, BaseEstimator):
         splits, since its score on the seeds that selected it is overstated
         (the best of several noisy means). The refit then uses the first
         evaluation seed.
+    eval_prompts : list of str or table with a ``prompt`` column, default=None
+        Held-out prompts every fit is scored on (with ``cv=None``); ``None``
+        scores on the training prompts, which overstates a policy that learnt
+        its prompts rather than the task.
 
     Attributes
     ----------
@@ -116,7 +112,10 @@ class SeedSearchCV(_BestEstimatorMethods, MetaEstimatorMixin, BaseEstimator):
         ``ddof=0`` over folds: seeds are a sample, and this std is the one
         the interval uses), ``ci_low_test_<m>``, ``ci_high_test_<m>`` and
         ``rank_test_<m>`` (by the mean, a candidate with any unhealthy run
-        after every one without); when the fits report ``health_``,
+        after every one without), ``tied_with_best_test_<m>`` (True where the
+        paired 95% t-interval over seeds of the best candidate minus this one
+        reaches 0: the seeds cannot tell the two apart; True for the best);
+        when the fits report ``health_``,
         ``seed<j>_healthy`` (no fit of that seed was unhealthy or failed:
         ``health_["healthy"]`` is False, or the fit raised; a fit without
         ``health_`` counts as healthy) and ``n_unhealthy`` (such fits of the
@@ -174,7 +173,7 @@ class SeedSearchCV(_BestEstimatorMethods, MetaEstimatorMixin, BaseEstimator):
     >>> [k for k in search.cv_results_ if k.endswith("test_score")]
     ... # doctest: +NORMALIZE_WHITESPACE
     ['seed0_test_score', 'seed1_test_score', 'mean_test_score', 'std_test_score',
-     'ci_low_test_score', 'ci_high_test_score', 'rank_test_score']
+     'ci_low_test_score', 'ci_high_test_score', 'rank_test_score', 'tied_with_best_test_score']
     >>> search.best_estimator_.random_state  # refit with the first seed
     0
     """
@@ -196,6 +195,7 @@ class SeedSearchCV(_BestEstimatorMethods, MetaEstimatorMixin, BaseEstimator):
         return_train_score=False,
         seed_param="random_state",
         evaluation_seeds=None,
+        eval_prompts=None,
     ):
         self.estimator = estimator
         self.param_grid = param_grid
@@ -211,6 +211,7 @@ class SeedSearchCV(_BestEstimatorMethods, MetaEstimatorMixin, BaseEstimator):
         self.return_train_score = return_train_score
         self.seed_param = seed_param
         self.evaluation_seeds = evaluation_seeds
+        self.eval_prompts = eval_prompts
 
     def __sklearn_tags__(self):
         # The search takes what its estimator takes (prompts: strings), as GridSearchCV does.
@@ -281,7 +282,11 @@ class SeedSearchCV(_BestEstimatorMethods, MetaEstimatorMixin, BaseEstimator):
             if self.cv is None
             else check_cv(self.cv, y, classifier=is_classifier(self.estimator))
         )
-        splits = list(cv.split(X, y, groups))
+        X_train = X
+        if self.eval_prompts is not None:  # fit on X, score on the held-out prompts after it
+            X, splits = _with_eval_prompts(X, self.eval_prompts, self.cv, y)
+        else:
+            splits = list(cv.split(X, y, groups))
         self.n_splits_ = len(splits)
         # Seeds vary fastest: candidate g under seed j is entry g * n_seeds + j.
         candidates = [(p, seed) for p in grid for seed in self.seeds_]
@@ -325,7 +330,7 @@ class SeedSearchCV(_BestEstimatorMethods, MetaEstimatorMixin, BaseEstimator):
                 self.best_estimator_ = clone(self.estimator).set_params(**best)
                 start = time.perf_counter()
                 with member(group, f"refit-seed={refit_seed}"):
-                    self.best_estimator_.fit(X, y, **params)
+                    self.best_estimator_.fit(X_train, y, **params)
                 self.refit_time_ = time.perf_counter() - start
         return self
 
@@ -459,6 +464,9 @@ class SeedSearchCV(_BestEstimatorMethods, MetaEstimatorMixin, BaseEstimator):
         results[f"ci_high_{key}"] = high
         if rank is not None:
             results[f"rank_{key}"] = _rank(mean, rank)
+            results[f"tied_with_best_{key}"] = _tied_with_best(
+                per_seed, results[f"rank_{key}"], self.confidence
+            )
 
     def _select_best(self) -> None:
         """``best_index_``, ``best_score_`` and ``best_params_``, as ``GridSearchCV`` sets them."""

@@ -298,9 +298,7 @@ def claim_status(ci_low: float, ci_high: float, margin: float | None, holds) -> 
     if margin is None:  # two regions and the point 0 between them, which decides nothing
         said = verdict(ci_low, ci_high)
         return "undecided" if said == "inconclusive" else ("held" if said in holds else "refuted")
-    reached = {
-        VERDICTS[r] for r in range(_region(ci_low, margin), _region(ci_high, margin) + 1)
-    }
+    reached = {VERDICTS[r] for r in range(_region(ci_low, margin), _region(ci_high, margin) + 1)}
     if reached <= set(holds):
         return "held"
     return "refuted" if not reached & set(holds) else "undecided"

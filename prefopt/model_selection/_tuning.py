@@ -9,6 +9,8 @@ on fresh evaluation seeds (Henderson et al. 2018; Agarwal et al. 2021).
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pandas as pd
 from sklearn.model_selection import ParameterGrid
@@ -47,6 +49,37 @@ def check_tune(tune, estimators: dict, seed_param: str) -> dict:
     return tune
 
 
+SCREEN_POWER = 0.9  # the chance a health screen must have of seeing a failing candidate fail
+SCREEN_RATE = 0.25  # the failure rate it must catch: 1 run in 4
+
+
+def catchable_failure_rate(n_seeds: int, power: float = SCREEN_POWER) -> float:
+    """The smallest per-run failure rate that ``n_seeds`` runs show at least once w.p. ``power``.
+
+    A candidate whose runs fail independently with rate q shows no failure in n
+    runs with probability (1 - q)^n; the screen catches it with probability
+    ``power`` when q >= 1 - (1 - power)^(1/n). Two seeds catch only q >= 0.68;
+    nine catch one run in four (0.226).
+
+    Examples
+    --------
+    >>> round(catchable_failure_rate(2), 3), round(catchable_failure_rate(9), 3)
+    (0.684, 0.226)
+    """
+    return float(1 - (1 - power) ** (1 / n_seeds))
+
+
+def seeds_to_catch(rate: float = SCREEN_RATE, power: float = SCREEN_POWER) -> int:
+    """The fewest seeds that catch a failure rate ``rate`` with probability ``power``.
+
+    Examples
+    --------
+    >>> seeds_to_catch()  # 1 - 0.75**9 = 0.925 >= 0.9 > 1 - 0.75**8 = 0.8999
+    9
+    """
+    return int(np.ceil(np.log(1 - power) / np.log(1 - rate)))
+
+
 def tune_algorithms(
     estimators, tune, X, fit_params, *, seeds, scoring, metric, confidence, n_jobs, seed_param
 ):
@@ -57,6 +90,17 @@ def tune_algorithms(
     ``metric`` over the tuning seeds orders each group.
     """
     chosen, tables = {}, []
+    catches = catchable_failure_rate(len(seeds))
+    if catches > SCREEN_RATE:
+        warnings.warn(
+            f"compare: {len(seeds)} tuning seeds screen the grid for unhealthy runs only "
+            f"down to a failure rate of {catches:.2f} (seen at least once with probability "
+            f"{SCREEN_POWER}); a setting that fails 1 run in 4 passes unseen with probability "
+            f"{(1 - SCREEN_RATE) ** len(seeds):.2f}. Use tuning_seeds={seeds_to_catch()} or "
+            "more to catch it (the evaluation seeds count every failure either way).",
+            UserWarning,
+            stacklevel=3,
+        )
     for name, grid in tune.items():
         search = SeedSearchCV(
             estimators[name],
@@ -93,6 +137,7 @@ def tune_algorithms(
                     "n_unhealthy": int(unhealthy[i]),
                     "rank": int(rank[i]),
                     "selected": i == best,
+                    "catchable_failure_rate": catches,
                 }
             )
     return chosen, pd.DataFrame(tables)
