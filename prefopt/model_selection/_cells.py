@@ -157,7 +157,11 @@ def _tied_with_best(per_seed: np.ndarray, rank: np.ndarray, confidence: float) -
     best = int(np.argmin(rank))
     tied = np.zeros(len(per_seed), dtype=bool)
     for i, row in enumerate(per_seed):
-        _, _, low, high = t_interval(per_seed[best] - row, confidence)
+        diff = per_seed[best] - row
+        if len(diff) > 1 and np.all(diff == diff[0]):  # no spread: the difference is exact
+            tied[i] = diff[0] == 0
+            continue
+        _, _, low, high = t_interval(diff, confidence)
         tied[i] = i == best or bool(np.isnan(low) or (low <= 0 <= high))
     return tied
 
