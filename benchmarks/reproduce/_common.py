@@ -209,7 +209,11 @@ def finish(args, name: str, rows, fig, *, number, claim, source, setting, result
     Returns
     -------
     summary : dict
+        Also ``environment``: :func:`prefopt.model_selection.environment` (versions,
+        CPU/GPU, threads, commit), so a number can be told from the machine it ran on.
     """
+    from prefopt.model_selection import environment
+
     frame = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(list(rows))
     frame.to_csv(args.out / f"{name}.csv", index=False)
     fig.tight_layout()
@@ -228,6 +232,7 @@ def finish(args, name: str, rows, fig, *, number, claim, source, setting, result
         "commit": commit(),
         "command": " ".join(["python", f"benchmarks/reproduce/{name}.py", *args.argv]),
         "seconds": round(time.perf_counter() - args.began, 1),
+        "environment": environment(commit=commit()),
     }
     with open(args.out / f"{name}.json", "w") as f:
         json.dump(summary, f, indent=1)
@@ -436,6 +441,49 @@ def review_metrics(world, policy, rm, prompts, *, n: int = 2, seed: int = 0) -> 
 REVIEW_METRICS = ("gold", "proxy", "kl", "words", "distinct", "win_rate", "eos_share")
 
 
+# PPOPolicy's settings as claims 3-6 and 9 ran them (798301a), every one named, so that the
+# rows reproduce whatever the library's defaults become: learning_rate=None then resolved
+# to 1e-3 (it resolves to 3e-4 since); the others are the defaults of the time, unchanged
+# since. A script's own arguments override these.
+PPO_AT_798301A = dict(
+    beta=0.05,
+    kl=None,
+    kl_estimator="k1",
+    learning_rate=1e-3,
+    optimizer="adam",
+    lr_schedule="linear",
+    max_grad_norm=None,
+    n_steps=100,
+    batch_size=64,
+    n_epochs=4,
+    n_minibatches=1,
+    temperature=None,
+    max_new_tokens=None,
+    missing_eos_reward=-1.0,
+    clip_coef=0.2,
+    vf_coef=0.1,
+    vf_clip_coef=0.2,
+    gamma=1.0,
+    gae_lambda=0.95,
+    whiten_rewards=False,
+    whiten_advantages=True,
+    clip=True,
+    use_ratio=True,
+    dropout=None,
+    max_kl=None,
+    max_kl_action="warn",
+    min_eos_share=0.5,
+    entropy_coef=0.0,
+    ptx_coef=0.0,
+    refit_every=None,
+)
+
+
+def pinned_ppo(**given) -> dict:
+    """:data:`PPO_AT_798301A` with ``given`` on top: every PPO hyperparameter, explicit."""
+    return {**PPO_AT_798301A, **given}
+
+
 def fit_or_none(estimator, *args, **kwargs):
     """``estimator.fit(*args, **kwargs)``, or None when the run diverges.
 
@@ -500,27 +548,39 @@ class HistoryMean:
         return float(np.nanmean(np.asarray(values, dtype=float)))
 
 
-MIN_HEALTHY_SHARE = 0.75  # fewer healthy evaluation pairs than this: failures decide, inconclusive
+# Before issue 36: fewer healthy evaluation pairs than this share left a part undecided,
+# and only seeds healthy in both arms were compared. Every seed now counts (intention to
+# treat: an unhealthy run keeps the score it ended with); the scripts not yet converted
+# still read it.
+MIN_HEALTHY_SHARE = 0.75
 
 
-def part_status(verdict_of_interval: str, holds_when: tuple) -> str:
-    """ "held", "refuted" or "undecided" for one part of a claim, from a margin verdict.
+def part_status(stat, holds_when: tuple) -> str:
+    """ "held", "refuted" or "undecided" for one part of a claim, from its interval.
 
-    ``verdict_of_interval`` is :func:`prefopt.model_selection.verdict` of the part's
-    interval ("better", "worse", "equivalent" or "inconclusive"); the part holds when
-    it is one of ``holds_when``, is undecided when "inconclusive", and is refuted
-    otherwise.
+    ``stat`` is :func:`interval_with_mdd` of the part (its interval and margin), read
+    by :func:`prefopt.model_selection.claim_status`: the part holds when every region
+    of the margin rule (worse, equivalent, better) its interval reaches is one of
+    ``holds_when``, is refuted when none is, and is undecided otherwise. (A verdict
+    string, as the scripts before issue 36 passed, is read as before: held when named,
+    undecided when "inconclusive", refuted otherwise.)
 
     Examples
     --------
-    >>> part_status("better", ("better",)), part_status("equivalent", ("better",))
-    ('held', 'refuted')
-    >>> part_status("inconclusive", ("equivalent", "worse"))
+    >>> part_status({"low": 0.03, "high": 0.05, "margin": 0.02}, ("better",))
+    'held'
+    >>> part_status({"low": -0.01, "high": 0.05, "margin": 0.02}, ("better", "equivalent"))
+    'held'
+    >>> part_status({"low": 0.001, "high": 0.021, "margin": 0.02}, ("better",))
     'undecided'
     """
-    if verdict_of_interval in holds_when:
-        return "held"
-    return "undecided" if verdict_of_interval == "inconclusive" else "refuted"
+    if isinstance(stat, str):
+        if stat in holds_when:
+            return "held"
+        return "undecided" if stat == "inconclusive" else "refuted"
+    from prefopt.model_selection import claim_status
+
+    return claim_status(stat["low"], stat["high"], stat["margin"], holds_when)
 
 
 def parts_verdict(statuses: dict, enough_healthy: bool = True) -> str:
@@ -567,6 +627,7 @@ def interval_with_mdd(values, margin: float) -> dict:
         "low": low,
         "high": high,
         "verdict": verdict(low, high, margin) if np.isfinite(low) else "inconclusive",
+        "margin": margin,
         "mdd": minimum_detectable_difference(values),
         "n": int(np.isfinite(np.asarray(values, dtype=float)).sum()),
     }

@@ -47,6 +47,7 @@ from _common import (
     new_figure,
     parse_args,
     parts_reason,
+    pinned_ppo,
     review_setup,
     sd_ratio_ci,
 )
@@ -84,13 +85,15 @@ def main(argv=None):
     for seed in range(s["seeds"]):
         for name, kl in arms.items():
             policy = PPOPolicy(
-                model=sft,
-                beta=BETA,
-                kl=kl,
-                n_steps=s["steps"],
-                batch_size=s["batch_size"],
-                min_eos_share=None,
-                random_state=seed,
+                **pinned_ppo(
+                    model=sft,
+                    beta=BETA,
+                    kl=kl,
+                    n_steps=s["steps"],
+                    batch_size=s["batch_size"],
+                    min_eos_share=None,
+                    random_state=seed,
+                )
             ).fit(world.prompts, rm)
             history = policy.history_
             curves.setdefault(name, []).append([r["objective/kl"] for r in history])

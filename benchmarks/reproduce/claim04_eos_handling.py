@@ -50,6 +50,7 @@ from _common import (
     paired_ci,
     parse_args,
     parts_reason,
+    pinned_ppo,
 )
 from _common import settings as choose
 
@@ -87,13 +88,15 @@ def missing_eos_runs(s):
     for seed in range(s["seeds"]):
         for arm, value in (("-1", -1.0), ("None", None)):
             policy = PPOPolicy(
-                model=world.policy_model(),
-                beta=BETA,
-                n_steps=s["ppo_steps"],
-                batch_size=s["ppo_batch"],
-                missing_eos_reward=value,
-                min_eos_share=None,
-                random_state=seed,
+                **pinned_ppo(
+                    model=world.policy_model(),
+                    beta=BETA,
+                    n_steps=s["ppo_steps"],
+                    batch_size=s["ppo_batch"],
+                    missing_eos_reward=value,
+                    min_eos_share=None,
+                    random_state=seed,
+                )
             ).fit(world.prompts, world.reward)
             probs = world.policy_probs(policy)
             rows.append(

@@ -53,6 +53,7 @@ from _common import (
     new_figure,
     parse_args,
     parts_reason,
+    pinned_ppo,
 )
 from _common import settings as choose
 
@@ -108,13 +109,15 @@ def main(argv=None):
         for rate in (None, RATE):
             torch.manual_seed(seed)  # dropout masks come from torch's global generator
             policy = PPOPolicy(
-                model=world.policy_model(),
-                beta=BETA,
-                n_steps=s["steps"],
-                batch_size=s["batch_size"],
-                dropout=rate,
-                min_eos_share=None,
-                random_state=seed,
+                **pinned_ppo(
+                    model=world.policy_model(),
+                    beta=BETA,
+                    n_steps=s["steps"],
+                    batch_size=s["batch_size"],
+                    dropout=rate,
+                    min_eos_share=None,
+                    random_state=seed,
+                )
             ).fit(world.prompts, world.reward)
             abs_log_ratio, clipped, kl_true, kl_est = measure(
                 world, policy, s["masks"] if rate else 2

@@ -41,6 +41,7 @@ from _common import (
     new_figure,
     paired_ci,
     parse_args,
+    pinned_ppo,
     review_setup,
 )
 from _common import settings as choose
@@ -78,13 +79,15 @@ def main(argv=None):
     for seed in range(s["seeds"]):
         for name, value_model in arms.items():
             policy = PPOPolicy(
-                model=sft,
-                beta=BETA,
-                n_steps=s["steps"],
-                batch_size=s["batch_size"],
-                value_model=value_model,
-                min_eos_share=None,
-                random_state=seed,
+                **pinned_ppo(
+                    model=sft,
+                    beta=BETA,
+                    n_steps=s["steps"],
+                    batch_size=s["batch_size"],
+                    value_model=value_model,
+                    min_eos_share=None,
+                    random_state=seed,
+                )
             ).fit(world.prompts, rm)
             history = policy.history_
             reward = [r["objective/reward"] for r in history]

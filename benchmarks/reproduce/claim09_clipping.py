@@ -45,6 +45,7 @@ from _common import (
     paired_ci,
     parse_args,
     parts_reason,
+    pinned_ppo,
 )
 from _common import settings as choose
 
@@ -76,12 +77,14 @@ def main(argv=None):
     for seed in range(s["seeds"]):
         for name, switches in VARIANTS.items():
             policy = PPOPolicy(
-                model=world.policy_model(),
-                beta=BETA,
-                n_steps=s["steps"],
-                batch_size=s["batch_size"],
-                random_state=seed,
-                **switches,
+                **pinned_ppo(
+                    model=world.policy_model(),
+                    beta=BETA,
+                    n_steps=s["steps"],
+                    batch_size=s["batch_size"],
+                    random_state=seed,
+                    **switches,
+                )
             ).fit(world.prompts, world.reward)
             clipfrac = np.array([r["policy/clipfrac"] for r in policy.history_])
             curves.setdefault(name, []).append(clipfrac)

@@ -43,9 +43,12 @@ evaluation seeds judged by :func:`prefopt.model_selection.verdict`: (C) the cent
 statement RLOO - PPO "better"; (L1) RLOO - REINFORCE "better"; (L2) REINFORCE - VPG
 "better" or "equivalent" (a tie is allowed); (L3) VPG - PPO "better". A part holds when
 its verdict is one named, is undecided when "inconclusive", and is refuted otherwise.
-A seed enters a comparison only if both algorithms' runs on it are healthy; a
-comparison with fewer than ``MIN_HEALTHY_SHARE`` (12 of 16) of its seeds healthy in both
-is undecided (failures, not the algorithms, would decide it). "reproduced" if all 8
+(Issue 36 changed two things after this run, and its verdict was regenerated from the
+committed CSV: every evaluation seed counts, an unhealthy run with the score it ended
+with, where the first rule compared only seeds healthy in both runs and left a
+comparison with under 12 of 16 such seeds undecided; and the margin rule is monotone,
+"better" meaning better by at least the margin, "better or equivalent" an interval
+above -margin.) "reproduced" if all 8
 parts hold, "not reproduced" if all are refuted, "partly reproduced" for a mix,
 "inconclusive" if any is undecided; the central statement's status is reported first.
 With 16 seeds the minimum detectable difference at 80% power is about 0.75 standard
@@ -67,7 +70,6 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 from _common import (
-    MIN_HEALTHY_SHARE,
     REVIEW_FULL,
     REVIEW_QUICK,
     HistoryMean,
@@ -145,6 +147,25 @@ COLUMNS = [
 # L3 VPG - PPO "better", L2 REINFORCE - VPG "better" or "equivalent", each in win rate
 # (margin 0.02) and proxy reward (margin 0.1); a comparison with under 12 of 16 seeds
 # healthy in both runs is undecided; any part undecided: "inconclusive".
+
+
+def decide(ev: pd.DataFrame) -> tuple:
+    """The rule on the evaluation rows: ``(stats, parts, n_healthy, verdict)``.
+
+    Issue 36: every evaluation seed counts (an unhealthy run keeps the score it ended
+    with), and each part is read by :func:`_common.part_status` (the monotone margin
+    rule; "better or equivalent" holds when the interval lies above -margin).
+    ``n_healthy`` counts the seeds healthy in both runs of a pair, for the report.
+    """
+    healthy = ev.pivot(index="seed", columns="algorithm", values="healthy").astype(bool)
+    stats, parts, n_healthy = {}, {}, {}
+    for part, a, b, holds_when in COMPARISONS:
+        n_healthy[a, b] = int((healthy[a] & healthy[b]).sum())
+        for metric, margin in MARGINS.items():
+            wide = ev.pivot(index="seed", columns="algorithm", values=metric)
+            stats[a, b, metric] = interval_with_mdd(wide[a] - wide[b], margin)
+            parts[f"{part} in {metric}"] = part_status(stats[a, b, metric], holds_when)
+    return stats, parts, n_healthy, parts_verdict(parts)
 
 
 def make_policy(name, sft, s):
@@ -243,25 +264,13 @@ def main(argv=None):
         )
     frame = pd.DataFrame(rows).reindex(columns=COLUMNS)
     ev = frame[frame.phase == "evaluation"]
-    healthy = ev.pivot(index="seed", columns="algorithm", values="healthy").astype(bool)
     floor = empty_win_rate(world, prompts)
     sft_win = mean_ci(ev[ev.algorithm == "SFT"].win_rate)[0]
 
-    stats, parts, n_healthy = {}, {}, {}
-    for part, a, b, holds_when in COMPARISONS:
-        ok = healthy[a] & healthy[b]
-        n_healthy[a, b] = int(ok.sum())
-        enough = n_healthy[a, b] >= MIN_HEALTHY_SHARE * len(seeds)
-        for metric, margin in MARGINS.items():
-            wide = ev.pivot(index="seed", columns="algorithm", values=metric)[ok]
-            stats[a, b, metric] = interval_with_mdd(wide[a] - wide[b], margin)
-            status = part_status(stats[a, b, metric]["verdict"], holds_when)
-            parts[f"{part} in {metric}"] = status if enough else "undecided"
-    verdict = parts_verdict(parts)
+    stats, parts, n_healthy, verdict = decide(ev)
 
-    def healthy_values(name, metric):
-        sub = ev[(ev.algorithm == name) & ev.healthy.astype(bool)]
-        return sub[metric].to_numpy(dtype=float)
+    def healthy_values(name, metric):  # every seed (intention to treat), despite the name
+        return ev[ev.algorithm == name][metric].to_numpy(dtype=float)
 
     unhealthy = []
     for name in ALGORITHMS:
@@ -287,14 +296,14 @@ def main(argv=None):
     axes[0].axhline(floor, color="0.5", ls=":", lw=1, label="empty answer")
     axes[0].axhline(sft_win, color="0.5", ls="--", lw=1, label="SFT start")
     axes[0].legend()
-    axes[0].set_title(f"healthy runs of {len(seeds)} seeds, 95% CI")
+    axes[0].set_title(f"all {len(seeds)} seeds, 95% CI")
     central = parts["C RLOO > PPO (central) in win_rate"]
     chosen = ", ".join(f"{n} {rate[n]:g}" for n in ALGORITHMS)
     reason = (
         f"Central statement RLOO > PPO: win rate {central}, proxy "
         f"{parts['C RLOO > PPO (central) in proxy']}. "
         + "; ".join(f"{k}: {v}" for k, v in parts.items())
-        + ". Paired differences over the seeds healthy in both runs: "
+        + ". Paired differences over every evaluation seed (intention to treat): "
         + "; ".join(
             f"{a} - {b} win rate {fmt_mdd(stats[a, b, 'win_rate'])}, proxy "
             f"{fmt_mdd(stats[a, b, 'proxy'])}"
@@ -316,7 +325,7 @@ def main(argv=None):
         + "; ".join(unhealthy)
         + ". Seeds healthy in both runs: "
         + ", ".join(f"{a}/{b} {n} of {len(seeds)}" for (a, b), n in n_healthy.items())
-        + f" (a comparison with fewer than {MIN_HEALTHY_SHARE * len(seeds):g} is undecided)."
+        + " (every seed counts; an unhealthy run keeps its score)."
     )
     return finish(
         args,
@@ -337,7 +346,7 @@ def main(argv=None):
             f"reward {fmt(*mean_ci(healthy_values(n, 'proxy')), digits=2)}"
             for n in ALGORITHMS
         )
-        + f" (healthy runs; empty answer wins {floor:.2f}, SFT {sft_win:.2f}); unhealthy: "
+        + f" (all seeds; empty answer wins {floor:.2f}, SFT {sft_win:.2f}); unhealthy: "
         + ", ".join(unhealthy),
         verdict=verdict,
         reason=reason,

@@ -45,9 +45,12 @@ both runs, judged by :func:`prefopt.model_selection.verdict` with a margin of 0.
 (2 points; the paper's margins are 10-32, and a smaller difference is called none):
 (A) against PPO-2 (matched gradient steps), (B) against PPO-4 (Huang et al.'s recipe).
 RLOO's margin survives a part if its verdict is "better"; the part is refuted if
-"equivalent" (no margin left) or "worse" (PPO ahead), undecided if "inconclusive", and
-undecided too when fewer than ``MIN_HEALTHY_SHARE`` (12 of 16) of its seeds are healthy
-in both runs (failures, not the algorithms, would decide it). "reproduced" (the margin
+"equivalent" (no margin left) or "worse" (PPO ahead), undecided if "inconclusive".
+(Issue 36 changed the rule after this run, and its verdict was regenerated from the
+committed CSV: every evaluation seed counts, an unhealthy run with the score it ended
+with, where the first rule compared only the seeds healthy in both runs and left a part
+with under 12 of 16 such seeds undecided; and "better" is the monotone margin rule's,
+better by at least the margin.) "reproduced" (the margin
 survives) if both hold, "not reproduced" if both are refuted, "partly reproduced" for a
 mix, "inconclusive" if either is undecided. The proxy and gold differences are reported
 beside, with their intervals. With 16 seeds the minimum detectable difference at 80%
@@ -71,7 +74,6 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 from _common import (
-    MIN_HEALTHY_SHARE,
     REVIEW_FULL,
     REVIEW_QUICK,
     HistoryMean,
@@ -143,10 +145,28 @@ COLUMNS = [
     "eos_share",
 ]
 # Verdict rule (see the docstring), 16 evaluation seeds: RLOO - PPO-2 (A) and RLOO - PPO-4
-# (B) win rate over the seeds healthy in both, margin 0.02: "better" holds, "equivalent" or
-# "worse" refuted, "inconclusive" or under 12 of 16 healthy pairs undecided; both held
+# (B) win rate over every seed (issue 36), margin 0.02: "better" holds, "equivalent" or
+# "worse" refuted, "inconclusive" undecided; both held
 # "reproduced", both refuted "not reproduced", a mix "partly reproduced", any undecided
 # "inconclusive".
+
+
+def decide(ev: pd.DataFrame) -> tuple:
+    """The rule on the evaluation rows: ``(stats, parts, n_healthy, verdict)``.
+
+    Issue 36: every evaluation seed counts (an unhealthy run keeps the score it ended
+    with) and each part is read by :func:`_common.part_status` (the monotone margin
+    rule). ``n_healthy`` counts the seeds healthy in both runs, for the report.
+    """
+    healthy = ev.pivot(index="seed", columns="arm", values="healthy").astype(bool)
+    stats, parts, n_healthy = {}, {}, {}
+    for part, ppo in PARTS.items():
+        n_healthy[ppo] = int((healthy["RLOO"] & healthy[ppo]).sum())
+        for metric in ("win_rate", "proxy", "gold"):
+            wide = ev.pivot(index="seed", columns="arm", values=metric)
+            stats[ppo, metric] = interval_with_mdd(wide["RLOO"] - wide[ppo], WIN_MARGIN)
+        parts[part] = part_status(stats[ppo, "win_rate"], ("better",))
+    return stats, parts, n_healthy, parts_verdict(parts)
 
 
 def make_policy(arm, sft, s):
@@ -252,25 +272,13 @@ def main(argv=None):
         )
     frame = pd.DataFrame(rows).reindex(columns=COLUMNS)
     ev = frame[frame.phase == "evaluation"]
-    healthy = ev.pivot(index="seed", columns="arm", values="healthy").astype(bool)
     floor = empty_win_rate(world, prompts)
     sft_win = mean_ci(ev[ev.arm == "SFT"].win_rate)[0]
 
-    stats, parts, n_healthy = {}, {}, {}
-    for part, ppo in PARTS.items():
-        ok = healthy["RLOO"] & healthy[ppo]
-        n_healthy[ppo] = int(ok.sum())
-        for metric in ("win_rate", "proxy", "gold"):
-            wide = ev.pivot(index="seed", columns="arm", values=metric)[ok]
-            stats[ppo, metric] = interval_with_mdd(wide["RLOO"] - wide[ppo], WIN_MARGIN)
-        status = part_status(stats[ppo, "win_rate"]["verdict"], ("better",))
-        enough = n_healthy[ppo] >= MIN_HEALTHY_SHARE * len(seeds)
-        parts[part] = status if enough else "undecided"
-    verdict = parts_verdict(parts)
+    stats, parts, n_healthy, verdict = decide(ev)
 
-    def healthy_values(arm, metric):
-        sub = ev[(ev.arm == arm) & ev.healthy.astype(bool)]
-        return sub[metric].to_numpy(dtype=float)
+    def healthy_values(arm, metric):  # every seed (intention to treat), despite the name
+        return ev[ev.arm == arm][metric].to_numpy(dtype=float)
 
     unhealthy = []
     for arm in ARMS:
@@ -300,13 +308,13 @@ def main(argv=None):
     axes[1].axhline(sft_win, color="0.5", ls="--", lw=1, label="SFT start")
     axes[1].set_xticks(range(len(ARMS)), [f"{a}\n{rate[a]:g}" for a in ARMS])
     axes[1].set_ylabel("win rate vs references (gold judge)")
-    axes[1].set_title(f"healthy runs of {len(seeds)} seeds, 95% CI")
+    axes[1].set_title(f"all {len(seeds)} seeds, 95% CI")
     axes[1].legend()
     words = {a: mean_ci(healthy_values(a, "words"))[0] for a in ARMS}
     steps = {a: ev[ev.arm == a].gradient_steps.mean() for a in ARMS}
     reason = (
         "; ".join(f"{k}: {v}" for k, v in parts.items())
-        + ". RLOO - careful PPO over the seeds healthy in both runs: "
+        + ". RLOO - careful PPO over every evaluation seed (intention to treat): "
         + "; ".join(
             f"{ppo} win rate {fmt_mdd(stats[ppo, 'win_rate'])}, proxy "
             f"{fmt(*[stats[ppo, 'proxy'][k] for k in ('mean', 'low', 'high')])}, gold "
@@ -329,7 +337,7 @@ def main(argv=None):
         + "; ".join(unhealthy)
         + ". Seeds healthy in both runs: "
         + ", ".join(f"RLOO/{p} {n} of {len(seeds)}" for p, n in n_healthy.items())
-        + f" (a part with fewer than {MIN_HEALTHY_SHARE * len(seeds):g} is undecided). "
+        + " (every seed counts; an unhealthy run keeps its score). "
         + "Gradient steps a run: "
         + ", ".join(f"{a} {steps[a]:g}" for a in ARMS)
         + ". Mean length (healthy runs): "

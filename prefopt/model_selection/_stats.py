@@ -213,6 +213,9 @@ def verdict(ci_low: float, ci_high: float, margin: float | None = None) -> str:
         ``low >= margin``                        ``"better"``
         ======================================  =================
 
+        Without a margin: ``"better"`` when ``low > 0``, ``"worse"`` when
+        ``high < 0``, else ``"inconclusive"``.
+
     Notes
     -----
     The rule is monotone in two senses. A narrower interval inside a wider
@@ -339,8 +342,19 @@ def holm(p_values) -> np.ndarray:
     scipy offers only false-discovery-rate adjustments
     (``scipy.stats.false_discovery_control``); Holm's controls the chance of
     any false verdict in the family, which is what a list of verdicts is read
-    for. The i-th smallest p-value is multiplied by ``m - i + 1`` (``m``
-    tests), made non-decreasing in that order and capped at 1.
+    for.
+
+    Parameters
+    ----------
+    p_values : array-like of shape (m,)
+        The p-values of the family's tests.
+
+    Returns
+    -------
+    adjusted : ndarray of shape (m,)
+        The i-th smallest p-value multiplied by ``m - i + 1``, made
+        non-decreasing in that order and capped at 1; reject where it is
+        below the family's level.
 
     Examples
     --------
