@@ -1,7 +1,7 @@
 """The verdicts of the committed results under the monotone margin rule and intention to treat.
 
-Issue 36 changed two things in how a claim's parts are judged, after claims 10, 16, 19,
-20 and 21 had run: every evaluation seed counts (an unhealthy run keeps the score it
+Issue 36 changed two things in how a claim's parts are judged, after claims 10, 11, 14,
+16, 17, 18, 19, 20 and 21 had run: every evaluation seed counts (an unhealthy run keeps the score it
 ended with; before, only seeds healthy in both arms were compared and a part with too
 few was undecided), and the margin rule is monotone ("better" is better by at least the
 margin; "better or equivalent" an interval above -margin). Nothing is rerun: this reads
@@ -52,12 +52,90 @@ def claim10():
     return verdict, parts, detail
 
 
+def claim11():
+    import claim11_raft_vs_rloo as claim
+
+    ev = _evaluation("claim11_raft_vs_rloo")
+
+    def wide(condition, metric):
+        sub = ev[ev.condition == condition]
+        return sub.pivot(index="seed", columns="algorithm", values=metric)
+
+    parts, details = {}, []
+    for c in claim.CLEAN:
+        win = wide(c, "win_rate")
+        stat = interval_with_mdd(win["RAFT"] - win["RLOO"], claim.WIN_MARGIN)
+        parts[f"A{c[1:]} RAFT below RLOO at k={c[1:]}"] = part_status(stat, ("worse",))
+        details.append(f"win rate RAFT - RLOO {c} {fmt_mdd(stat)}")
+    for c in claim.PERTURBED:
+        fall = wide("k4", "proxy") - wide(c, "proxy")
+        stat = interval_with_mdd(fall["RAFT"] - fall["RLOO"], claim.FALL_MARGIN)
+        parts[f"B {c}: RAFT's proxy falls more"] = part_status(stat, ("better",))
+        details.append(f"clean-proxy fall RAFT - RLOO {c} {fmt_mdd(stat)}")
+    return parts_verdict(parts), parts, "; ".join(details)
+
+
+def claim14():
+    import claim14_online_refits as claim
+
+    # No run of claim 14 was unhealthy: a seed leaves the comparison only when its run
+    # never reached the KL (it has no gold there), as before; the rule is the new one.
+    frame = pd.read_csv(HERE / "results" / "claim14_online_refits.csv")
+    ev = frame[frame.phase == "evaluation"]
+    kl_at = claim.FULL["kl_at"]
+    at = claim.read(ev, kl_at).droplevel("learning_rate").unstack("mode")
+    usable = at.notna().all(axis=1)
+    stat = interval_with_mdd((at["online"] - at["offline"])[usable], claim.MARGIN)
+    parts = {"online beats offline at equal KL": part_status(stat, ("better",))}
+    detail = f"online - offline gold at {kl_at:g} nats {fmt_mdd(stat)}"
+    return parts_verdict(parts), parts, detail
+
+
 def claim16():
     import claim16_careful_ppo as claim
 
     stats, parts, _, verdict = claim.decide(_evaluation("claim16_careful_ppo"))
     detail = "; ".join(f"RLOO - {p} {m} {fmt_mdd(stats[p, m])}" for (p, m) in stats)
     return verdict, parts, detail
+
+
+def claim17():
+    import claim17_per_token_credit as claim
+
+    ev = _evaluation("claim17_per_token_credit")
+    area = ev.pivot(index="seed", columns="method", values="area")
+    parts, details = {}, []
+    for part, other in claim.PARTS.items():
+        stat = interval_with_mdd(area["PPO per-token"] - area[other], claim.MARGIN)
+        parts[part] = part_status(stat, ("better",))
+        details.append(f"PPO per-token - {other} {fmt_mdd(stat)}")
+    return parts_verdict(parts), parts, "; ".join(details)
+
+
+def claim18():
+    import claim18_ppo_length_vs_lr as claim
+
+    runs = pd.read_csv(HERE / "results" / "claim18_ppo_length_vs_lr.csv")
+    runs = runs[runs.algorithm != "SFT"]
+    parts, details = {}, []
+    for lr in sorted(runs.learning_rate.unique()):
+        words = runs[runs.learning_rate == lr].pivot(
+            index="seed", columns="algorithm", values="words"
+        )
+        stat = interval_with_mdd(words["PPO"] - words["RLOO"], claim.MARGIN)
+        # "shorter" is the worse region; equivalent or better is "not shorter".
+        parts[f"lr {lr:g} PPO shorter"] = part_status(stat, ("worse",))
+        details.append(f"lr {lr:g}: PPO - RLOO words {fmt_mdd(stat, digits=1)}")
+    values = list(parts.values())
+    if all(v == "held" for v in values):
+        verdict = "reproduced"
+    elif all(v == "refuted" for v in values):
+        verdict = "not reproduced"
+    elif "held" in values and "refuted" in values:
+        verdict = "partly reproduced"
+    else:
+        verdict = "inconclusive"
+    return verdict, parts, "; ".join(details)
 
 
 def claim19():
@@ -113,7 +191,11 @@ def claim21():
 
 CLAIMS = {
     "claim10_rloo_reinforce_vpg_ppo": claim10,
+    "claim11_raft_vs_rloo": claim11,
+    "claim14_online_refits": claim14,
     "claim16_careful_ppo": claim16,
+    "claim17_per_token_credit": claim17,
+    "claim18_ppo_length_vs_lr": claim18,
     "claim19_dr_grpo_length": claim19,
     "claim20_clip_higher_entropy": claim20,
     "claim21_pass_at_k": claim21,
