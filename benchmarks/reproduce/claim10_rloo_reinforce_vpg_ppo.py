@@ -340,7 +340,7 @@ def main(argv=None):
         setting=f"review world, beta {BETA}, 2 gradient steps a batch for all, {s['steps']} "
         f"steps of {s['batch_size']}, RLOO k=4, lr tuned per algorithm over "
         f"{', '.join(f'{v:g}' for v in s['learning_rates'])} on {len(s['tuning_seeds'])} "
-        f"tuning seeds, {len(seeds)} evaluation seeds, unhealthy runs counted as failures",
+        f"tuning seeds, {len(seeds)} evaluation seeds, unhealthy runs counted as failures, kept",
         result="; ".join(
             f"{n} (lr {rate[n]:g}) win {fmt(*mean_ci(healthy_values(n, 'win_rate')), digits=2)}, "
             f"reward {fmt(*mean_ci(healthy_values(n, 'proxy')), digits=2)}"

@@ -340,7 +340,7 @@ def main(argv=None):
         + " (every seed counts; an unhealthy run keeps its score). "
         + "Gradient steps a run: "
         + ", ".join(f"{a} {steps[a]:g}" for a in ARMS)
-        + ". Mean length (healthy runs): "
+        + ". Mean length (all seeds): "
         + ", ".join(f"{a} {words[a]:.1f} words" for a in ARMS)
         + "."
     )
@@ -357,12 +357,12 @@ def main(argv=None):
         f"RLOO k=4 and careful PPO at 2 (PPO-2) and 4 (PPO-4) gradient steps a batch, lr tuned "
         f"per arm over {', '.join(f'{v:g}' for v in s['learning_rates'])} on "
         f"{len(s['tuning_seeds'])} tuning seeds (health-aware), {len(seeds)} evaluation seeds, "
-        "unhealthy runs counted as failures",
+        "unhealthy runs counted as failures, kept",
         result="; ".join(
             f"{a} (lr {rate[a]:g}) win {fmt(*mean_ci(healthy_values(a, 'win_rate')), digits=2)}"
             for a in ARMS
         )
-        + f" (healthy runs; empty answer {floor:.2f}, SFT {sft_win:.2f}); RLOO - PPO-2 "
+        + f" (all seeds; empty answer {floor:.2f}, SFT {sft_win:.2f}); RLOO - PPO-2 "
         f"{fmt_mdd(stats['PPO-2', 'win_rate'])}, RLOO - PPO-4 "
         f"{fmt_mdd(stats['PPO-4', 'win_rate'])}; unhealthy: " + ", ".join(unhealthy),
         verdict=verdict,
