@@ -187,3 +187,47 @@ def test_load_leaves_the_callers_torch_random_state_alone(tmp_path):
     assert torch.equal(torch.rand(3), expected)
     for a, b in zip(sft.model_.state_dict().values(), loaded.model_.state_dict().values()):
         assert torch.equal(a, b)
+
+
+def _correct(prompts, completions):
+    return np.array([float(c.startswith("a")) for c in completions])
+
+
+def _fmt(prompts, completions):
+    return np.array([-abs(len(c) - 3) / 3 for c in completions])
+
+
+def test_load_weighs_a_list_of_rewards_as_it_was_saved(tmp_path):
+    from prefopt.rewards import WeightedRewards
+
+    world = TinyLMWorld(random_state=0)
+    policy = RLOOPolicy(
+        model=world.policy_model(),
+        reward_weights=[1.0, 0.2],
+        batch_size=8,
+        n_steps=1,
+        random_state=0,
+    ).fit(world.prompts, [_correct, _fmt])
+    with pytest.warns(UserWarning, match=r"load\(folder, reward=\[_correct, _fmt\]\)"):
+        folder = policy.save(tmp_path / "weighted")
+    saved = json.load(open(os.path.join(folder, "estimator.json")))["objects"]["reward_model_"]
+    assert saved == {"weighted": ["_correct", "_fmt"], "weights": [1.0, 0.2]}
+    loaded = prefopt.load(folder, reward=[_correct, _fmt])
+    assert isinstance(loaded.reward_model_, WeightedRewards)
+    assert loaded.reward_model_.weights == [1.0, 0.2]
+    # It scores as the saved policy: sum of 1.0 * correct + 0.2 * fmt on the same samples.
+    completions = [g[0] for g in policy.sample(world.prompts)]
+    expected = np.mean(
+        _correct(world.prompts, completions) + 0.2 * _fmt(world.prompts, completions)
+    )
+    assert loaded.score(world.prompts) == pytest.approx(expected)
+    assert policy.score(world.prompts) == pytest.approx(expected)
+    # Another order, or another list, is refused by name before any scoring.
+    with pytest.raises(
+        ValueError,
+        match=r"fitted on the rewards \['_correct', '_fmt'\] with "
+        r"weights \[1.0, 0.2\]; load got \['_fmt', '_correct'\]",
+    ):
+        prefopt.load(folder, reward=[_fmt, _correct])
+    with pytest.raises(ValueError, match=r"load got \['_correct'\]"):
+        prefopt.load(folder, reward=_correct)

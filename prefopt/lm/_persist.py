@@ -190,12 +190,16 @@ def save(estimator, folder) -> str:
         for key, value in vars(estimator).items()
         if key in fitted and isinstance(value, nn.Module)
     }
+    describe = getattr(estimator, "_describe_reward", None)
     for key, value in others.items():  # a function or object JSON cannot hold: its type
-        objects[key] = _name_of(value)
+        # A weighted list of rewards: its names and weights, which load weighs again.
+        described = describe(value) if key == "reward_model_" and describe else None
+        objects[key] = described or _name_of(value)
         name = REWARD if key == "reward_model_" else key
+        again = f"[{', '.join(described['weighted'])}]" if described else "..."
         warnings.warn(
-            f"{type(estimator).__name__}.{key} ({objects[key]}) is not saved; pass it to "
-            f"load again: load(folder, {name}=...).",
+            f"{type(estimator).__name__}.{key} ({_name_of(value)}) is not saved; pass it to "
+            f"load again: load(folder, {name}={again}).",
             UserWarning,
             stacklevel=2,
         )
@@ -466,6 +470,9 @@ def _restore_objects(folder: str, state: dict, estimator, objects: dict, classes
                     f"saved folder cannot hold; pass it again: load(folder, {REWARD}=...), or "
                     f"load(folder, {REWARD}=None) to sample only (score then needs y=reward)."
                 )
-            setattr(estimator, key, objects.get(REWARD))
+            reward, rebuild = objects.get(REWARD), getattr(estimator, "_rebuild_reward", None)
+            if reward is not None and rebuild is not None:
+                reward = rebuild(reward, kind)  # a weighted list, weighed as it was saved
+            setattr(estimator, key, reward)
         elif key in objects:
             setattr(estimator, key, objects[key])

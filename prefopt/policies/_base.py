@@ -28,7 +28,7 @@ from ..lm import GenerativeEstimator, RunState
 from ..lm import checkpoint as ckpt
 from ..lm._run import one_fit_at_a_time
 from ..rewards import call_with_columns, check_reward_columns, check_rewards
-from ..rewards._combined import combine_rewards
+from ..rewards._combined import combine_rewards, describe_reward, rebuild_reward
 from ..tracking import check_callback
 from ..validation import validate_params
 from ._inputs import check_ptx, starting_policy
@@ -308,6 +308,17 @@ class BasePolicy(Algorithm, GenerativeEstimator):
         self.budget_ = result.budget
         self.reward_model_ = result.reward
         self.history_.append(result.row)
+
+    def _describe_reward(self, reward):
+        """What ``save`` records of a reward it cannot hold (a weighted list's weights)."""
+        return describe_reward(reward)
+
+    def _rebuild_reward(self, reward, saved):
+        """The reward ``load`` restores: a list weighed again as it was saved."""
+        if not (isinstance(saved, dict) and "weighted" in saved):
+            # Saved by an older prefopt (by type only): a list is weighed as fit weighs it.
+            return combine_rewards(reward, self.reward_weights)
+        return rebuild_reward(reward, saved, type(self).__name__)
 
     def _tell_hidden_parameters(self) -> None:
         """Warn once per class which common parameters its ``__init__`` leaves out."""

@@ -288,3 +288,49 @@ def combine_rewards(reward, weights):
     if not callable(reward):
         return reward  # the caller's own error names it
     return WeightedRewards([reward], weights)
+
+
+def describe_reward(reward) -> dict | None:
+    """What ``save`` records of a weighted list of rewards (JSON): names and weights.
+
+    The functions themselves cannot be saved (loading is data, never code);
+    ``load(folder, reward=[...])`` takes them again, and :func:`rebuild_reward`
+    weighs them as they were. ``None`` for any other reward.
+    """
+    if not isinstance(reward, WeightedRewards):
+        return None
+    return {"weighted": list(reward.names), "weights": [float(w) for w in reward.weights]}
+
+
+def rebuild_reward(given, saved, owner: str):
+    """The reward ``load`` restores from ``given`` and what ``save`` recorded.
+
+    A list (or one function, for a list of one) becomes the
+    :class:`WeightedRewards` that was saved: the same weights, its rewards
+    checked by name and order; a :class:`WeightedRewards` is taken as given.
+
+    Examples
+    --------
+    >>> def correct(prompts, completions):
+    ...     return [1.0] * len(completions)
+    >>> def fmt(prompts, completions):
+    ...     return [0.5] * len(completions)
+    >>> saved = describe_reward(WeightedRewards([correct, fmt], weights=[1.0, 0.2]))
+    >>> rebuild_reward([correct, fmt], saved, "GRPOPolicy")
+    WeightedRewards(['correct', 'fmt'], weights=[1.0, 0.2])
+    >>> rebuild_reward([fmt, correct], saved, "GRPOPolicy")
+    Traceback (most recent call last):
+    ...
+    ValueError: GRPOPolicy was fitted on the rewards ['correct', 'fmt'] ...
+    """
+    if not (isinstance(saved, dict) and "weighted" in saved) or isinstance(given, WeightedRewards):
+        return given
+    names, weights = list(saved["weighted"]), saved["weights"]
+    rewards = list(given) if isinstance(given, (list, tuple)) else [given]
+    got = WeightedRewards(rewards).names  # checks each is callable
+    if got != names:
+        raise ValueError(
+            f"{owner} was fitted on the rewards {names} with weights {weights}; load got "
+            f"{got}. Pass the same functions in the same order: load(folder, reward=[...])."
+        )
+    return WeightedRewards(rewards, weights)
