@@ -52,10 +52,11 @@ at k = 4: a smaller difference is called none); (B5) under noise std 5 and (Bb) 
 beta 0.2, RAFT's fall of the clean proxy reward (clean k = 4 minus perturbed) minus
 RLOO's is "better" (above 0), margin 0.1 (a tenth of the SFT samples' reward spread).
 A part holds when its verdict is the one named, is undecided when "inconclusive",
-and is refuted otherwise. A seed enters a part only if every run the part reads is
-healthy (A: RAFT and RLOO at that k; B: both algorithms clean and perturbed); a part
-with fewer than ``MIN_HEALTHY_SHARE`` (6 of 8) of its seeds healthy is undecided
-(failures, not the algorithms, would decide it). "reproduced" if all four hold, "not
+and is refuted otherwise. A seed entered a part only if every run the part read was
+healthy, and a part with under 6 of 8 such seeds was undecided.
+(Issue 36 changed the rule after this run, and the verdict was regenerated from the
+committed CSV: every seed counts, an unhealthy run with the score it ended with, and the
+parts are read by the monotone margin rule.) "reproduced" if all four hold, "not
 reproduced" if all are refuted, "partly reproduced" for a mix, "inconclusive" if any
 is undecided. With 8 seeds the minimum detectable difference at 80% power is about
 1.15 standard deviations of the per-seed differences, reported beside each interval;
@@ -75,7 +76,6 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 from _common import (
-    MIN_HEALTHY_SHARE,
     REVIEW_FULL,
     REVIEW_QUICK,
     HistoryMean,
@@ -151,8 +151,7 @@ COLUMNS = [
 ]
 # Verdict rule (see the docstring), 8 evaluation seeds: A2, A4 RAFT - RLOO win rate
 # "worse" (margin 0.02); B5, Bb RAFT's clean-proxy fall minus RLOO's "better" (margin
-# 0.1); a part with under 6 of 8 seeds healthy in every run it reads is undecided; any
-# part undecided: "inconclusive".
+# 0.1) (every seed counts, issue 36); any part undecided: "inconclusive".
 
 
 def make_policy(algorithm, sft, k, beta, s):
@@ -189,6 +188,35 @@ def empty_win_rate(world, prompts) -> float:
     empty = world.gold_reward(prompts, [""] * len(prompts))
     ref = world.gold_reward(prompts, [ref_text[p] for p in prompts])
     return float(np.mean((empty > ref) + 0.5 * (empty == ref)))
+
+
+def decide(ev: pd.DataFrame) -> tuple:
+    """The rule on the evaluation rows: ``(stats, parts, n_healthy, verdict)``.
+
+    Issue 36: every evaluation seed counts and each part is read by
+    :func:`_common.part_status` (the monotone margin rule); ``n_healthy`` counts the
+    seeds whose every run a part reads is healthy, for the report.
+    """
+
+    def wide(condition, metric):
+        sub = ev[ev.condition == condition]
+        return sub.pivot(index="seed", columns="algorithm", values=metric)
+
+    stats, parts, n_healthy = {}, {}, {}
+    for c in CLEAN:
+        win = wide(c, "win_rate")
+        stats[c] = interval_with_mdd(win["RAFT"] - win["RLOO"], WIN_MARGIN)
+        n_healthy[c] = int(wide(c, "healthy").astype(bool).all(axis=1).sum())
+        parts[f"A{c[1:]} RAFT below RLOO at k={c[1:]}"] = part_status(stats[c], ("worse",))
+    for c in PERTURBED:
+        ok = (wide("k4", "healthy").astype(bool) & wide(c, "healthy").astype(bool)).all(axis=1)
+        fall = wide("k4", "proxy") - wide(c, "proxy")
+        stats[c] = interval_with_mdd(fall["RAFT"] - fall["RLOO"], FALL_MARGIN)
+        stats[c, "RAFT"] = mean_ci(fall["RAFT"])
+        stats[c, "RLOO"] = mean_ci(fall["RLOO"])
+        n_healthy[c] = int(ok.sum())
+        parts[f"B {c}: RAFT's proxy falls more"] = part_status(stats[c], ("better",))
+    return stats, parts, n_healthy, parts_verdict(parts)
 
 
 def main(argv=None):
@@ -260,29 +288,10 @@ def main(argv=None):
             sub = sub[sub.healthy.astype(bool)]
         return sub.pivot(index="seed", columns="algorithm", values=metric)
 
-    stats, parts, n_healthy = {}, {}, {}
-    for c in CLEAN:
-        ok = wide(c, "healthy").astype(bool).all(axis=1)
-        win = wide(c, "win_rate")[ok]
-        stats[c] = interval_with_mdd(win["RAFT"] - win["RLOO"], WIN_MARGIN)
-        n_healthy[c] = int(ok.sum())
-        status = part_status(stats[c]["verdict"], ("worse",))
-        enough = n_healthy[c] >= MIN_HEALTHY_SHARE * len(seeds)
-        parts[f"A{c[1:]} RAFT below RLOO at k={c[1:]}"] = status if enough else "undecided"
-    for c in PERTURBED:
-        ok = (wide("k4", "healthy").astype(bool) & wide(c, "healthy").astype(bool)).all(axis=1)
-        fall = (wide("k4", "proxy") - wide(c, "proxy"))[ok]
-        stats[c] = interval_with_mdd(fall["RAFT"] - fall["RLOO"], FALL_MARGIN)
-        stats[c, "RAFT"] = mean_ci(fall["RAFT"])
-        stats[c, "RLOO"] = mean_ci(fall["RLOO"])
-        n_healthy[c] = int(ok.sum())
-        status = part_status(stats[c]["verdict"], ("better",))
-        enough = n_healthy[c] >= MIN_HEALTHY_SHARE * len(seeds)
-        parts[f"B {c}: RAFT's proxy falls more"] = status if enough else "undecided"
-    verdict = parts_verdict(parts)
+    stats, parts, n_healthy, verdict = decide(ev)
 
     def win(a, c):
-        return fmt(*mean_ci(wide(c, "win_rate", healthy_only=True).get(a, [])), digits=2)
+        return fmt(*mean_ci(wide(c, "win_rate", healthy_only=False).get(a, [])), digits=2)
 
     sft_win = mean_ci(ev[ev.algorithm == "SFT"].win_rate)[0]
     unhealthy = []
@@ -303,7 +312,7 @@ def main(argv=None):
         axes, ("win_rate", "proxy"), ("win rate vs references (gold judge)", "clean proxy reward")
     ):
         for j, (a, color) in enumerate((("RLOO", "C0"), ("RAFT", "C3"))):
-            ci = [mean_ci(wide(c, metric, healthy_only=True).get(a, [])) for c in conditions]
+            ci = [mean_ci(wide(c, metric, healthy_only=False).get(a, [])) for c in conditions]
             m = np.array([v[0] for v in ci])
             err = [m - np.array([v[1] for v in ci]), np.array([v[2] for v in ci]) - m]
             ax.errorbar(
@@ -339,7 +348,7 @@ def main(argv=None):
         + ("; ".join(unhealthy) if unhealthy else "none")
         + ". Seeds healthy in every run a part reads: "
         + ", ".join(f"{c} {n} of {len(seeds)}" for c, n in n_healthy.items())
-        + f" (a part with fewer than {MIN_HEALTHY_SHARE * len(seeds):g} is undecided)"
+        + " (every seed counts)"
         + ". RAFT sees beta only through its ranking (which sample is kept)."
     )
     return finish(

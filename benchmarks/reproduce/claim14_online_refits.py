@@ -34,9 +34,11 @@ fixes everything below before its full run. What changed, and why (issue 25's au
   in :func:`select` instead.
 - Unhealthy runs (any detector of ``health_`` fired; ``on_unhealthy="ignore"`` so that
   it still records) are failures: counted per arm with the detectors' names, never
-  averaged. A seed enters the comparison only if both of its runs are healthy and
-  reach 1.5 nats; with fewer than ``MIN_HEALTHY_SHARE`` (3 in 4) of the seeds usable,
-  the verdict is "inconclusive" (failures would decide it).
+  averaged. A seed entered the comparison only if both of its runs were healthy and
+  reached 1.5 nats; with fewer than ``MIN_HEALTHY_SHARE`` (3 in 4) of the seeds usable,
+  the verdict is "inconclusive". (Issue 36, after this run: every seed whose runs reach
+  1.5 nats counts, healthy or not; no run here was unhealthy, so only the monotone
+  margin rule applies to the committed results.)
 - 14 evaluation seeds (0-13) instead of 6; denser checkpoints early (steps 1, 2, 4, 6,
   8 instead of every 4th), where a faster rate crosses 1.5 nats.
 - A margin and the minimum detectable difference: the previous run's paired
@@ -132,7 +134,8 @@ COLUMNS = [
     "gradient_steps",
 ]
 # Verdict rule (see the docstring): online - offline gold at 1.5 nats, paired over the
-# evaluation seeds usable in both (healthy, reaching 1.5 nats), margin 0.02: "better"
+# evaluation seeds usable in both (reaching 1.5 nats, healthy or not: issue 36), margin
+# 0.02: "better"
 # reproduced; "equivalent" or "worse" not reproduced; "inconclusive", or under 3 in 4
 # seeds usable: inconclusive.
 
@@ -253,6 +256,22 @@ def select(tuning: pd.DataFrame, kl_star: float) -> tuple[dict, pd.DataFrame]:
     return chosen, table
 
 
+def decide(at: pd.DataFrame, n_seeds: int) -> tuple:
+    """The rule on the gold at the KL (one row per seed, one column per mode).
+
+    Returns ``(usable, enough, diff, parts, verdict)``. Issue 36: every seed whose runs
+    reached the KL counts, healthy or not (an unhealthy run keeps the gold it had
+    there); a run that never reached it has no value there, and with under 3 in 4 seeds
+    usable the verdict is "inconclusive"; the part is read by :func:`_common.part_status`
+    (the monotone margin rule).
+    """
+    usable = at.notna().all(axis=1)
+    enough = int(usable.sum()) >= MIN_HEALTHY_SHARE * n_seeds
+    diff = interval_with_mdd((at["online"] - at["offline"])[usable], MARGIN)
+    parts = {"online beats offline at equal KL": part_status(diff, ("better",))}
+    return usable, enough, diff, parts, parts_verdict(parts, enough)
+
+
 def main(argv=None):
     environ_threads()
     args = parse_args(__doc__, argv, jobs=(int, None, "parallel fits (default: 2, 1 quick)"))
@@ -285,13 +304,9 @@ def main(argv=None):
     at = read(evaluation, s["kl_at"]).droplevel("learning_rate").unstack("mode")
     also = read(evaluation, s["kl_also"]).droplevel("learning_rate").unstack("mode")
     last = evaluation[evaluation.step == evaluation.step.max()].set_index(["seed", "mode"])
-    usable = healthy.all(axis=1) & at.notna().all(axis=1)
-    enough = int(usable.sum()) >= MIN_HEALTHY_SHARE * len(seeds)
-    diff = interval_with_mdd((at["online"] - at["offline"])[usable], MARGIN)
-    ok_also = healthy.all(axis=1) & also.notna().all(axis=1)
+    usable, enough, diff, parts, verdict = decide(at, len(seeds))
+    ok_also = also.notna().all(axis=1)  # every seed counts (issue 36): healthy or not
     diff_also = interval_with_mdd((also["online"] - also["offline"])[ok_also], MARGIN)
-    parts = {"online beats offline at equal KL": part_status(diff["verdict"], ("better",))}
-    verdict = parts_verdict(parts, enough)
 
     start = evaluation[(evaluation.step == 0) & (evaluation["mode"] == "offline")]
     sft_gold = float(start.gold.mean())

@@ -18,9 +18,12 @@ half of the grid compared the lengths of degenerate runs, KL 26-242 nats):
   detector: reward collapse, empty or repetitive answers, KL blow-up above 2 nats a
   token, dead groups, non-finite values, no learning). An unhealthy run is a failure,
   counted per rate and arm with the detectors that fired, never averaged.
-- At each rate, PPO and RLOO are compared only on the seeds where both runs are
-  healthy; a rate where fewer than ``MIN_HEALTHY_SHARE`` (3 in 4) of the seed pairs
-  are healthy is reported as "degenerate, not compared".
+- At each rate, PPO and RLOO were compared only on the seeds where both runs were
+  healthy, and a rate where fewer than 3 in 4 of the seed pairs were healthy was
+  reported as "degenerate, not compared". (Issue 36 changed this after the run, and the
+  verdict was regenerated from the committed CSV: every seed counts at every rate, an
+  unhealthy run with the length it ended with, and "shorter" is the monotone margin
+  rule's worse region.)
 - Rates 3e-5, 1e-4, 3e-4, 1e-3, 3e-3 (a factor of 100): the first run's 1e-2 and 3e-2
   are dropped (every run there was degenerate), 3e-3 is kept as the edge, and 3e-5
   added below; the time goes to a sixth seed (seeds 0-5).
@@ -52,7 +55,6 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 from _common import (
-    MIN_HEALTHY_SHARE,
     REVIEW_FULL,
     REVIEW_QUICK,
     environ_threads,
@@ -63,6 +65,7 @@ from _common import (
     mean_ci,
     new_figure,
     parse_args,
+    part_status,
     review_metrics,
     review_setup,
 )
@@ -140,6 +143,37 @@ def measure(world, rm, prompts, policy, seed):
     }
 
 
+def decide(runs: pd.DataFrame) -> tuple:
+    """The rule on the runs (no SFT rows): ``(stats, statuses, verdict)``, per rate.
+
+    Issue 36: every seed counts at every rate (an unhealthy run keeps the length it
+    ended with; the first rule compared only healthy pairs and set aside a rate with
+    under 3 in 4 as "degenerate, not compared"), and "PPO shorter" is the worse region
+    of the monotone margin rule (:func:`_common.part_status`): held is "shorter",
+    refuted "not shorter".
+    """
+    stats, statuses = {}, {}
+    named = {"held": "shorter", "refuted": "not shorter", "undecided": "undecided"}
+    for lr in sorted(runs.learning_rate.unique()):
+        words = runs[runs.learning_rate == lr].pivot(
+            index="seed", columns="algorithm", values="words"
+        )
+        stats[lr] = interval_with_mdd(words["PPO"] - words["RLOO"], MARGIN)
+        statuses[lr] = named[part_status(stats[lr], ("worse",))]
+    values = list(statuses.values())
+    if len(values) < MIN_RATES:
+        verdict = "inconclusive"
+    elif all(v == "shorter" for v in values):
+        verdict = "reproduced"
+    elif all(v == "not shorter" for v in values):
+        verdict = "not reproduced"
+    elif "shorter" in values and "not shorter" in values:
+        verdict = "partly reproduced"
+    else:
+        verdict = "inconclusive"
+    return stats, statuses, verdict
+
+
 def main(argv=None):
     environ_threads()
     args = parse_args(__doc__, argv, jobs=(int, None, "parallel fits (default: 2, 1 quick)"))
@@ -172,7 +206,8 @@ def main(argv=None):
             index="seed", columns="algorithm", values=metric
         )
 
-    statuses, parts, compared = {}, [], []
+    stats, statuses, verdict = decide(runs)
+    compared, parts = list(statuses), []
     for lr in lrs:
         ok = wide(lr, "healthy").astype(bool).all(axis=1)
         unhealthy = []
@@ -182,36 +217,17 @@ def main(argv=None):
             fired = sorted({f for f in bad.fired if f})
             unhealthy.append(f"{a} {len(bad)}" + (f" ({', '.join(fired)})" if fired else ""))
         health = f"{int(ok.sum())} of {len(ok)} pairs healthy; unhealthy {', '.join(unhealthy)}"
-        if ok.sum() < MIN_HEALTHY_SHARE * len(ok):
-            parts.append(f"lr {lr:g}: degenerate, not compared ({health})")
-            continue
-        words, kl = wide(lr, "words")[ok], wide(lr, "kl")[ok]
-        stat = interval_with_mdd(words["PPO"] - words["RLOO"], MARGIN)
-        held = {"worse": "shorter", "equivalent": "not shorter", "better": "not shorter"}
-        statuses[lr] = held.get(stat["verdict"], "undecided")
-        compared.append(lr)
+        words, kl = wide(lr, "words"), wide(lr, "kl")
         parts.append(
             f"lr {lr:g}: PPO {words['PPO'].mean():.1f}, RLOO {words['RLOO'].mean():.1f} words "
             f"(KL {kl['PPO'].mean():.1f}, {kl['RLOO'].mean():.1f} nats), PPO - RLOO "
-            f"{fmt_mdd(stat, digits=1)}: {statuses[lr]} ({health})"
+            f"{fmt_mdd(stats[lr], digits=1)}: {statuses[lr]} ({health})"
         )
-    values = list(statuses.values())
-    if len(compared) < MIN_RATES:
-        verdict = "inconclusive"
-    elif all(v == "shorter" for v in values):
-        verdict = "reproduced"
-    elif all(v == "not shorter" for v in values):
-        verdict = "not reproduced"
-    elif "shorter" in values and "not shorter" in values:
-        verdict = "partly reproduced"
-    else:
-        verdict = "inconclusive"
 
     fig, axes = new_figure(2)
     for a, color in (("PPO", "C1"), ("RLOO", "C0")):
         for ax, metric in zip(axes, ("words", "kl")):
-            # Healthy runs only: an unhealthy run is a failure, never averaged.
-            kept = runs[(runs.algorithm == a) & runs.healthy]
+            kept = runs[runs.algorithm == a]  # every seed (intention to treat, issue 36)
             stats = [mean_ci(kept[kept.learning_rate == lr][metric]) for lr in lrs]
             m = np.array([v[0] for v in stats])
             lo, hi = np.array([v[1] for v in stats]), np.array([v[2] for v in stats])
@@ -223,7 +239,7 @@ def main(argv=None):
         ax.set_xlabel("learning rate")
         ax.set_ylabel(label)
     axes[0].legend()
-    axes[0].set_title(f"healthy runs of {len(seeds)} seeds, 95% CI")
+    axes[0].set_title(f"all {len(seeds)} seeds, 95% CI")
     shorter = [lr for lr in compared if statuses[lr] == "shorter"]
     findings = (
         f"PPO is shorter than RLOO at {len(shorter)} of {len(compared)} compared learning rates "

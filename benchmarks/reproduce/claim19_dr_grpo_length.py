@@ -38,9 +38,11 @@ paired difference GRPO - Dr. GRPO is above 0 ("better"). A part whose interval i
 "inconclusive" is undecided, and one that contradicts it is refuted. "reproduced" if all
 three hold, "not reproduced" if all are refuted, "partly reproduced" for a mix, and
 "inconclusive" if any is undecided. Unhealthy runs (any detector of ``health_`` fired)
-are failures: a seed where either arm's run is unhealthy leaves the comparison, and
-with fewer than 6 of 8 seeds healthy in both arms the verdict is "inconclusive"
-(failures would decide it); the counts and the detectors are reported. With 8 seeds the
+are failures, counted and reported with their detectors. (Issue 36 changed the rule after
+this run, and the verdict was regenerated from the committed CSV: every seed counts, an
+unhealthy run with the growth it ended with, where a seed with an unhealthy run in either
+arm left the comparison and under 6 of 8 such seeds gave "inconclusive"; the parts are
+read by the monotone margin rule.) With 8 seeds the
 minimum detectable difference at 80% power is about 1.15 standard deviations of the
 per-seed differences, reported beside each interval.
 
@@ -57,7 +59,6 @@ import pandas as pd
 from _common import (
     ARITHMETIC_FULL,
     ARITHMETIC_QUICK,
-    MIN_HEALTHY_SHARE,
     HistoryMean,
     arithmetic_sft,
     environ_threads,
@@ -118,7 +119,7 @@ COLUMNS = [
 ]
 # Verdict rule (see the docstring), margin 0.25 characters, 8 evaluation seeds: A GRPO's
 # growth "better"; B Dr. GRPO's growth "equivalent" or "worse"; C GRPO - Dr. GRPO "better";
-# any part inconclusive, or under 6 of 8 seeds healthy in both arms: "inconclusive".
+# any part undecided: "inconclusive" (every seed counts, issue 36).
 
 
 def make_incorrect_length(world):
@@ -151,6 +152,26 @@ def correct_lengths(history) -> np.ndarray:
     wrong_total = (1.0 - right) * np.nan_to_num(incorrect_lengths(history))
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(right > 0, (chars - wrong_total) / np.where(right > 0, right, 1.0), np.nan)
+
+
+def decide(ev: pd.DataFrame) -> tuple:
+    """The rule on the evaluation rows: ``(grpo, dr, diff, parts, verdict)``.
+
+    Issue 36: every evaluation seed counts (an unhealthy run keeps the growth it ended
+    with; the first rule used only seeds healthy in both arms and called too few
+    inconclusive), and each part is read by :func:`_common.part_status` (the monotone
+    margin rule).
+    """
+    wide = ev.pivot(index="seed", columns="arm", values="incorrect_length_growth")
+    grpo = interval_with_mdd(wide["GRPO"], MARGIN)
+    dr = interval_with_mdd(wide["Dr. GRPO"], MARGIN)
+    diff = interval_with_mdd(wide["GRPO"] - wide["Dr. GRPO"], MARGIN)
+    parts = {
+        "A GRPO's incorrect responses grow": part_status(grpo, ("better",)),
+        "B Dr. GRPO's do not": part_status(dr, ("equivalent", "worse")),
+        "C GRPO grows them more than Dr. GRPO": part_status(diff, ("better",)),
+    }
+    return grpo, dr, diff, parts, parts_verdict(parts)
 
 
 def main(argv=None):
@@ -232,18 +253,7 @@ def main(argv=None):
     ev = frame[frame.phase == "evaluation"]
     wide = ev.pivot(index="seed", columns="arm", values="incorrect_length_growth")
     healthy = ev.pivot(index="seed", columns="arm", values="healthy").astype(bool)
-    both = healthy.all(axis=1)
-    kept = wide[both]
-    enough = int(both.sum()) >= MIN_HEALTHY_SHARE * len(wide)
-    grpo = interval_with_mdd(kept["GRPO"], MARGIN)
-    dr = interval_with_mdd(kept["Dr. GRPO"], MARGIN)
-    diff = interval_with_mdd(kept["GRPO"] - kept["Dr. GRPO"], MARGIN)
-    parts = {
-        "A GRPO's incorrect responses grow": part_status(grpo["verdict"], ("better",)),
-        "B Dr. GRPO's do not": part_status(dr["verdict"], ("equivalent", "worse")),
-        "C GRPO grows them more than Dr. GRPO": part_status(diff["verdict"], ("better",)),
-    }
-    verdict = parts_verdict(parts, enough)
+    grpo, dr, diff, parts, verdict = decide(ev)
     n_unhealthy = {arm: int((~healthy[arm]).sum()) for arm in ARMS}
     fired = {arm: sorted({f for f in ev[ev.arm == arm].fired if f}) for arm in ARMS}
 
@@ -270,7 +280,7 @@ def main(argv=None):
     axes[1].axhline(0, color="0.5", lw=0.8)
     axes[1].set_xticks([0, 1], list(ARMS))
     axes[1].set_ylabel("growth, last minus first steps (chars)")
-    axes[1].set_title(f"{int(both.sum())} healthy seeds, 95% CI; margin shaded")
+    axes[1].set_title(f"all {len(wide)} seeds, 95% CI; margin shaded")
     chosen = ", ".join(f"{a} {result.tuned_params[a]['learning_rate']:g}" for a in ARMS)
     reason = (
         "; ".join(f"{k}: {v}" for k, v in parts.items())
@@ -282,7 +292,7 @@ def main(argv=None):
             + (f" ({', '.join(fired[a])})" if fired[a] else "")
             for a in ARMS
         )
-        + ("" if enough else "; too few healthy seeds to compare")
+        + " (kept: every seed counts)"
         + ". Mean response length at the end (chars): "
         + ", ".join(f"{a} {ev[ev.arm == a].length_end.mean():.2f}" for a in ARMS)
         + "."

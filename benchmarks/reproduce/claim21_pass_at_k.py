@@ -28,14 +28,16 @@ trained - start and :func:`prefopt.model_selection.verdict` at that margin, two 
 model, "equivalent" or "worse". A part whose interval is "inconclusive" is undecided,
 and one that contradicts it is refuted. "reproduced" if both hold, "not reproduced" if
 both are refuted, "partly reproduced" for a mix, "inconclusive" if either is undecided.
-Unhealthy trained runs (any detector of ``health_`` fired) are failures: they leave the
-intervals, and with fewer than 6 of 8 healthy the verdict is "inconclusive"; the counts
-and the detectors are reported. Reported beside: the smallest k at which the start's
-pass@k reaches the trained models' mean (the crossover), and the minimum detectable
-difference at 80% power of each interval (about 1.15 standard deviations of the per-seed
-differences at 8 seeds). A caveat known before the run: the start's pass@k approaches 1
-at large k on this task (pass@8 is about 0.83), which narrows the room in which part B
-can fail.
+Unhealthy trained runs (any detector of ``health_`` fired) are failures, counted and
+reported with their detectors. (Issue 36 changed the rule after this run, and the verdict
+was regenerated from the committed CSV: every seed counts, an unhealthy run with the
+pass@k it ended with, where unhealthy runs left the intervals and under 6 of 8 healthy
+gave "inconclusive"; the parts are read by the monotone margin rule.) Reported beside:
+the smallest k at which the start's pass@k reaches the trained models' mean (the
+crossover), and the minimum detectable difference at 80% power of each interval (about
+1.15 standard deviations of the per-seed differences at 8 seeds). A caveat known before
+the run: the start's pass@k approaches 1 at large k on this task (pass@8 is about 0.83),
+which narrows the room in which part B can fail.
 
 Run::
 
@@ -50,7 +52,6 @@ import pandas as pd
 from _common import (
     ARITHMETIC_FULL,
     ARITHMETIC_QUICK,
-    MIN_HEALTHY_SHARE,
     HistoryMean,
     arithmetic_sft,
     environ_threads,
@@ -110,8 +111,8 @@ COLUMNS = [
     "pass_at_k",
 ]
 # Verdict rule (see the docstring), margin 0.02, 8 evaluation seeds, trained - start:
-# A pass@1 "better"; B pass@128 "equivalent" or "worse"; any part inconclusive, or under
-# 6 of 8 trained runs healthy: "inconclusive".
+# A pass@1 "better"; B pass@128 "equivalent" or "worse"; any part undecided:
+# "inconclusive" (every seed counts, issue 36).
 
 
 def ks_up_to(n: int) -> list[int]:
@@ -127,6 +128,24 @@ def pass_curve(policy, world, prompts, n: int, ks) -> dict:
     right = world.correctness_reward(rep, [c for g in groups for c in g])
     correct = right.reshape(len(prompts), n).sum(1).astype(int)
     return {k: float(pass_at_k(n, correct, k).mean()) for k in ks}
+
+
+def decide(start, curves: pd.DataFrame) -> tuple:
+    """The rule: ``(low_k, high_k, parts, verdict)`` from the start's pass@k and the runs'.
+
+    ``start`` maps k to the start's pass@k; ``curves`` has one row per evaluation seed
+    and one column per k. Issue 36: every seed counts (an unhealthy run keeps the pass@k
+    it ended with) and each part is read by :func:`_common.part_status` (the monotone
+    margin rule).
+    """
+    top = int(max(curves.columns))
+    low_k = interval_with_mdd(curves[1] - start[1], MARGIN)
+    high_k = interval_with_mdd(curves[top] - start[top], MARGIN)
+    parts = {
+        "A pass@1 rises": part_status(low_k, ("better",)),
+        f"B the start matches or exceeds at k={top}": part_status(high_k, ("equivalent", "worse")),
+    }
+    return low_k, high_k, parts, parts_verdict(parts)
 
 
 def main(argv=None):
@@ -191,18 +210,10 @@ def main(argv=None):
             flush=True,
         )
     frame = pd.DataFrame(rows).reindex(columns=COLUMNS)
-    kept = [seed for seed in result.seeds if healthy[seed]]
-    enough = len(kept) >= MIN_HEALTHY_SHARE * len(result.seeds)
+    kept = list(result.seeds)  # every seed counts (issue 36): an unhealthy run keeps its pass@k
+    n_unhealthy = sum(not healthy[seed] for seed in result.seeds)
     diffs = {k: np.array([curves[seed][k] - start[k] for seed in kept]) for k in ks}
-    low_k = interval_with_mdd(diffs[1], MARGIN)
-    high_k = interval_with_mdd(diffs[ks[-1]], MARGIN)
-    parts = {
-        "A pass@1 rises": part_status(low_k["verdict"], ("better",)),
-        f"B the start matches or exceeds at k={ks[-1]}": part_status(
-            high_k["verdict"], ("equivalent", "worse")
-        ),
-    }
-    verdict = parts_verdict(parts, enough)
+    low_k, high_k, parts, verdict = decide(start, pd.DataFrame(curves).T)
     trained_mean = {
         k: float(np.mean([curves[seed][k] for seed in kept])) if kept else np.nan for k in ks
     }
@@ -230,7 +241,7 @@ def main(argv=None):
     axes[1].set_xscale("log", base=2)
     axes[1].set_xlabel("k")
     axes[1].set_ylabel("trained - start pass@k, 95% CI")
-    axes[1].set_title(f"{len(kept)} healthy seeds; margin shaded")
+    axes[1].set_title(f"all {len(kept)} seeds; margin shaded")
     reason = (
         "; ".join(f"{k}: {v}" for k, v in parts.items())
         + f". Trained - start: pass@1 {fmt_mdd(low_k)}, pass@{ks[-1]} {fmt_mdd(high_k)}; margin "
@@ -245,9 +256,8 @@ def main(argv=None):
             else f"The start stays below the trained mean up to k = {ks[-1]}. "
         )
         + f"Learning rate tuned on seeds {list(result.tuning_seeds)}: {lr:g}. Unhealthy trained "
-        f"runs: {len(result.seeds) - len(kept)} of {len(result.seeds)}"
+        f"runs: {n_unhealthy} of {len(result.seeds)}, kept (every seed counts)"
         + (f" ({', '.join(sorted(fired))})" if fired else "")
-        + ("" if enough else "; too few healthy runs to compare")
         + "."
     )
     return finish(

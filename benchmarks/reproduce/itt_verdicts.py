@@ -11,7 +11,9 @@ new one, and the parts' intervals over all seeds.
 
 Run::
 
-    python benchmarks/reproduce/itt_verdicts.py
+    python benchmarks/reproduce/itt_verdicts.py            # print old and new verdicts
+    python benchmarks/reproduce/itt_verdicts.py --write    # and update results/*.json
+    python -m benchmarks.reproduce --table                 # then rebuild the table
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import pandas as pd
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from _common import fmt_mdd, interval_with_mdd, part_status, parts_verdict  # noqa: E402
+from _common import fmt_mdd  # noqa: E402
 
 
 def _evaluation(name: str) -> pd.DataFrame:
@@ -55,40 +57,26 @@ def claim10():
 def claim11():
     import claim11_raft_vs_rloo as claim
 
-    ev = _evaluation("claim11_raft_vs_rloo")
-
-    def wide(condition, metric):
-        sub = ev[ev.condition == condition]
-        return sub.pivot(index="seed", columns="algorithm", values=metric)
-
-    parts, details = {}, []
-    for c in claim.CLEAN:
-        win = wide(c, "win_rate")
-        stat = interval_with_mdd(win["RAFT"] - win["RLOO"], claim.WIN_MARGIN)
-        parts[f"A{c[1:]} RAFT below RLOO at k={c[1:]}"] = part_status(stat, ("worse",))
-        details.append(f"win rate RAFT - RLOO {c} {fmt_mdd(stat)}")
-    for c in claim.PERTURBED:
-        fall = wide("k4", "proxy") - wide(c, "proxy")
-        stat = interval_with_mdd(fall["RAFT"] - fall["RLOO"], claim.FALL_MARGIN)
-        parts[f"B {c}: RAFT's proxy falls more"] = part_status(stat, ("better",))
-        details.append(f"clean-proxy fall RAFT - RLOO {c} {fmt_mdd(stat)}")
-    return parts_verdict(parts), parts, "; ".join(details)
+    stats, parts, _, verdict = claim.decide(_evaluation("claim11_raft_vs_rloo"))
+    detail = "; ".join(
+        [f"win rate RAFT - RLOO {c} {fmt_mdd(stats[c])}" for c in claim.CLEAN]
+        + [f"clean-proxy fall RAFT - RLOO {c} {fmt_mdd(stats[c])}" for c in claim.PERTURBED]
+    )
+    return verdict, parts, detail
 
 
 def claim14():
     import claim14_online_refits as claim
 
     # No run of claim 14 was unhealthy: a seed leaves the comparison only when its run
-    # never reached the KL (it has no gold there), as before; the rule is the new one.
+    # never reached the KL (it has no gold there), as before; the margin rule is new.
     frame = pd.read_csv(HERE / "results" / "claim14_online_refits.csv")
     ev = frame[frame.phase == "evaluation"]
     kl_at = claim.FULL["kl_at"]
     at = claim.read(ev, kl_at).droplevel("learning_rate").unstack("mode")
-    usable = at.notna().all(axis=1)
-    stat = interval_with_mdd((at["online"] - at["offline"])[usable], claim.MARGIN)
-    parts = {"online beats offline at equal KL": part_status(stat, ("better",))}
+    _, _, stat, parts, verdict = claim.decide(at, ev.seed.nunique())
     detail = f"online - offline gold at {kl_at:g} nats {fmt_mdd(stat)}"
-    return parts_verdict(parts), parts, detail
+    return verdict, parts, detail
 
 
 def claim16():
@@ -102,74 +90,38 @@ def claim16():
 def claim17():
     import claim17_per_token_credit as claim
 
-    ev = _evaluation("claim17_per_token_credit")
-    area = ev.pivot(index="seed", columns="method", values="area")
-    parts, details = {}, []
-    for part, other in claim.PARTS.items():
-        stat = interval_with_mdd(area["PPO per-token"] - area[other], claim.MARGIN)
-        parts[part] = part_status(stat, ("better",))
-        details.append(f"PPO per-token - {other} {fmt_mdd(stat)}")
-    return parts_verdict(parts), parts, "; ".join(details)
+    stats, parts, _, verdict = claim.decide(_evaluation("claim17_per_token_credit"))
+    detail = "; ".join(f"PPO per-token - {o} {fmt_mdd(stats[o])}" for o in claim.PARTS.values())
+    return verdict, parts, detail
 
 
 def claim18():
     import claim18_ppo_length_vs_lr as claim
 
     runs = pd.read_csv(HERE / "results" / "claim18_ppo_length_vs_lr.csv")
-    runs = runs[runs.algorithm != "SFT"]
-    parts, details = {}, []
-    for lr in sorted(runs.learning_rate.unique()):
-        words = runs[runs.learning_rate == lr].pivot(
-            index="seed", columns="algorithm", values="words"
-        )
-        stat = interval_with_mdd(words["PPO"] - words["RLOO"], claim.MARGIN)
-        # "shorter" is the worse region; equivalent or better is "not shorter".
-        parts[f"lr {lr:g} PPO shorter"] = part_status(stat, ("worse",))
-        details.append(f"lr {lr:g}: PPO - RLOO words {fmt_mdd(stat, digits=1)}")
-    values = list(parts.values())
-    if all(v == "held" for v in values):
-        verdict = "reproduced"
-    elif all(v == "refuted" for v in values):
-        verdict = "not reproduced"
-    elif "held" in values and "refuted" in values:
-        verdict = "partly reproduced"
-    else:
-        verdict = "inconclusive"
-    return verdict, parts, "; ".join(details)
+    runs["healthy"] = runs["healthy"].astype(str).str.lower().eq("true")
+    stats, statuses, verdict = claim.decide(runs[runs.algorithm != "SFT"])
+    parts = {f"lr {lr:g}": v for lr, v in statuses.items()}
+    detail = "; ".join(
+        f"lr {lr:g}: PPO - RLOO words {fmt_mdd(stat, digits=1)}" for lr, stat in stats.items()
+    )
+    return verdict, parts, detail
 
 
 def claim19():
     import claim19_dr_grpo_length as claim
 
-    ev = _evaluation("claim19_dr_grpo_length")
-    wide = ev.pivot(index="seed", columns="arm", values="incorrect_length_growth")
-    grpo = interval_with_mdd(wide["GRPO"], claim.MARGIN)
-    dr = interval_with_mdd(wide["Dr. GRPO"], claim.MARGIN)
-    diff = interval_with_mdd(wide["GRPO"] - wide["Dr. GRPO"], claim.MARGIN)
-    parts = {
-        "A GRPO's incorrect responses grow": part_status(grpo, ("better",)),
-        "B Dr. GRPO's do not": part_status(dr, ("equivalent", "worse")),
-        "C GRPO grows them more than Dr. GRPO": part_status(diff, ("better",)),
-    }
+    grpo, dr, diff, parts, verdict = claim.decide(_evaluation("claim19_dr_grpo_length"))
     detail = f"GRPO {fmt_mdd(grpo)}; Dr. GRPO {fmt_mdd(dr)}; GRPO - Dr. GRPO {fmt_mdd(diff)}"
-    return parts_verdict(parts), parts, detail
+    return verdict, parts, detail
 
 
 def claim20():
     import claim20_clip_higher_entropy as claim
 
-    ev = _evaluation("claim20_clip_higher_entropy")
-    margin = claim.MARGIN_SHARE * float(ev.entropy_start.mean())
-    change = ev.pivot(index="seed", columns="arm", values="entropy_change")
-    end = ev.pivot(index="seed", columns="arm", values="entropy_end")
-    fall = interval_with_mdd(change["symmetric"], margin)
-    kept = interval_with_mdd(end["clip-higher"] - end["symmetric"], margin)
-    parts = {
-        "A the symmetric clip's entropy falls": part_status(fall, ("worse",)),
-        "B clip-higher keeps more entropy": part_status(kept, ("better",)),
-    }
+    _, fall, _, kept, parts, verdict = claim.decide(_evaluation("claim20_clip_higher_entropy"))
     detail = f"symmetric change {fmt_mdd(fall)}; clip-higher - symmetric end {fmt_mdd(kept)}"
-    return parts_verdict(parts), parts, detail
+    return verdict, parts, detail
 
 
 def claim21():
@@ -178,15 +130,10 @@ def claim21():
     ev = _evaluation("claim21_pass_at_k")
     start = ev[ev.model == "start"].set_index("k")["pass_at_k"]
     curves = ev[ev.model == "GRPO"].pivot(index="seed", columns="k", values="pass_at_k")
+    low_k, high_k, parts, verdict = claim.decide(start, curves)
     top = int(max(curves.columns))
-    low_k = interval_with_mdd(curves[1] - start[1], claim.MARGIN)
-    high_k = interval_with_mdd(curves[top] - start[top], claim.MARGIN)
-    parts = {
-        "A pass@1 rises": part_status(low_k, ("better",)),
-        f"B the start matches or exceeds at k={top}": part_status(high_k, ("equivalent", "worse")),
-    }
     detail = f"pass@1 trained - start {fmt_mdd(low_k)}; pass@{top} {fmt_mdd(high_k)}"
-    return parts_verdict(parts), parts, detail
+    return verdict, parts, detail
 
 
 CLAIMS = {
@@ -202,19 +149,43 @@ CLAIMS = {
 }
 
 
-def main() -> list[dict]:
+def main(write: bool = False) -> list[dict]:
+    """Print every claim's old and new verdict; with ``write``, update its result JSON.
+
+    The JSON keeps its earlier verdict and reason as ``verdict_before_issue36`` and
+    ``reason_before_issue36``; ``python -m benchmarks.reproduce --table`` then rebuilds
+    REPRODUCTION.md from them.
+    """
     out = []
     for name, decide in CLAIMS.items():
-        with open(HERE / "results" / f"{name}.json") as f:
-            old = json.load(f)["verdict"]
+        path = HERE / "results" / f"{name}.json"
+        with open(path) as f:
+            summary = json.load(f)
+        old = summary.get("verdict_before_issue36", summary["verdict"])
         verdict, parts, detail = decide()
         out.append({"claim": name, "old": old, "new": verdict, "parts": parts, "detail": detail})
         print(f"{name}: {old} -> {verdict}")
         print("  " + "; ".join(f"{k}: {v}" for k, v in parts.items()))
         print("  " + detail)
+        if write:
+            summary.setdefault("verdict_before_issue36", summary["verdict"])
+            summary.setdefault("reason_before_issue36", summary["reason"])
+            summary["verdict"] = verdict
+            summary["reason"] = (
+                "Regenerated from the committed CSV under issue 36's rule (every evaluation "
+                "seed counts, an unhealthy run with the score it ended with; the monotone "
+                "margin rule): "
+                + "; ".join(f"{k}: {v}" for k, v in parts.items())
+                + ". Over all seeds: "
+                + detail
+                + f". Verdict before issue 36: {old}. The run's own report: "
+                + summary["reason_before_issue36"]
+            )
+            with open(path, "w") as f:
+                json.dump(summary, f, indent=1)
     return out
 
 
 if __name__ == "__main__":
     np.seterr(all="ignore")
-    main()
+    main(write="--write" in sys.argv[1:])
