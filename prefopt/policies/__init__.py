@@ -5,7 +5,7 @@ documents what it declares and supplies; it reads a :class:`RolloutBatch` and a
 :class:`Minibatch`.
 """
 
-from ._base import BasePolicy, store_params
+from ._base import BasePolicy, make_init, store_params
 from .dpo import DPOPolicy
 from .grpo import GRPOPolicy
 from .loop import Algorithm, Minibatch, RolloutBatch, masked_mean, masked_whiten
@@ -30,6 +30,7 @@ __all__ = [
     "RolloutBatch",
     "SFTPolicy",
     "masked_mean",
+    "make_init",
     "masked_whiten",
     "store_params",
 ]

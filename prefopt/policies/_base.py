@@ -32,7 +32,12 @@ from ..rewards._combined import combine_rewards, describe_reward, rebuild_reward
 from ..tracking import check_callback
 from ..validation import validate_params
 from ._inputs import check_ptx, starting_policy
-from ._params import COMMON_CONSTRAINTS, store_params  # noqa: F401 (store_params re-exported)
+from ._params import (  # noqa: F401 (make_init and store_params re-exported)
+    COMMON_CONSTRAINTS,
+    COMMON_PARAMETERS,
+    make_init,
+    store_params,
+)
 from .loop import Algorithm
 from .loop import _online as online
 from .loop._health import check_temperature
@@ -77,11 +82,16 @@ class BasePolicy(Algorithm, GenerativeEstimator):
     ``training_temperature``, and whether a value function is trained beside
     the policy.
 
-    **Parameters.** The built-in algorithms list every common parameter (those
-    of ``_common_parameters``) in their ``__init__``, so ``get_params``,
-    ``set_params``, ``clone`` and the searches see all of them. An algorithm
-    may leave some out: ``BasePolicy``'s class-level defaults then stand in,
-    and ``fit`` warns once per class which ones cannot be searched. The beta a
+    **Parameters.** The common parameters (those of ``_common_parameters``)
+    have one table: default, constraints and documentation
+    (``policies/_params.py``). The built-in algorithms take every one of them:
+    their ``__init__`` is :func:`make_init` given only their own parameters
+    and the defaults they change (``__init__ = make_init(k=4,
+    n_minibatches=2)``), so ``get_params``, ``set_params``, ``clone`` and the
+    searches see all of them. A user's algorithm may do the same, or write its
+    ``__init__`` by hand with :func:`store_params` and leave some out:
+    ``BasePolicy``'s class-level defaults (the table's) then stand in, and
+    ``fit`` warns once per class which ones cannot be searched. The beta a
     KL controller (``kl``, a user's own included) returns must be finite and
     >= 0; ``fit`` stops with an error naming the controller otherwise.
 
@@ -133,41 +143,19 @@ class BasePolicy(Algorithm, GenerativeEstimator):
     # The last fit's loop: warm_start continues its random streams and optimiser.
     _loop: PolicyLoop | None = None
 
-    # Defaults of the common parameters, for algorithms whose __init__ omits some.
-    model = None
-    tokenizer = None
-    beta = 0.05
-    kl = None
-    kl_estimator = "k1"
-    learning_rate = None
-    optimizer = "adam"
-    lr_schedule = "linear"
-    max_grad_norm = None
-    n_steps = 100
-    batch_size = 64
-    n_epochs = 1
-    n_minibatches = 1
-    temperature = None
-    max_new_tokens = None
-    missing_eos_reward = -1.0
-    stop_token_ids = None
-    random_state = None
-    verbose = 0
-    warm_start = False
-    checkpoint_dir = None
-    checkpoint_every = 10
-    truncate_prompts = False
-    max_kl = None
-    max_kl_action = "warn"
-    min_eos_share = 0.5
-    on_unhealthy = "warn"
-    entropy_coef = 0.0
-    ptx_coef = 0.0
-    refit_every = None
-    lora = None
-    gradient_checkpointing = False
-    reward_weights = None
-    vllm_importance_sampling_cap = None
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        init = vars(cls).get("__init__")
+        if init is not None and hasattr(init, "differs"):  # made by make_init
+            init.__qualname__ = f"{cls.__qualname__}.__init__"
+            init.__module__ = cls.__module__
+            unchecked = [n for n in init.own if n not in cls._parameter_constraints]
+            if unchecked:
+                raise TypeError(
+                    f"{cls.__name__}'s parameters {unchecked} have no entry in "
+                    "_parameter_constraints; declare their constraints (prefopt.validation) "
+                    'or "no_validation".'
+                )
 
     # ----- fit ------------------------------------------------------------------------
     def fit(self, X, y=None, *, reward_model=None, labeler=None, ptx_data=None, callback=None):
@@ -417,3 +405,10 @@ class BasePolicy(Algorithm, GenerativeEstimator):
         completions = [group[0] for group in self.sample(prompts, n=1)]
         raw = call_with_columns(reward, prompts, completions, columns)
         return float(np.mean(check_rewards(raw, len(prompts))))
+
+
+# The class-level values of the common parameters, from their table: what a user
+# algorithm whose __init__ leaves some out falls back on (fit says which, once).
+for _name, _parameter in COMMON_PARAMETERS.items():
+    setattr(BasePolicy, _name, _parameter.default)
+del _name, _parameter

@@ -1,49 +1,433 @@
-"""The parameters every policy estimator shares: their constraints, and how they are stored."""
+"""The common parameters of the policy estimators: one table, and ``__init__`` made from it.
+
+Every reinforcement-learning policy (PPO, RLOO, GRPO, REINFORCE, REINFORCE++,
+RAFT and a user's algorithm on :class:`~prefopt.policies.BasePolicy`) takes the
+same 34 parameters besides its own. :data:`COMMON_PARAMETERS` holds, for each,
+its default, its constraints (:mod:`prefopt.validation`) and its documentation;
+everything else is read from it:
+
+- a built-in's ``__init__`` is :func:`make_init` called with only what the
+  algorithm changes: the defaults where it differs from the table (RLOO's
+  ``n_minibatches=2``) and its own parameters (``k=4``). It is a plain
+  keyword-only function with literal defaults that stores its arguments
+  verbatim, generated as :mod:`dataclasses` generates one, so ``get_params``,
+  ``clone``, ``set_params`` and the estimator checks read an explicit signature;
+- ``BasePolicy._parameter_constraints`` (validation in ``fit``) and the
+  class-level values a user algorithm's shorter ``__init__`` falls back on;
+- the Parameters section of every docstring (``_docs.fill``), with each
+  default read from the signature.
+
+A new common parameter is one entry here, plus the code that reads it;
+``tests/test_params.py`` fails when a built-in's ``__init__`` and the table
+disagree.
+
+The design notes (why the signatures are generated, why checkpointing and the
+health actions stay flat parameters rather than a nested object or
+``set_config``, why scikit-learn's callback API is not adopted yet) are in
+``docs/guide/parameters.rst``.
+"""
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from numbers import Integral, Real
 
 from ..kl import KLController
 from ..validation import Interval, StrOptions
 
-COMMON_CONSTRAINTS = {
-    "model": "no_validation",
-    "tokenizer": "no_validation",
-    "beta": [Interval(Real, 0, None, closed="left")],
-    "kl": [KLController, None],
-    "kl_estimator": [StrOptions({"k1", "k2", "k3"})],
-    "learning_rate": [Interval(Real, 0, None, closed="neither"), None],
-    "optimizer": [StrOptions({"adam", "sgd"})],
-    "lr_schedule": [StrOptions({"constant", "linear"})],
-    "max_grad_norm": [Interval(Real, 0, None, closed="neither"), None],
-    "n_steps": [Interval(Integral, 0, None, closed="left")],  # 0: the starting policy
-    "batch_size": [Interval(Integral, 1, None, closed="left")],
-    "n_epochs": [Interval(Integral, 1, None, closed="left")],
-    "n_minibatches": [Interval(Integral, 1, None, closed="left")],
-    "temperature": [Interval(Real, 0, None, closed="neither"), None],
-    "max_new_tokens": [Interval(Integral, 1, None, closed="left"), None],
-    "missing_eos_reward": [Real, None],
-    "stop_token_ids": ["array-like", Interval(Integral, 0, None, closed="left"), None],
-    "random_state": ["random_state"],
-    "verbose": ["verbose"],
-    "warm_start": ["boolean"],
-    "checkpoint_dir": [str, os.PathLike, None],
-    "checkpoint_every": [Interval(Integral, 1, None, closed="left")],
-    "truncate_prompts": ["boolean"],
-    "max_kl": [Interval(Real, 0, None, closed="neither"), None],
-    "max_kl_action": [StrOptions({"warn", "raise"})],
-    "min_eos_share": [Interval(Real, 0, 1, closed="both"), None],
-    "on_unhealthy": [StrOptions({"warn", "raise", "stop", "ignore"})],
-    "entropy_coef": [Interval(Real, 0, None, closed="left")],
-    "ptx_coef": [Interval(Real, 0, None, closed="left")],
-    "refit_every": [Interval(Integral, 1, None, closed="left"), None],
-    "lora": "no_validation",
-    "gradient_checkpointing": ["boolean"],
-    "reward_weights": ["array-like", None],
-    "vllm_importance_sampling_cap": [Interval(Real, 0, None, closed="neither"), None],
+
+@dataclass(frozen=True)
+class Parameter:
+    """One common parameter: its default, its constraints and its documentation.
+
+    Parameters
+    ----------
+    default : None, bool, int, float or str
+        The value a built-in takes unless it declares another.
+    constraints : list or "no_validation"
+        What ``fit`` accepts (:mod:`prefopt.validation`).
+    type : str
+        The numpydoc type of the Parameters entry (``float or None``).
+    doc : str
+        The entry's description, continuation lines indented by eight spaces.
+
+    Examples
+    --------
+    >>> COMMON_PARAMETERS["n_epochs"].default
+    1
+    """
+
+    default: object
+    constraints: object
+    type: str
+    doc: str
+
+
+COMMON_PARAMETERS: dict[str, Parameter] = {
+    "model": Parameter(
+        None,
+        "no_validation",
+        "str, transformers config, torch module or fitted policy",
+        """The starting policy, copied before training (``fit`` never mutates it):
+        a local path, a config (a fresh model, seeded by ``random_state``), a
+        module called like a causal LM, or a fitted :class:`SFTPolicy`.""",
+    ),
+    "tokenizer": Parameter(
+        None,
+        "no_validation",
+        "str or tokenizer",
+        """``None`` takes the fitted policy's, the module's ``tokenizer`` attribute
+        or the path's. A pad token distinct from EOS is added when missing.""",
+    ),
+    "beta": Parameter(
+        0.05,
+        [Interval(Real, 0, None, closed="left")],
+        "float",
+        """KL coefficient: the reward is shaped with -beta * log(pi/pi_ref).""",
+    ),
+    "kl": Parameter(
+        None,
+        [KLController, None],
+        "FixedKLController or AdaptiveKLController",
+        """How beta changes; ``None`` keeps it fixed. A controller with
+        ``beta=None`` starts from this estimator's ``beta``.""",
+    ),
+    "kl_estimator": Parameter(
+        "k1",
+        [StrOptions({"k1", "k2", "k3"})],
+        '{"k1", "k2", "k3"}',
+        """Per-token KL estimator (Schulman 2020); k1 in the reward, as Ziegler et al. 2019.""",
+    ),
+    "learning_rate": Parameter(
+        None,
+        [Interval(Real, 0, None, closed="neither"), None],
+        "float",
+        """``None`` means {tiny_learning_rate} for models under 10M parameters (tiny
+        models built from a config: the class's ``tiny_model_learning_rate``,
+        chosen by ``benchmarks/lr_sweep.py``), 0.1 for the exact worlds'
+        log-linear policies and 3e-6 otherwise (Huang et al.'s PPO value).""",
+    ),
+    "optimizer": Parameter(
+        "adam",
+        [StrOptions({"adam", "sgd"})],
+        '{"adam", "sgd"}',
+        """Adam uses eps=1e-5 and no weight decay, as the original code.""",
+    ),
+    "lr_schedule": Parameter(
+        "linear",
+        [StrOptions({"constant", "linear"})],
+        '{"linear", "constant"}',
+        """"linear" anneals the learning rate to 0 over the run, as the original code.""",
+    ),
+    "max_grad_norm": Parameter(
+        None,
+        [Interval(Real, 0, None, closed="neither"), None],
+        "float",
+        """Clip the gradient norm; ``None`` does not clip (the original code).""",
+    ),
+    "n_steps": Parameter(
+        100,
+        [Interval(Integral, 0, None, closed="left")],  # 0: the starting policy
+        "int",
+        """Optimisation steps; each samples ``batch_size`` episodes. ``0`` sets the
+        starting policy up untrained (the starting row of a comparison).""",
+    ),
+    "batch_size": Parameter(
+        64,
+        [Interval(Integral, 1, None, closed="left")],
+        "int",
+        """Episodes (prompt, response pairs) per step.""",
+    ),
+    "n_epochs": Parameter(
+        1,
+        [Interval(Integral, 1, None, closed="left")],
+        "int",
+        """Passes over each batch.""",
+    ),
+    "n_minibatches": Parameter(
+        1,
+        [Interval(Integral, 1, None, closed="left")],
+        "int",
+        """Gradient steps per pass.""",
+    ),
+    "temperature": Parameter(
+        None,
+        [Interval(Real, 0, None, closed="neither"), None],
+        "float",
+        """Sampling temperature, also applied to every log-prob. ``None`` reads the
+        model's generation config, else 0.7 (Ziegler et al. 2019).""",
+    ),
+    "max_new_tokens": Parameter(
+        None,
+        [Interval(Integral, 1, None, closed="left"), None],
+        "int",
+        """Tokens sampled per response (fixed length, truncated after the first
+        EOS). ``None`` reads the model's generation config, else 53 (Huang et al. 2024).""",
+    ),
+    "missing_eos_reward": Parameter(
+        -1.0,
+        [Real, None],
+        "float or None",
+        """A response with no EOS gets this reward, *replacing* its score (the
+        EOS trick of Huang et al. 2024; TRL instead subtracts a penalty). ``None`` keeps
+        the score.""",
+    ),
+    "stop_token_ids": Parameter(
+        None,
+        ["array-like", Interval(Integral, 0, None, closed="left"), None],
+        "int or list of int",
+        """The ids that end a response: sampling stops there, the response is cut
+        after the first, and a response without one gets ``missing_eos_reward``.
+        ``None`` takes the model's ``generation_config.eos_token_id`` (chat models
+        often list several, e.g. an end of turn) and the tokenizer's EOS.""",
+    ),
+    "random_state": Parameter(
+        None,
+        ["random_state"],
+        "int, RandomState instance or None",
+        """Same seed, same CPU run. No global seed is set.""",
+    ),
+    "verbose": Parameter(
+        0,
+        ["verbose"],
+        "int",
+        """``1`` prints a line (step, reward, KL, losses) every 10 steps and at the
+        last, ``2`` every step; no ``logging`` setup needed. Both first print
+        the response length (``max_new_tokens_``) and where it came from.""",
+    ),
+    "warm_start": Parameter(
+        False,
+        ["boolean"],
+        "bool",
+        """Continue from the fitted state (model, reference, optimiser, beta,
+        history) for ``n_steps`` more steps instead of starting over; a linear
+        schedule anneals again over those steps.""",
+    ),
+    "checkpoint_dir": Parameter(
+        None,
+        [str, os.PathLike, None],
+        "str or path",
+        """Save the run every ``checkpoint_every`` steps (and at the end) to this
+        folder, atomically (write, then rename), as JSON and safetensors (no
+        pickle). ``fit`` with the same folder, parameters and prompts resumes
+        from the checkpoint and ends as the uninterrupted run would, weights
+        and ``history_`` included; other parameters (except ``n_steps`` and
+        those that only watch the run) or other prompts are refused by name.
+        A clone (every candidate and seed of a search) writes to its own
+        sub-folder, named from its parameters and prompts.""",
+    ),
+    "checkpoint_every": Parameter(
+        10,
+        [Interval(Integral, 1, None, closed="left")],
+        "int",
+        """Steps between checkpoints.""",
+    ),
+    "truncate_prompts": Parameter(
+        False,
+        ["boolean"],
+        "bool",
+        """A prompt longer than the context minus ``max_new_tokens`` raises an
+        error; with True it is cut at the last paragraph (else sentence)
+        boundary that fits, keeping its beginning, as Huang et al. 2024 do.
+        Put any instruction that must survive at the start.""",
+    ),
+    "max_kl": Parameter(
+        None,
+        [Interval(Real, 0, None, closed="neither"), None],
+        "float",
+        """A step whose mean KL to the reference exceeds this warns or stops the
+        run (``max_kl_action``); the last checkpoint stays intact.""",
+    ),
+    "max_kl_action": Parameter(
+        "warn",
+        [StrOptions({"warn", "raise"})],
+        '{"warn", "raise"}',
+        "",
+    ),
+    "min_eos_share": Parameter(
+        0.5,
+        [Interval(Real, 0, 1, closed="both"), None],
+        "float or None",
+        """Warn when fewer responses than this end with EOS: the fixed
+        ``missing_eos_reward`` then dominates the reward.""",
+    ),
+    "on_unhealthy": Parameter(
+        "warn",
+        [StrOptions({"warn", "raise", "stop", "ignore"})],
+        '{"warn", "raise", "stop", "ignore"}',
+        """What a run-health detector that fires does: warn (one
+        :class:`~prefopt.exceptions.RunHealthWarning` per detector per fit),
+        raise :class:`~prefopt.exceptions.RunHealthError`, warn and stop the
+        run after that step, or only record it in ``health_``. The detectors
+        and their default thresholds: ``reward_collapse`` (the smoothed reward
+        falls below the first step's mean by more than half its
+        per-episode spread), ``empty_responses`` (the smoothed share of empty
+        responses above 0.8), ``repetitive_responses`` (over half a response's trigrams
+        repeated, on average), ``kl_blowup`` (the smoothed KL per response
+        token above 2 nats), ``dead_groups`` (k > 1: over 90% of groups with equal scores
+        while the reward has not risen), ``non_finite`` (a nan or inf in the
+        step's row) and ``no_learning`` (at the end: the log-probs never moved
+        1e-4 nats a token from the reference's).""",
+    ),
+    "entropy_coef": Parameter(
+        0.0,
+        [Interval(Real, 0, None, closed="left")],
+        "float",
+        """Weight of an entropy bonus in the policy loss: minus this times the
+        policy's mean per-token entropy on the minibatch's responses (at the
+        training temperature, with gradients) is added to any algorithm's loss.
+        Without a KL penalty it is reported not to prevent degeneration.""",
+    ),
+    "ptx_coef": Parameter(
+        0.0,
+        [Interval(Real, 0, None, closed="left")],
+        "float",
+        """Weight of a next-token loss on pretraining text (``fit(...,
+        ptx_data=texts)``) added to the policy loss, as InstructGPT's PPO-ptx
+        (Ouyang et al. 2022), against the alignment tax: each update minibatch
+        adds this times the mean cross-entropy of as many texts, drawn at
+        random, tokenised once per fit and cut to the model's context.""",
+    ),
+    "refit_every": Parameter(
+        None,
+        [Interval(Integral, 1, None, closed="left"), None],
+        "int",
+        """Online reward learning (Ziegler et al. 2019): every this many steps,
+        the step's samples of each prompt are paired ((0, 1), (2, 3), ... of
+        its k; at k = 1 a second sample is drawn), labelled by ``fit(...,
+        labeler=...)`` (pairs of equal text dropped), and a copy of the
+        current reward is trained further on them (its ``partial_fit``: a
+        warm start, then normalised again on the starting policy's samples,
+        so beta keeps its meaning). The reward passed to ``fit`` is never
+        changed; ``reward_model_`` is the last refit, and ``history_`` logs
+        ``reward/refits``, ``reward/new_labels`` and the accuracy of the
+        reward before each refit on its new labels. ``None`` keeps the
+        reward fixed (offline, the default).""",
+    ),
+    "lora": Parameter(
+        None,
+        "no_validation",
+        "dict or peft.LoraConfig",
+        """Train a LoRA adapter (peft) instead of all weights, e.g.
+        ``{"r": 8, "lora_alpha": 16, "target_modules": ["c_attn"]}``. The
+        reference is then the frozen base with the adapter disabled, so its
+        weights are not copied.""",
+    ),
+    "gradient_checkpointing": Parameter(
+        False,
+        ["boolean"],
+        "bool",
+        """Recompute each transformer layer's activations in the backward pass
+        instead of keeping them (transformers' gradient checkpointing,
+        non-reentrant), in the policy and in a transformers value model: less
+        memory for about one more forward pass per minibatch, the same
+        gradients. Sampling (with its KV cache) and the passes without
+        gradients are unchanged. A model that comes with it on keeps it on.""",
+    ),
+    "reward_weights": Parameter(
+        None,
+        ["array-like", None],
+        "list of float or None",
+        """With a list of rewards (``fit(prompts, [r1, r2])``): one finite
+        weight >= 0 per reward; the score is the weighted sum, and
+        ``history_`` logs each reward's ``rewards/<name>/mean`` and
+        ``rewards/<name>/std``. ``None`` weighs each reward 1 (TRL's
+        ``reward_weights``).""",
+    ),
+    "vllm_importance_sampling_cap": Parameter(
+        None,
+        [Interval(Real, 0, None, closed="neither"), None],
+        "float or None",
+        """With ``set_config(generation="vllm")``: truncated importance sampling
+        (Yao et al. 2025; TRL's ``vllm_importance_sampling_cap``, whose
+        default is 2.0) against the gap between the engine that samples and
+        the policy that learns (another kernel or precision). Each response
+        token's gradient through the current log-probs is multiplied by
+        ``min(exp(old_logprob - engine_logprob), cap)``, detached, the old
+        log-prob being the policy's at sampling time; the loss values logged
+        are unchanged, and ``history_`` gains ``engine/is_weight_mean`` and
+        ``engine/is_truncated_share``. The weights reach every term of the
+        algorithm's loss that reads the log-probs (GRPO's KL term too), not
+        the entropy bonus or the pretraining loss. The native sampler samples
+        from the policy itself, where every weight is exactly 1: the
+        parameter then changes nothing. ``None`` applies no correction; the
+        gap (``engine/logprob_gap_mean``, ``engine/logprob_gap_max``,
+        ``engine/kl``) is logged under the engine either way.""",
+    ),
 }
+
+COMMON_CONSTRAINTS = {name: p.constraints for name, p in COMMON_PARAMETERS.items()}
+
+# The types a default may have: literals, stored verbatim and never shared mutably.
+_LITERALS = (type(None), bool, int, float, str)
+
+
+def make_init(**declared):
+    """An ``__init__`` taking every common parameter and the algorithm's own.
+
+    The built-in algorithms write ``__init__ = make_init(...)`` with only what
+    they change; a user's algorithm may do the same. The function made is what
+    one would write by hand: keyword-only, a literal default per parameter,
+    each argument stored verbatim (no validation: ``fit`` validates).
+
+    Parameters
+    ----------
+    **declared : None, bool, int, float or str
+        A name of :data:`COMMON_PARAMETERS` with the algorithm's own default
+        (where it differs from the table), or a new parameter of the algorithm
+        with its default. New parameters follow ``beta`` in the signature, in
+        the order given.
+
+    Returns
+    -------
+    __init__ : function
+        Its ``differs`` attribute holds the common defaults it changes, and
+        ``own`` the names of the algorithm's own parameters.
+
+    Examples
+    --------
+    >>> import inspect
+    >>> init = make_init(k=4, n_minibatches=2)
+    >>> parameters = inspect.signature(init).parameters
+    >>> list(parameters)[:5]
+    ['self', 'model', 'tokenizer', 'beta', 'k']
+    >>> parameters["n_minibatches"].default, parameters["n_epochs"].default
+    (2, 1)
+    >>> init.differs, init.own
+    ({'n_minibatches': 2}, ['k'])
+    """
+    for name, value in declared.items():
+        if type(value) not in _LITERALS:
+            raise TypeError(
+                f"make_init: {name}={value!r} is not a literal (None, bool, int, float or str); "
+                "a default is stored verbatim and must not be shared between estimators."
+            )
+        table = COMMON_PARAMETERS.get(name)
+        if table is not None and type(value) is type(table.default) and value == table.default:
+            raise ValueError(
+                f"make_init: {name}={value!r} is the common default already; declare only "
+                "the defaults an algorithm changes."
+            )
+    own = [name for name in declared if name not in COMMON_PARAMETERS]
+    common = list(COMMON_PARAMETERS)
+    at = common.index("beta") + 1
+    names = [*common[:at], *own, *common[at:]]
+    # Generated as dataclasses generate __init__: a real function with an explicit
+    # keyword-only signature, which get_params introspects and Python checks on each call.
+    source = f"def __init__(self, *, {', '.join(names)}):\n"
+    source += "".join(f"    self.{name} = {name}\n" for name in names)
+    namespace: dict = {}
+    exec(source, {}, namespace)
+    init = namespace["__init__"]
+    init.__kwdefaults__ = {
+        name: declared[name] if name in declared else COMMON_PARAMETERS[name].default
+        for name in names
+    }
+    init.__doc__ = "Store the parameters as given (scikit-learn's rule); ``fit`` validates them."
+    init.differs = {name: value for name, value in declared.items() if name not in own}
+    init.own = own
+    return init
 
 
 def store_params(estimator, params: dict) -> None:

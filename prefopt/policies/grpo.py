@@ -17,7 +17,7 @@ import torch
 from ..backend import distributed
 from ..kl import FixedKLController, kl_estimate
 from ..validation import Interval, StrOptions
-from ._base import BasePolicy, store_params
+from ._base import BasePolicy, make_init
 from ._docs import fill
 from ._group import (  # noqa: F401 (re-exported: prefopt.policies.grpo's public functions)
     STD_EPS,
@@ -240,27 +240,11 @@ class GRPOPolicy(BasePolicy):
         # max_kl watches the KL, so it needs the KL measured too.
         return self.log_kl or self.max_kl is not None or not (fixed and self.beta_ == 0)
 
-    def __init__(
-        self,
-        *,
-        model=None,
-        tokenizer=None,
+    # Only what this algorithm changes of the common parameters (policies/_params.py)
+    # and its own parameters; make_init writes the explicit keyword-only signature.
+    __init__ = make_init(
         beta=0.04,
         k=8,
-        kl=None,
-        kl_estimator="k1",
-        learning_rate=None,
-        optimizer="adam",
-        lr_schedule="linear",
-        max_grad_norm=None,
-        n_steps=100,
-        batch_size=64,
-        n_epochs=1,
-        n_minibatches=1,
-        temperature=None,
-        max_new_tokens=None,
-        missing_eos_reward=-1.0,
-        stop_token_ids=None,
         scale_rewards="group",
         loss_type="dapo",
         clip_coef=0.2,
@@ -271,25 +255,7 @@ class GRPOPolicy(BasePolicy):
         dynamic_sampling=False,
         max_resamples=4,
         log_kl=False,
-        random_state=None,
-        verbose=0,
-        warm_start=False,
-        checkpoint_dir=None,
-        checkpoint_every=10,
-        truncate_prompts=False,
-        max_kl=None,
-        max_kl_action="warn",
-        min_eos_share=0.5,
-        on_unhealthy="warn",
-        entropy_coef=0.0,
-        ptx_coef=0.0,
-        refit_every=None,
-        lora=None,
-        gradient_checkpointing=False,
-        reward_weights=None,
-        vllm_importance_sampling_cap=None,
-    ):
-        store_params(self, locals())
+    )
 
     def compute_advantages(self, batch: RolloutBatch):
         """Group-normalised advantages of the scores (the KL is not in the reward).

@@ -14,7 +14,7 @@ import torch
 from ..backend import distributed
 from ..backend.heads import shared_value_model
 from ..validation import Interval
-from ._base import BasePolicy, store_params
+from ._base import BasePolicy, make_init
 from ._docs import fill
 from .loop import Minibatch, RolloutBatch, masked_mean, masked_whiten
 
@@ -248,26 +248,10 @@ class PPOPolicy(BasePolicy):
         """The loss uses the ratio unless ``use_ratio=False`` (vanilla policy gradient)."""
         return self.use_ratio
 
-    def __init__(
-        self,
-        *,
-        model=None,
-        tokenizer=None,
-        beta=0.05,
-        kl=None,
-        kl_estimator="k1",
-        learning_rate=None,
-        optimizer="adam",
-        lr_schedule="linear",
-        max_grad_norm=None,
-        n_steps=100,
-        batch_size=64,
+    # Only what this algorithm changes of the common parameters (policies/_params.py)
+    # and its own parameters; make_init writes the explicit keyword-only signature.
+    __init__ = make_init(
         n_epochs=4,
-        n_minibatches=1,
-        temperature=None,
-        max_new_tokens=None,
-        missing_eos_reward=-1.0,
-        stop_token_ids=None,
         clip_coef=0.2,
         vf_coef=0.1,
         vf_clip_coef=0.2,
@@ -279,25 +263,7 @@ class PPOPolicy(BasePolicy):
         use_ratio=True,
         value_model=None,
         dropout=None,
-        random_state=None,
-        verbose=0,
-        warm_start=False,
-        checkpoint_dir=None,
-        checkpoint_every=10,
-        truncate_prompts=False,
-        max_kl=None,
-        max_kl_action="warn",
-        min_eos_share=0.5,
-        on_unhealthy="warn",
-        entropy_coef=0.0,
-        ptx_coef=0.0,
-        refit_every=None,
-        lora=None,
-        gradient_checkpointing=False,
-        reward_weights=None,
-        vllm_importance_sampling_cap=None,
-    ):
-        store_params(self, locals())
+    )
 
     def _check_algorithm_params(self) -> None:
         super()._check_algorithm_params()

@@ -15,7 +15,7 @@ from numbers import Integral
 import torch
 
 from ..validation import Interval, StrOptions
-from ._base import BasePolicy, store_params
+from ._base import BasePolicy, make_init
 from ._docs import fill
 from .loop import masked_mean
 
@@ -103,47 +103,9 @@ class RAFTPolicy(BasePolicy):
         "rank_by": [StrOptions({"score", "shaped"})],
     }
 
-    def __init__(
-        self,
-        *,
-        model=None,
-        tokenizer=None,
-        beta=0.05,
-        k=4,
-        rank_by="score",
-        kl=None,
-        kl_estimator="k1",
-        learning_rate=None,
-        optimizer="adam",
-        lr_schedule="linear",
-        max_grad_norm=None,
-        n_steps=100,
-        batch_size=64,
-        n_epochs=4,
-        n_minibatches=1,
-        temperature=None,
-        max_new_tokens=None,
-        missing_eos_reward=-1.0,
-        stop_token_ids=None,
-        random_state=None,
-        verbose=0,
-        warm_start=False,
-        checkpoint_dir=None,
-        checkpoint_every=10,
-        truncate_prompts=False,
-        max_kl=None,
-        max_kl_action="warn",
-        min_eos_share=0.5,
-        on_unhealthy="warn",
-        entropy_coef=0.0,
-        ptx_coef=0.0,
-        refit_every=None,
-        lora=None,
-        gradient_checkpointing=False,
-        reward_weights=None,
-        vllm_importance_sampling_cap=None,
-    ):
-        store_params(self, locals())
+    # Only what this algorithm changes of the common parameters (policies/_params.py)
+    # and its own parameters; make_init writes the explicit keyword-only signature.
+    __init__ = make_init(n_epochs=4, k=4, rank_by="score")
 
     samples_per_prompt = "k"
     tiny_model_learning_rate = 3e-5  # learning_rate=None on a tiny model: LR_SWEEP.md, rule 2

@@ -15,7 +15,7 @@ from numbers import Integral, Real
 import torch
 
 from ..validation import Interval
-from ._base import BasePolicy, store_params
+from ._base import BasePolicy, make_init
 from ._docs import fill
 from ._group import clipped_surrogate
 from .loop import Minibatch, RolloutBatch, masked_mean, masked_whiten
@@ -136,47 +136,9 @@ class ReinforcePlusPlusPolicy(BasePolicy):
         """Whether the loss needs old log-probs from a separate pass (several gradient steps)."""
         return self.n_epochs > 1 or self.n_minibatches > 1
 
-    def __init__(
-        self,
-        *,
-        model=None,
-        tokenizer=None,
-        beta=0.01,
-        k=1,
-        kl=None,
-        kl_estimator="k1",
-        learning_rate=None,
-        optimizer="adam",
-        lr_schedule="linear",
-        max_grad_norm=None,
-        n_steps=100,
-        batch_size=64,
-        n_epochs=1,
-        n_minibatches=1,
-        temperature=None,
-        max_new_tokens=None,
-        missing_eos_reward=-1.0,
-        stop_token_ids=None,
-        clip_coef=0.2,
-        random_state=None,
-        verbose=0,
-        warm_start=False,
-        checkpoint_dir=None,
-        checkpoint_every=10,
-        truncate_prompts=False,
-        max_kl=None,
-        max_kl_action="warn",
-        min_eos_share=0.5,
-        on_unhealthy="warn",
-        entropy_coef=0.0,
-        ptx_coef=0.0,
-        refit_every=None,
-        lora=None,
-        gradient_checkpointing=False,
-        reward_weights=None,
-        vllm_importance_sampling_cap=None,
-    ):
-        store_params(self, locals())
+    # Only what this algorithm changes of the common parameters (policies/_params.py)
+    # and its own parameters; make_init writes the explicit keyword-only signature.
+    __init__ = make_init(beta=0.01, k=1, clip_coef=0.2)
 
     def compute_advantages(self, batch: RolloutBatch):
         """Per-token returns of the KL-shaped rewards, whitened over the batch.
