@@ -98,6 +98,7 @@ class Constraint:
         Parameters
         ----------
         value : object
+            The value of the parameter.
 
         Returns
         -------
@@ -186,6 +187,7 @@ class Options(Constraint):
         Parameters
         ----------
         value : object
+            Compared with ``==`` to each option, once its type is checked.
 
         Returns
         -------
@@ -273,6 +275,7 @@ class Interval(Constraint):
         Parameters
         ----------
         value : object
+            A number of the interval's type; a nan is outside every interval.
 
         Returns
         -------
@@ -378,12 +381,12 @@ def validate_params(estimator) -> None:
     Raises
     ------
     InvalidParameterError
-        For the first parameter no constraint of its entry accepts.
+        Naming the first parameter that breaks its constraints, and what it must be.
 
     Examples
     --------
-    >>> from numbers import Real
     >>> from sklearn.base import BaseEstimator
+    >>> from numbers import Real
     >>> from prefopt.validation import Interval, validate_params
     >>> class Toy(BaseEstimator):
     ...     _parameter_constraints = {"alpha": [Interval(Real, 0, None, closed="left")]}
