@@ -169,8 +169,7 @@ def _gradients(rank, out):
         policy._loop.prepare_distributed()  # DistributedDataParallel beside the modules
         half = len(batch) // 2
         share = _take(batch, slice(rank * half, (rank + 1) * half))
-        with distributed.global_statistics():
-            averaged = _update_deltas(policy, share)
+        averaged = _update_deltas(policy, share)  # the losses' means say across_ranks=True
         result[cls.__name__] = {"single": single, "distributed": averaged}
     _save(out, "gradients", rank, result)
 
@@ -598,10 +597,11 @@ def test_a_batch_that_does_not_split_into_ranks_times_k_is_refused(monkeypatch):
 def test_outside_a_process_group_everything_is_local():
     assert distributed.world_size() == 1 and distributed.is_main()
     assert distributed.shard([1, 2, 3]) == [1, 2, 3] and distributed.rank_seed(5) == 5
-    with distributed.global_statistics():
-        x = torch.tensor([1.0, 2.0, 4.0])
-        assert distributed.masked_mean(x, torch.tensor([1, 1, 0])).item() == 1.5
-        assert distributed.gather(x) is x
+    x = torch.tensor([1.0, 2.0, 4.0])
+    assert distributed.masked_mean(x, torch.tensor([1, 1, 0]), across_ranks=True).item() == 1.5
+    assert distributed.gather(x, across_ranks=True) is x
+    assert distributed.std(x, across_ranks=True) == x.std()
+    assert distributed.global_count(3, across_ranks=True) == 3
 
 
 def test_each_rank_takes_its_own_gpu(monkeypatch):

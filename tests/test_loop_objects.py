@@ -24,8 +24,11 @@ from prefopt.policies import Algorithm, BasePolicy
 
 PACKAGE = Path(__file__).resolve().parents[1] / "prefopt"
 LOOP = sorted((PACKAGE / "policies" / "loop").glob("*.py"))
-# The sampling engine (native), the rollout and the step's pieces: no module-level state.
-STATELESS = [PACKAGE / "backend" / "samplers.py", PACKAGE / "backend" / "generation.py"] + [
+# The sampling engine (native), the reductions, the rollout and the step's pieces: no
+# module-level state (the distributed means say across_ranks at their call sites).
+STATELESS = [
+    PACKAGE / "backend" / name for name in ("samplers.py", "generation.py", "distributed.py")
+] + [
     p
     for p in LOOP
     if p.name not in ("_health.py",)  # thresholds only, checked below too

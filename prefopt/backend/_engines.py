@@ -8,7 +8,6 @@ which modules it wrapped and sharded; who this process is comes from
 from __future__ import annotations
 
 import weakref
-from contextlib import contextmanager
 
 import torch
 
@@ -27,8 +26,8 @@ def prepare(
 
     ``distributed="ddp"`` (default): a ``DistributedDataParallel`` wrapper is kept
     beside the module (the module itself, its ``state_dict`` and its
-    ``save_pretrained`` stay as they are) and :func:`training_view` puts it in
-    place for the training passes; its constructor broadcasts rank 0's weights. ``"fsdp"``:
+    ``save_pretrained`` stay as they are) and :func:`wrapper` gives it to the
+    training passes; its constructor broadcasts rank 0's weights. ``"fsdp"``:
     ``fully_shard`` shards the module in place (every transformer block, then the
     whole model). Outside a process group nothing changes.
 
@@ -72,30 +71,6 @@ def _fully_shard(module: torch.nn.Module) -> None:
     for block in blocks or ():
         fully_shard(block)
     fully_shard(module)
-
-
-@contextmanager
-def training_view(estimator, names=("model_", "value_model_")):
-    """Inside the block, ``estimator.model_`` (and ``value_model_``) are their DDP wrappers.
-
-    A training pass must go through DistributedDataParallel's ``forward`` for its
-    backward to average the gradients; the loops open this around a step's passes,
-    so a loss written against ``estimator.model_`` (SFT's, the reward model's,
-    DPO's, an algorithm's) needs no change. Outside it the attributes are the
-    plain modules, which checkpoints and ``save_pretrained`` read. Nothing changes
-    outside a process group or under FSDP (``fully_shard`` works in place).
-    """
-    swapped = {}
-    if world_size() > 1:
-        for name in names:
-            module = estimator.__dict__.get(name)
-            if module is not None and module in _WRAPPED:
-                swapped[name] = module
-                estimator.__dict__[name] = _WRAPPED[module]
-    try:
-        yield
-    finally:
-        estimator.__dict__.update(swapped)
 
 
 def wrapper(module):

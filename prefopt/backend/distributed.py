@@ -9,12 +9,13 @@ launcher's environment asks for one), every estimator's ``fit``:
 - draws its samples from a random stream derived from ``random_state`` *and* the
   rank (:func:`rank_seed`);
 - takes the statistics that define the run over all ranks: :func:`masked_mean`
-  (and so the whitening built on it), :func:`mean`, :func:`gather`,
-  :func:`reduce_row`. Inside :func:`global_statistics` (the block of one training
-  step) a masked mean is the mean over every rank's tokens, and its gradient is
-  scaled so that DistributedDataParallel's average of the ranks' gradients is the
-  gradient of that global mean -- a token-mean loss is normalised by the global
-  token count, not each rank's;
+  (and so the whitening built on it), :func:`mean`, :func:`std`, :func:`gather`,
+  :func:`global_count` where their call site says ``across_ranks=True`` (a loss, an
+  advantage, a step's figure), and :func:`reduce_row`. Such a masked mean is the
+  mean over every rank's tokens, and its gradient is scaled so that
+  DistributedDataParallel's average of the ranks' gradients is the gradient of that
+  global mean -- a token-mean loss is normalised by the global token count, not each
+  rank's. No ambient state decides it: the same call means the same thing anywhere;
 - averages gradients with DistributedDataParallel (:func:`prepare`), or shards the
   policy with FSDP's ``fully_shard`` under ``set_config(distributed="fsdp")``;
 - writes checkpoints and shows progress on rank 0 alone (:func:`is_main`).
@@ -24,21 +25,17 @@ Outside a process group every helper is the plain single-process computation.
 
 from __future__ import annotations
 
-import threading
-from contextlib import contextmanager
-
 import numpy as np
 import torch
 import torch.distributed as dist
 
-# The engines, re-exported (distributed.prepare, distributed.training_view, ...).
+# The engines, re-exported (distributed.prepare, distributed.wrapper, ...).
 from ._engines import (  # noqa: F401
     full_optimizer_state,
     full_state_dict,
     is_sharded,
     load_full_optimizer_state,
     prepare,
-    training_view,
     wrapper,
 )
 from ._process_group import init_from_env, is_main, local_rank, rank, sharded, world_size
@@ -48,7 +45,7 @@ __all__ = [
     "barrier",
     "gather",
     "gather_objects",
-    "global_statistics",
+    "global_count",
     "init_from_env",
     "is_main",
     "local_rank",
@@ -65,11 +62,6 @@ __all__ = [
 ]
 
 
-class _State(threading.local):
-    reducing = False  # inside global_statistics, in this thread
-
-
-_local = _State()
 # history_ keys that add up over ranks (a count), not average.
 SUMMED = frozenset({"data/tokens", "data/rows"})
 
@@ -151,23 +143,9 @@ def shard(rows):
 
 
 # ----- global statistics -------------------------------------------------------------------
-@contextmanager
-def global_statistics():
-    """Inside this block, :func:`masked_mean` and :func:`mean` reduce over all ranks.
-
-    The loops open it around one training step, on every rank at once, so every
-    rank runs the same reductions; outside it (``score``, ``predict``) they stay local.
-    """
-    old = _local.reducing
-    _local.reducing = world_size() > 1
-    try:
-        yield
-    finally:
-        _local.reducing = old
-
-
-def _reducing() -> bool:
-    return _local.reducing
+def _reducing(across_ranks: bool) -> bool:
+    """Whether a statistic asked ``across_ranks`` is reduced: only under a process group."""
+    return bool(across_ranks) and world_size() > 1
 
 
 def _all_reduce(t: torch.Tensor, op=None) -> torch.Tensor:
@@ -193,8 +171,8 @@ def _global(total: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
     return local + (value - local.detach())  # the global value, this rank's gradient
 
 
-def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean of ``x`` where ``mask`` is 1, over every rank inside :func:`global_statistics`.
+def masked_mean(x: torch.Tensor, mask: torch.Tensor, *, across_ranks: bool = False) -> torch.Tensor:
+    """Mean of ``x`` where ``mask`` is 1; over every rank's positions with ``across_ranks``.
 
     Parameters
     ----------
@@ -202,6 +180,10 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         Values.
     mask : torch.Tensor
         1 where a value counts.
+    across_ranks : bool, default=False
+        In a distributed fit, the mean over every rank's positions, its gradient
+        scaled so that DDP's average is the gradient of that global mean (a
+        collective: every rank calls it). Nothing changes in one process.
 
     Returns
     -------
@@ -216,13 +198,13 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """
     mask = mask.to(x.dtype)
     total, count = (x * mask).sum(), mask.sum()
-    if _reducing():
+    if _reducing(across_ranks):
         return _global(total, count)
     return total / count.clamp(min=1.0)
 
 
-def mean(x: torch.Tensor) -> torch.Tensor:
-    """Mean of ``x`` over its elements; over every rank's inside :func:`global_statistics`.
+def mean(x: torch.Tensor, *, across_ranks: bool = False) -> torch.Tensor:
+    """Mean of ``x`` over its elements; over every rank's with ``across_ranks``.
 
     The row-mean loss of the reward model and of DPO: with this, ranks holding
     unequal shares of a minibatch still weight every row alike.
@@ -231,6 +213,8 @@ def mean(x: torch.Tensor) -> torch.Tensor:
     ----------
     x : torch.Tensor
         Values (a loss may flow through them, as in :func:`masked_mean`).
+    across_ranks : bool, default=False
+        In a distributed fit, the mean over every rank's elements (a collective).
 
     Returns
     -------
@@ -242,12 +226,12 @@ def mean(x: torch.Tensor) -> torch.Tensor:
     >>> mean(torch.tensor([1.0, 2.0]))
     tensor(1.5000)
     """
-    if _reducing():
+    if _reducing(across_ranks):
         return _global(x.sum(), torch.tensor(float(x.numel()), device=x.device))
     return x.mean()
 
 
-def std(x: torch.Tensor) -> torch.Tensor:
+def std(x: torch.Tensor, *, across_ranks: bool = False) -> torch.Tensor:
     """The sample standard deviation of ``x`` (as ``x.std()``); over every rank's elements.
 
     GRPO's batch-scaled advantages divide by it (no gradient flows through it).
@@ -256,6 +240,8 @@ def std(x: torch.Tensor) -> torch.Tensor:
     ----------
     x : torch.Tensor
         Values.
+    across_ranks : bool, default=False
+        In a distributed fit, over every rank's elements (a collective).
 
     Returns
     -------
@@ -267,30 +253,33 @@ def std(x: torch.Tensor) -> torch.Tensor:
     >>> std(torch.tensor([1.0, 3.0]))
     tensor(1.4142)
     """
-    if not _reducing():
+    if not _reducing(across_ranks):
         return x.std()
     x = x.detach()
     n = float(_all_reduce(torch.tensor(float(x.numel()), dtype=torch.float64)))
-    centre = mean(x)
+    centre = mean(x, across_ranks=True)
     squares = _all_reduce(((x - centre) ** 2).sum().double())
     return (squares / max(n - 1.0, 1.0)).sqrt().to(x.dtype)
 
 
-def gather(x: torch.Tensor) -> torch.Tensor:
+def gather(x: torch.Tensor, *, across_ranks: bool = False) -> torch.Tensor:
     """Every rank's ``x`` concatenated in rank order (the global batch's order); ``x`` alone.
 
-    Only inside :func:`global_statistics`; ranks may hold different lengths.
+    With ``across_ranks`` in a distributed fit (a collective); ranks may hold
+    different lengths.
 
     Parameters
     ----------
     x : torch.Tensor
         This rank's rows (no gradient flows through the result).
+    across_ranks : bool, default=False
+        Gather over the ranks; ``False`` returns ``x``.
 
     Returns
     -------
     gathered : torch.Tensor
     """
-    if not _reducing():
+    if not _reducing(across_ranks):
         return x
     n = world_size()
     sizes = [torch.zeros(1, dtype=torch.long, device=x.device) for _ in range(n)]
@@ -306,7 +295,7 @@ def gather(x: torch.Tensor) -> torch.Tensor:
 def per_rank(x: torch.Tensor) -> torch.Tensor:
     """Every rank's ``x`` (same shape on all) stacked in rank order: shape ``(world, *x.shape)``.
 
-    A collective outside :func:`global_statistics` too: checkpoints use it to keep
+    Always a collective under a process group: checkpoints use it to keep
     every rank's random state.
     """
     if world_size() == 1:
@@ -316,9 +305,25 @@ def per_rank(x: torch.Tensor) -> torch.Tensor:
     return torch.stack(parts)
 
 
-def global_count(n: int) -> int:
-    """``n`` summed over ranks (inside :func:`global_statistics`)."""
-    if not _reducing():
+def global_count(n: int, *, across_ranks: bool = False) -> int:
+    """``n``, summed over ranks with ``across_ranks`` in a distributed fit (a collective).
+
+    Parameters
+    ----------
+    n : int
+        This rank's count.
+    across_ranks : bool, default=False
+
+    Returns
+    -------
+    count : int
+
+    Examples
+    --------
+    >>> global_count(3, across_ranks=True)  # one process: the count itself
+    3
+    """
+    if not _reducing(across_ranks):
         return int(n)
     return int(_all_reduce(torch.tensor(float(n), dtype=torch.float64)).item())
 

@@ -188,19 +188,20 @@ def train_minibatches(
                 for group in optimizer.param_groups:
                     group["lr"] = lr
                 began = time.perf_counter()
-                with distributed.global_statistics(), distributed.training_view(estimator):
-                    parts = micro_batches(distributed.shard(rows), micro)  # this rank's share
-                    weights = [float(weight(p) if weight else len(p)) for p in parts]
-                    with training_passes(getattr(estimator, "model_", None)):
-                        loss, stats = accumulated_step(
-                            optimizer,
-                            parts,
-                            batch_loss,
-                            weights,
-                            who=name,
-                            step=estimator.n_iter_ + 1,
-                        )
-                    stats = distributed.reduce_row(_merged(stats))
+                # This rank's share; a loss goes through the DDP wrapper and means over the
+                # ranks where batch_loss says so (distributed.wrapper, across_ranks=True).
+                parts = micro_batches(distributed.shard(rows), micro)
+                weights = [float(weight(p) if weight else len(p)) for p in parts]
+                with training_passes(getattr(estimator, "model_", None)):
+                    loss, stats = accumulated_step(
+                        optimizer,
+                        parts,
+                        batch_loss,
+                        weights,
+                        who=name,
+                        step=estimator.n_iter_ + 1,
+                    )
+                stats = distributed.reduce_row(_merged(stats))
                 step += 1
                 estimator.n_iter_ += 1
                 row = {

@@ -281,10 +281,7 @@ class BasePolicy(Algorithm, GenerativeEstimator):
                 maybe_compile(module)  # set_config(compile=...); off by default
             maybe_compile(self.ref_model_)
             loop.prepare_distributed()  # DDP or fully_shard under a launcher; else nothing
-            with distributed.global_statistics():  # under a launcher: statistics over all ranks
-                loop.train(
-                    run.start_step + self.n_steps - self.n_iter_, callback, record=self._record
-                )
+            loop.train(run.start_step + self.n_steps - self.n_iter_, callback, record=self._record)
             loop.checkpoint = None  # the folder's lock ends with this block
         return self
 

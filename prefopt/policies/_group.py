@@ -27,7 +27,12 @@ STD_EPS = 1e-4
 
 
 def group_advantages(
-    rewards: torch.Tensor, k: int, scale: str = "group", eps: float = STD_EPS
+    rewards: torch.Tensor,
+    k: int,
+    scale: str = "group",
+    eps: float = STD_EPS,
+    *,
+    across_ranks: bool = False,
 ) -> torch.Tensor:
     """(r_i - group mean) / (std + eps): GRPO's advantage of each sample.
 
@@ -48,6 +53,8 @@ def group_advantages(
         stays the group's), or not at all (Liu et al. 2025).
     eps : float, default=1e-4
         Added to the std.
+    across_ranks : bool, default=False
+        With ``scale="batch"`` in a distributed fit, the std of every rank's rewards.
 
     Returns
     -------
@@ -74,7 +81,7 @@ def group_advantages(
     if scale == "group":
         centred = centred / (grouped.std(1, keepdim=True) + eps)
     elif scale == "batch":
-        centred = centred / (distributed.std(rewards) + eps)  # over all ranks when distributed
+        centred = centred / (distributed.std(rewards, across_ranks=across_ranks) + eps)
     elif scale != "none":
         raise ValueError(f"scale must be 'group', 'batch' or 'none'; got {scale!r}.")
     return centred.reshape(-1)

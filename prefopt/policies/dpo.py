@@ -349,16 +349,17 @@ class DPOPolicy(GenerativeStep):
         def batch_loss(rows):
             # Chosen and rejected go through one forward pass together.
             rows = torch.as_tensor(rows)
-            logps = self._logps(self.model_, prompt_rows, response_rows, rows)
+            model = distributed.wrapper(self.model_)  # a distributed fit: through DDP's forward
+            logps = self._logps(model, prompt_rows, response_rows, rows)
             logp_c, logp_r = logps[: len(rows)], logps[len(rows) :]
             rows = rows.to(ref_logps.device)
             ratio_c = logp_c - ref_logps[rows]  # log pi/pi_ref of the chosen responses
             ratio_r = logp_r - ref_logps[rows + n]
             h = ratio_c - ratio_r
             if self.loss == "ipo":  # Azar et al. 2023, eq. 17
-                loss = distributed.mean((h - 1.0 / (2.0 * self.beta)) ** 2)
+                loss = distributed.mean((h - 1.0 / (2.0 * self.beta)) ** 2, across_ranks=True)
             else:  # Rafailov et al. 2023, eq. 7
-                loss = -distributed.mean(F.logsigmoid(self.beta * h))
+                loss = -distributed.mean(F.logsigmoid(self.beta * h), across_ranks=True)
             # (distributed.mean: over every rank's rows in a distributed fit, else .mean())
             r_c, r_r = self.beta * ratio_c.detach(), self.beta * ratio_r.detach()
             return loss, {

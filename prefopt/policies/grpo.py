@@ -272,7 +272,7 @@ class GRPOPolicy(BasePolicy):
         rewards = batch.sequence_rewards
         if self.overlong_cache is not None:
             rewards = rewards + self._overlong(batch)
-        return group_advantages(rewards, self.k, self.scale_rewards)
+        return group_advantages(rewards, self.k, self.scale_rewards, across_ranks=True)
 
     def _loss_mask(self, batch: RolloutBatch) -> torch.Tensor:
         """The tokens the loss counts: the responses', less cut ones with ``mask_truncated``."""
@@ -322,7 +322,9 @@ class GRPOPolicy(BasePolicy):
             "max_new_tokens": self.max_new_tokens_,
             # Distributed fits: the global token count over world size, so that DDP's average
             # of the ranks' losses divides the global token sum by the global count.
-            "n_tokens": distributed.global_count(int(self._loss_mask(batch).sum()))
+            "n_tokens": distributed.global_count(
+                int(self._loss_mask(batch).sum()), across_ranks=True
+            )
             / distributed.world_size()
             if self.loss_type == "dapo"
             else None,
@@ -331,13 +333,14 @@ class GRPOPolicy(BasePolicy):
         kl_loss = batch.beta * aggregate_token_loss(k3, mask, **aggregate)
         log_ratio = (logprobs - old).detach()
         scores = batch.scores.reshape(-1, self.k)
+        ranks = {"across_ranks": True}  # the figures over every rank's tokens
         stats = {
             "loss/policy": policy_loss.item(),
             "loss/kl": kl_loss.item(),
-            "policy/k3": masked_mean(k3.detach(), mask).item(),
-            "policy/clipfrac": masked_mean((clipped < unclipped).float(), mask).item(),
-            "policy/approxkl": 0.5 * masked_mean(log_ratio**2, mask).item(),
-            "policy/ratio_mean": masked_mean(log_ratio.exp(), mask).item(),
+            "policy/k3": masked_mean(k3.detach(), mask, **ranks).item(),
+            "policy/clipfrac": masked_mean((clipped < unclipped).float(), mask, **ranks).item(),
+            "policy/approxkl": 0.5 * masked_mean(log_ratio**2, mask, **ranks).item(),
+            "policy/ratio_mean": masked_mean(log_ratio.exp(), mask, **ranks).item(),
             "policy/zero_std_share": (scores == scores[:, :1]).all(1).float().mean().item(),
         }
         if self.overlong_cache is not None:

@@ -76,6 +76,8 @@ def clipped_surrogate(
     clip_coef: float = 0.2,
     clip: bool = True,
     use_ratio: bool = True,
+    *,
+    across_ranks: bool = False,
 ):
     """The PPO policy loss and its clip fraction.
 
@@ -99,20 +101,22 @@ def clipped_surrogate(
     >>> round(loss.item(), 4), frac.item()   # (-1.2 + 0.8) / 2: both ratios clipped
     (-0.2, 1.0)
     """
+    ranks = {"across_ranks": across_ranks}  # token means over every rank's tokens
     if not use_ratio:
-        return masked_mean(-advantages * logprobs, mask), torch.zeros(())
+        return masked_mean(-advantages * logprobs, mask, **ranks), torch.zeros(())
     ratio = torch.exp(logprobs - old_logprobs)
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1.0 - clip_coef, 1.0 + clip_coef)
-    clipfrac = masked_mean((clipped > unclipped).float(), mask)
+    clipfrac = masked_mean((clipped > unclipped).float(), mask, **ranks)
     if not clip:
-        return masked_mean(unclipped, mask), clipfrac
-    return masked_mean(torch.maximum(unclipped, clipped), mask), clipfrac
+        return masked_mean(unclipped, mask, **ranks), clipfrac
+    return masked_mean(torch.maximum(unclipped, clipped), mask, **ranks), clipfrac
 
 
 def clipped_value_loss(
-    values, old_values, returns, mask, clip_coef: float = 0.2, clip: bool = True
-):
+    values, old_values, returns, mask, clip_coef: float = 0.2, clip: bool = True, *,
+    across_ranks: bool = False,
+):  # fmt: skip
     """0.5 * mean max((V - G)^2, (clip(V, V_old +- eps) - G)^2) over masked tokens.
 
     The clip is around the old value, not the return, and the max is the
@@ -129,9 +133,10 @@ def clipped_value_loss(
     """
     unclipped = (values - returns) ** 2
     if not clip:
-        return 0.5 * masked_mean(unclipped, mask)
+        return 0.5 * masked_mean(unclipped, mask, across_ranks=across_ranks)
     v_clipped = old_values + torch.clamp(values - old_values, -clip_coef, clip_coef)
-    return 0.5 * masked_mean(torch.maximum(unclipped, (v_clipped - returns) ** 2), mask)
+    worst = torch.maximum(unclipped, (v_clipped - returns) ** 2)
+    return 0.5 * masked_mean(worst, mask, across_ranks=across_ranks)
 
 
 class PPOPolicy(BasePolicy):
@@ -330,10 +335,10 @@ class PPOPolicy(BasePolicy):
         mask = batch.response_mask
         rewards = batch.rewards
         if self.whiten_rewards:
-            rewards = masked_whiten(rewards, mask, shift_mean=False)
+            rewards = masked_whiten(rewards, mask, shift_mean=False, across_ranks=True)
         advantages, returns = gae(rewards, batch.values, mask, self.gamma, self.gae_lambda)
         if self.whiten_advantages:
-            advantages = masked_whiten(advantages, mask)
+            advantages = masked_whiten(advantages, mask, across_ranks=True)
         return advantages, returns
 
     def compute_loss(self, batch: RolloutBatch, minibatch: Minibatch):
@@ -360,6 +365,7 @@ class PPOPolicy(BasePolicy):
             clip_coef=self.clip_coef,
             clip=self.clip,
             use_ratio=self.use_ratio,
+            across_ranks=True,
         )
         vf_loss = clipped_value_loss(
             values,
@@ -368,6 +374,7 @@ class PPOPolicy(BasePolicy):
             mask,
             clip_coef=self.vf_clip_coef,
             clip=self.clip,
+            across_ranks=True,
         )
         log_ratio = (logprobs - minibatch.old_logprobs).detach()
         returns = minibatch.returns
@@ -378,8 +385,8 @@ class PPOPolicy(BasePolicy):
             "loss/policy": pg_loss.item(),
             "loss/value": vf_loss.item(),
             "policy/clipfrac": clipfrac.item(),
-            "policy/approxkl": 0.5 * masked_mean(log_ratio**2, mask).item(),
-            "policy/ratio_mean": masked_mean(log_ratio.exp(), mask).item(),
+            "policy/approxkl": 0.5 * masked_mean(log_ratio**2, mask, across_ranks=True).item(),
+            "policy/ratio_mean": masked_mean(log_ratio.exp(), mask, across_ranks=True).item(),
             "val/explained_variance": explained.item(),
         }
         return pg_loss + self.vf_coef * vf_loss, stats

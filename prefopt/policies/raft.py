@@ -148,7 +148,7 @@ class RAFTPolicy(BasePolicy):
         # Next-token cross-entropy on the kept responses, averaged over their tokens.
         # With no kept response in the minibatch this is 0 (gradient 0); no branch on the
         # data, so every rank of a distributed fit runs the same reductions.
-        loss = -masked_mean(logprobs, weight)
+        loss = -masked_mean(logprobs, weight, across_ranks=True)
         return loss, {"loss/policy": loss.item()}
 
 

@@ -164,7 +164,7 @@ class ReinforcePolicy(BasePolicy):
             The step's rollouts.
         """
         # Distributed fits: every rank's rewards, so all ranks keep one global baseline.
-        self.baseline_.add(distributed.gather(batch.sequence_rewards))
+        self.baseline_.add(distributed.gather(batch.sequence_rewards, across_ranks=True))
 
 
 ReinforcePolicy.__doc__ = fill(ReinforcePolicy)

@@ -24,7 +24,12 @@ __all__ = ["ReinforcePlusPlusPolicy", "reinforce_pp_advantages"]
 
 
 def reinforce_pp_advantages(
-    rewards: torch.Tensor, mask: torch.Tensor, scores: torch.Tensor | None = None, k: int = 1
+    rewards: torch.Tensor,
+    mask: torch.Tensor,
+    scores: torch.Tensor | None = None,
+    k: int = 1,
+    *,
+    across_ranks: bool = False,
 ) -> torch.Tensor:
     """REINFORCE++'s advantages: returns G_t = sum_{s >= t} r_s, whitened over the batch.
 
@@ -42,6 +47,8 @@ def reinforce_pp_advantages(
     mask : torch.Tensor of shape (n, length)
     scores : torch.Tensor of shape (n,), default=None
         The scores, for the group baseline (``k > 1``).
+    across_ranks : bool, default=False
+        Whiten over every rank's tokens in a distributed fit.
     k : int, default=1
         Samples per prompt, each prompt's together.
 
@@ -65,7 +72,7 @@ def reinforce_pp_advantages(
         rewards = rewards.clone()
         rewards[torch.arange(rewards.shape[0]), last] -= baseline.to(rewards.dtype)
     returns = torch.flip(torch.cumsum(torch.flip(rewards, [1]), 1), [1]) * mask
-    return masked_whiten(returns, mask)
+    return masked_whiten(returns, mask, across_ranks=across_ranks)
 
 
 class ReinforcePlusPlusPolicy(BasePolicy):
@@ -152,7 +159,9 @@ class ReinforcePlusPlusPolicy(BasePolicy):
         -------
         advantages : torch.Tensor of shape (n, length)
         """
-        return reinforce_pp_advantages(batch.rewards, batch.response_mask, batch.scores, self.k)
+        return reinforce_pp_advantages(
+            batch.rewards, batch.response_mask, batch.scores, self.k, across_ranks=True
+        )
 
     def compute_loss(self, batch: RolloutBatch, minibatch: Minibatch):
         """The token mean of PPO's clipped surrogate on the whitened returns.
@@ -174,12 +183,14 @@ class ReinforcePlusPlusPolicy(BasePolicy):
         surrogate, unclipped, clipped = clipped_surrogate(
             logprobs - old, minibatch.advantages, self.clip_coef, self.clip_coef
         )
-        loss = masked_mean(surrogate, mask)
+        loss = masked_mean(surrogate, mask, across_ranks=True)
         log_ratio = (logprobs - old).detach()
         return loss, {
             "loss/policy": loss.item(),
-            "policy/clipfrac": masked_mean((clipped < unclipped).float(), mask).item(),
-            "policy/approxkl": 0.5 * masked_mean(log_ratio**2, mask).item(),
+            "policy/clipfrac": masked_mean(
+                (clipped < unclipped).float(), mask, across_ranks=True
+            ).item(),
+            "policy/approxkl": 0.5 * masked_mean(log_ratio**2, mask, across_ranks=True).item(),
         }
 
 

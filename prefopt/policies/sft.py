@@ -17,7 +17,7 @@ from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 
 from .._config import get_config
-from ..backend import default_learning_rate, make_generator, response_logprobs
+from ..backend import default_learning_rate, distributed, make_generator, response_logprobs
 from ..data import PreferenceData, check_demonstrations
 from ..lm import GenerativeStep, check_lengths, too_long_error, train_minibatches, truncate_rows
 from ..lm import checkpoint as ckpt
@@ -311,7 +311,9 @@ class SFTPolicy(GenerativeStep):
     def _train(self, ptoks, ctoks, generator, resume=None, model_key=None, callback=None) -> None:
         def batch_loss(rows):
             loss, n_tokens = self._batch_loss(
-                self.model_, [ptoks[i] for i in rows], [ctoks[i] for i in rows]
+                distributed.wrapper(self.model_),  # a distributed fit: through DDP's forward
+                [ptoks[i] for i in rows],
+                [ctoks[i] for i in rows],
             )
             return loss, {"loss/sft": loss.item(), "data/tokens": n_tokens}
 
@@ -343,7 +345,7 @@ class SFTPolicy(GenerativeStep):
         logprobs = response_logprobs(
             model, self._encode(ptoks), ids, mask, temperature=1.0, suppress_ids=self._suppress_ids
         )
-        return -masked_mean(logprobs, mask), int(mask.sum())
+        return -masked_mean(logprobs, mask, across_ranks=True), int(mask.sum())
 
     @torch.no_grad()
     def score(self, X, y=None) -> float:

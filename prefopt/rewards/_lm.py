@@ -118,13 +118,14 @@ def train_bradley_terry(
             rm,
             [prompts[i] for i in rows] * 2,
             [chosen[i] for i in rows] + [rejected[i] for i in rows],
+            model=distributed.wrapper(rm.model_),  # a distributed fit: through DDP's forward
         )
         margin = both[: len(rows)] - both[len(rows) :]
         # Means over every rank's rows in a distributed fit (rows may split unequally).
-        loss = -distributed.mean(F.logsigmoid(margin))
+        loss = -distributed.mean(F.logsigmoid(margin), across_ranks=True)
         return loss, {
             "loss/reward": loss.item(),
-            "reward/accuracy": float(distributed.mean((margin > 0).float())),
+            "reward/accuracy": float(distributed.mean((margin > 0).float(), across_ranks=True)),
         }
 
     if getattr(rm, "lora", None) is not None:
@@ -162,7 +163,8 @@ def _train(rm, prompts, batch_loss, generator, resume, model_key, callback) -> N
     )
 
 
-def _raw(rm, prompt_rows, response_rows) -> torch.Tensor:
+def _raw(rm, prompt_rows, response_rows, model=None) -> torch.Tensor:
+    """Scores of the rows under ``model`` (``rm.model_`` by default)."""
     ids, mask, last = join_right_padded(prompt_rows, response_rows, rm.tokenizer_.pad_token_id)
     context = context_length(rm.model_)
     if context is not None and ids.shape[1] > context:
@@ -177,7 +179,8 @@ def _raw(rm, prompt_rows, response_rows) -> torch.Tensor:
             f"model's context of {context}; {hint}."
         )
     device = rm.device_
-    return score_sequences(rm.model_, ids.to(device), mask.to(device), last.to(device))
+    model = rm.model_ if model is None else model
+    return score_sequences(model, ids.to(device), mask.to(device), last.to(device))
 
 
 @torch.no_grad()

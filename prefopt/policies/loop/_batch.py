@@ -9,11 +9,13 @@ import torch
 from ...backend import EncodedPrompts, distributed
 
 
-def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean of ``x`` over positions where ``mask`` is 1 (over all ranks in a distributed fit).
+def masked_mean(x: torch.Tensor, mask: torch.Tensor, *, across_ranks: bool = False) -> torch.Tensor:
+    """Mean of ``x`` over positions where ``mask`` is 1 (over all ranks with ``across_ranks``).
 
-    Token-mean losses and whitening built on it are normalised by the global token
-    count in a distributed fit; see :func:`prefopt.backend.distributed.masked_mean`.
+    A loss says ``across_ranks=True``: in a distributed fit a token-mean loss (and
+    the whitening built on this) is then normalised by the global token count;
+    see :func:`prefopt.backend.distributed.masked_mean`. In one process the flag
+    changes nothing.
 
     Parameters
     ----------
@@ -21,6 +23,9 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         Values.
     mask : torch.Tensor
         1 where a value counts.
+    across_ranks : bool, default=False
+        Over every rank's positions in a distributed fit (a collective: every
+        rank calls it at the same point).
 
     Returns
     -------
@@ -33,12 +38,16 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     >>> masked_mean(torch.tensor([1.0, 3.0, 100.0]), torch.tensor([1, 1, 0]))
     tensor(2.)
     """
-    # Distributed fits: inside a training step, the mean over every rank's positions.
-    return distributed.masked_mean(x, mask)
+    return distributed.masked_mean(x, mask, across_ranks=across_ranks)
 
 
 def masked_whiten(
-    x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8
+    x: torch.Tensor,
+    mask: torch.Tensor,
+    shift_mean: bool = True,
+    eps: float = 1e-8,
+    *,
+    across_ranks: bool = False,
 ) -> torch.Tensor:
     """Whiten ``x`` over masked positions with the population variance.
 
@@ -56,6 +65,8 @@ def masked_whiten(
         Subtract the mean (``False`` keeps it).
     eps : float, default=1e-8
         Added to the variance.
+    across_ranks : bool, default=False
+        Mean and variance over every rank's positions in a distributed fit.
 
     Returns
     -------
@@ -67,8 +78,8 @@ def masked_whiten(
     >>> masked_whiten(torch.tensor([[1.0, 3.0, 100.0]]), torch.tensor([[1, 1, 0]]))
     tensor([[-1.,  1.,  0.]])
     """
-    mean = masked_mean(x, mask)
-    var = masked_mean((x - mean) ** 2, mask)
+    mean = masked_mean(x, mask, across_ranks=across_ranks)
+    var = masked_mean((x - mean) ** 2, mask, across_ranks=across_ranks)
     out = (x - mean) * torch.rsqrt(var + eps)
     if not shift_mean:
         out = out + mean

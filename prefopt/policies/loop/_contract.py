@@ -33,6 +33,11 @@ class Algorithm:
     importance weight (Yao et al. 2025), so every algorithm, its own loss
     unchanged, gets the correction.
 
+    In a fit of several processes each rank holds a share of the batch: a loss's
+    token mean over every rank's tokens says so at its call site,
+    ``masked_mean(x, mask, across_ranks=True)`` (a no-op in one process), as the
+    built-in losses and whitening do.
+
     The loop reads these declarations, and the hooks :meth:`extra_modules` and
     ``shared_trunk_modules``, never an algorithm's own names. A fitted algorithm
     of your own is saved as a built-in one is, and loaded by naming its class:

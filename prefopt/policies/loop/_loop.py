@@ -246,7 +246,7 @@ class PolicyLoop:
                 self, batch, self.n_iter + 1, self.rollout_.reward
             )
             stats.update(online_stats)
-        mean_kl = float(distributed.mean(batch.kl.sum(1)))  # over all ranks
+        mean_kl = float(distributed.mean(batch.kl.sum(1), across_ranks=True))
         n_episodes = len(batch) * distributed.world_size()  # the global batch
         beta = checked_beta(
             self.kl, self.kl.update(mean_kl, n_episodes=n_episodes), f"after step {self.n_iter + 1}"
@@ -300,7 +300,7 @@ class PolicyLoop:
         continue from the last ``history_`` row, so a warm start or a resumed run
         keeps counting.
         """
-        tokens = float(distributed.mean(batch.response_mask.sum().float()))
+        tokens = float(distributed.mean(batch.response_mask.sum().float(), across_ranks=True))
         this_step = {
             "budget/episodes": n_episodes,
             "budget/tokens": int(round(tokens * distributed.world_size())),

@@ -117,7 +117,7 @@ class Update:
                 stats = dict(stats)
                 if weights is not None:
                     stats.update(weight_statistics(weights, minibatch.mask, cap))
-                mean_entropy = masked_mean(entropy, minibatch.mask)
+                mean_entropy = masked_mean(entropy, minibatch.mask, across_ranks=True)
                 if view.entropy_coef > 0:
                     bonus = view.entropy_coef * mean_entropy
                     loss = loss - bonus
@@ -152,7 +152,7 @@ class Update:
         logprobs = response_logprobs(
             self.model, contexts, ids, mask, temperature=1.0, suppress_ids=view.suppress_ids
         )
-        return -masked_mean(logprobs, mask)
+        return -masked_mean(logprobs, mask, across_ranks=True)
 
 
 class _ScaleGradient(torch.autograd.Function):
