@@ -215,9 +215,9 @@ def _supervised(rank, out):
 
     seen, real = [], _lm._raw
 
-    def recording(rm, prompt_rows, response_rows):
+    def recording(rm, prompt_rows, response_rows, model=None):
         seen.append([tuple(p) + (-1,) + tuple(r) for p, r in zip(prompt_rows, response_rows)])
-        return real(rm, prompt_rows, response_rows)
+        return real(rm, prompt_rows, response_rows, model=model)
 
     _lm._raw = recording
     pairs = [(p, c, r) for p in world.prompts for c, r in (("a", "b c"), ("c", "a b"))]  # 12

@@ -23,6 +23,7 @@ from prefopt.backend import (
     truncate_after_eos,
     vllm_engine,
 )
+from prefopt.backend.samplers import VLLMSampler
 from prefopt.backend.vllm_engine import logprob_gap, truncated_importance_weights
 
 _skip = pytest.mark.skipif(
@@ -213,7 +214,11 @@ def test_engine_logprobs_match_the_policy_and_seeds_repeat():
                   eos_token_id=EOS, return_logprobs=True)  # fmt: skip
     with prefopt.config_context(generation="vllm"):
         ids, logprobs = sample(model, enc, generator=make_generator(0), **kwargs)
-        last = vllm_engine.last_logprobs()  # this call's
+        # The sampler object a fit's rollout holds returns the engine's log-probs too.
+        drawn = VLLMSampler(model).sample(model, enc, generator=make_generator(0),
+                                          max_new_tokens=12, temperature=0.7, pad_token_id=PAD,
+                                          suppress_ids=(PAD,), stop_ids=(EOS,),
+                                          prompt_index=INDEX)  # fmt: skip
         again, _ = sample(model, enc, generator=make_generator(0), **kwargs)
         other, _ = sample(model, enc, generator=make_generator(1), **kwargs)
     assert torch.equal(ids, again)  # the seeds come from the generator
@@ -224,8 +229,9 @@ def test_engine_logprobs_match_the_policy_and_seeds_repeat():
     # What the caller gets are the policy's own log-probs (the KL's old log-probs): the
     # loss never sees the engine's, which are kept for the gap metric.
     torch.testing.assert_close(logprobs * mask, policy, rtol=0, atol=1e-6)
-    assert torch.equal(last["mask"], mask)
-    logprobs = last["engine"]
+    assert torch.equal(drawn.response_mask, mask) and torch.equal(drawn.response_ids, response)
+    torch.testing.assert_close(drawn.logprobs * mask, policy, rtol=0, atol=1e-6)
+    logprobs = drawn.engine_logprobs
     # The engine's log-probs are the tempered ones of the sampled tokens, 0 after the stop:
     # float32 on both sides, within 1e-4 (different kernels, same weights).
     torch.testing.assert_close(logprobs * mask, policy, rtol=0, atol=1e-4)

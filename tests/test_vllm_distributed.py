@@ -57,17 +57,16 @@ def _rank_main(out: Path) -> None:
         return pushed
 
     vllm.LLM.generate, vllm_engine._Engine.sync = recording_generate, recording_sync
-    sample = vllm_engine.sample
+    sample = vllm_engine._sample
 
     def recording_sample(model, prompts, **options):
         ids, mask = prompts.input_ids, prompts.attention_mask.bool()
         rows = [ids[i][mask[i]].tolist() for i in range(len(ids))]
-        result = sample(model, prompts, **options)
-        tokens = result[0] if isinstance(result, tuple) else result
-        calls[-1].update(rows=rows, tokens=tokens.tolist())
+        result = sample(model, prompts, **options)  # (tokens, policy's, engine's log-probs)
+        calls[-1].update(rows=rows, tokens=result[0].tolist())
         return result
 
-    vllm_engine.sample = recording_sample  # what the dispatcher calls
+    vllm_engine._sample = recording_sample  # what the sampler object and the dispatcher call
     rank = int(os.environ["RANK"])
 
     def at_exit():  # registered first, so it runs last: after prefopt's own exit handlers
