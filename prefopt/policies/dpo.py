@@ -349,7 +349,7 @@ class DPOPolicy(GenerativeStep):
         def batch_loss(rows):
             # Chosen and rejected go through one forward pass together.
             rows = torch.as_tensor(rows)
-            model = distributed.wrapper(self.model_)  # a distributed fit: through DDP's forward
+            model = distributed.wrapper(self.model_)  # distributed: through DDP's forward
             logps = self._logps(model, prompt_rows, response_rows, rows)
             logp_c, logp_r = logps[: len(rows)], logps[len(rows) :]
             rows = rows.to(ref_logps.device)
@@ -360,7 +360,6 @@ class DPOPolicy(GenerativeStep):
                 loss = distributed.mean((h - 1.0 / (2.0 * self.beta)) ** 2, across_ranks=True)
             else:  # Rafailov et al. 2023, eq. 7
                 loss = -distributed.mean(F.logsigmoid(self.beta * h), across_ranks=True)
-            # (distributed.mean: over every rank's rows in a distributed fit, else .mean())
             r_c, r_r = self.beta * ratio_c.detach(), self.beta * ratio_r.detach()
             return loss, {
                 "loss/dpo": loss.item(),
