@@ -134,7 +134,8 @@ class Comparison:
         table : pandas.DataFrame
             Indexed by algorithm; per metric its ``mean`` (as ``<metric>``),
             ``_std``, ``_ci_low``, ``_ci_high`` and, with a baseline,
-            ``_diff``, ``_p_value``, ``_mdd`` and ``_verdict``; then
+            ``_diff``, ``_p_value``, ``_mdd``, ``_verdict`` and ``_verdict_holm``
+            (and ``_iqm``, where the summary has it); then
             ``n_unhealthy`` and the mean budgets.
 
         Examples
@@ -157,6 +158,8 @@ class Comparison:
             "p_value": "_p_value",
             "mdd": "_mdd",
             "verdict": "_verdict",
+            "verdict_holm": "_verdict_holm",
+            "iqm": "_iqm",
             "empty_floor": "_empty_floor",
         }
         names = list(dict.fromkeys(self.summary["algorithm"]))
