@@ -44,10 +44,12 @@ from ._identity import (  # noqa: F401 - fingerprint, module_fingerprint: used a
     described_params,
     fingerprint,
     module_fingerprint,
+    needs_probe,
     run_folder,
 )
+from ._object_state import kept_random_states, random_states, set_random_states
 
-FORMAT = 3
+FORMAT = 4
 STATE = "state.json"
 OLD_CHECKPOINT = "checkpoint.joblib"
 # Fitted attributes rebuilt by ``fit`` from the caller's arguments, never stored.
@@ -328,12 +330,18 @@ def restore(estimator, fitted: dict) -> None:
 
 
 class Resume:
-    """One fit's view of its checkpoint folder: what was saved, and how to save again."""
+    """One fit's view of its checkpoint folder: what was saved, and how to save again.
+
+    ``live`` holds the objects given to ``fit`` themselves (the reward, the
+    labeler): the random generators inside them are saved with every checkpoint
+    and set back on a resume.
+    """
 
     def __init__(
-        self, folder: str, saved: dict | None, defining: dict, data: str, objects=None
+        self, folder: str, saved: dict | None, defining: dict, data: str, objects=None, live=None
     ) -> None:
         self.folder, self.saved = folder, saved
+        self.live = live or {}
         self.header = {
             "defining": defining,
             "objects": objects or {},
@@ -355,7 +363,11 @@ class Resume:
         check_same_model(self.saved, self.folder, model_key, self.header["tokenizer"])
         check_length(self.saved, self.folder, estimator)
         restore(estimator, self.saved["fitted"])
-        return self.saved["run"]
+        run = dict(self.saved["run"])
+        # A stochastic reward draws on from where the checkpoint left it (a new process
+        # built it afresh): the resumed run is the uninterrupted one.
+        set_random_states(self.live, run.pop("object_random_states", None) or {})
+        return run
 
     def save(self, estimator, run_state: dict) -> str | None:
         """Write a checkpoint of ``estimator`` and its run state (rank 0 alone writes).
@@ -367,6 +379,11 @@ class Resume:
         """
         path = None
         weights = gathered_weights(estimator)  # FSDP: a collective; else nothing
+        states = random_states(self.live)
+        if states:  # the objects as they are now, and their generators' states
+            run_state = {**run_state, "object_random_states": states}
+            now = {k: describe(v) for k, v in self.live.items()}
+            self.header["objects_now"] = {**self.header["objects"], **now}
         if distributed.is_main():
             path = save(
                 estimator, self.folder, header=self.header, run_state=run_state, weights=weights
@@ -375,20 +392,38 @@ class Resume:
         return path
 
 
+def described_objects(objects: dict, probes: dict | None = None) -> dict:
+    """The objects given to ``fit`` by description, and by behaviour where that is not exact.
+
+    ``probes`` maps an object's name to a function returning its behaviour
+    (``rewards/_probe.py``); it is called only for an object whose description
+    :func:`needs_probe`, with the object's random generators set back after it,
+    and its result is recorded as ``<name>_behaviour``.
+    """
+    described = {k: describe(v) for k, v in sorted(objects.items())}
+    for name, probe in (probes or {}).items():
+        if objects.get(name) is not None and needs_probe(described[name]):
+            with kept_random_states({name: objects[name]}):
+                described[f"{name}_behaviour"] = probe()
+    return described
+
+
 @contextlib.contextmanager
-def resumable(estimator, data_key: str, **objects):
+def resumable(estimator, data_key: str, probes: dict | None = None, **objects):
     """The checkpoint of this fit, locked for its length, checked against its parameters.
 
     Yields ``None`` when the estimator has no ``checkpoint_dir``; else a
     :class:`Resume` whose ``saved`` is the checkpoint found (or ``None``). A
     checkpoint written with other defining parameters, other ``objects`` (the
-    reward, the labeler: compared by their identity) or other data is refused
-    before any work, naming what differs.
+    reward, the labeler: compared by their identity, see
+    :func:`described_objects`) or other data is refused before any work, naming
+    what differs.
     """
     if getattr(estimator, "checkpoint_dir", None) is None:
         yield None
         return
-    described = {k: describe(v) for k, v in sorted(objects.items())}
+    check_folder(estimator.checkpoint_dir)  # before a probe calls the reward
+    described = described_objects(objects, probes)
     params = described_params(estimator)  # a model's weights are hashed once
     folder = run_folder(estimator, data_key, described, params)
     check_folder(folder)
@@ -398,4 +433,4 @@ def resumable(estimator, data_key: str, **objects):
         defining = defining_params(estimator, described=params)
         if saved is not None:
             check_same_run(saved, folder, defining=defining, data=data_key, objects=described)
-        yield Resume(folder, saved, defining, data_key, described)
+        yield Resume(folder, saved, defining, data_key, described, objects)

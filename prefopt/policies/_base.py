@@ -29,6 +29,7 @@ from ..lm import checkpoint as ckpt
 from ..lm._run import one_fit_at_a_time
 from ..rewards import call_with_columns, check_reward_columns, check_rewards
 from ..rewards._combined import combine_rewards, describe_reward, rebuild_reward
+from ..rewards._probe import reward_behaviour
 from ..tracking import check_callback
 from ..validation import validate_params
 from ._inputs import check_ptx, starting_policy
@@ -242,7 +243,9 @@ class BasePolicy(Algorithm, GenerativeEstimator):
         if columns:  # the reward's columns too (a plain list of prompts keeps its old key)
             key = {"prompts": prompts, "columns": columns, "ptx_data": ptx_texts}
         data_key = ckpt.fingerprint(key)
-        resumable = ckpt.resumable(self, data_key, reward=reward, labeler=labeler)
+        # A reward not described exactly is also told apart by its outputs on a seeded probe.
+        probes = {"reward": lambda: reward_behaviour(reward, prompts, columns)}
+        resumable = ckpt.resumable(self, data_key, probes, reward=reward, labeler=labeler)
         with one_fit_at_a_time(self), resumable as resume:
             previous = self._loop
             if (resume is not None and resume.saved is not None) or not (
