@@ -215,6 +215,46 @@ def test_checkpointing_on_reward_model_dpo_and_ppo_value_model():
     assert checkpoints_activations(ppo.model_) and checkpoints_activations(ppo.value_model_)
 
 
+def test_ppo_shared_value_model_with_checkpointing_equals_the_run_without():
+    # The shared trunk was left in training mode after the first update, and the second
+    # step's cached sampling then broke inside transformers' sdpa attention.
+    def reward(prompts, completions):
+        return [float(len(c)) for c in completions]
+
+    prompts = ["the movie was", "the plot was good and the movie was great", "bad", "the"]
+    runs = {
+        on: prefopt.PPOPolicy(
+            model=tiny_lm(),
+            value_model="shared",
+            gradient_checkpointing=on,
+            batch_size=8,
+            max_new_tokens=6,
+            n_steps=3,
+            random_state=0,
+        ).fit(prompts, reward)
+        for on in (False, True)
+    }
+    assert checkpoints_activations(runs[True].model_)
+    assert not runs[True].model_.training  # eval mode between steps: dropout off
+    for a, b in zip(runs[False].model_.parameters(), runs[True].model_.parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+    assert (
+        runs[True].history_[-1]["objective/reward"] == runs[False].history_[-1]["objective/reward"]
+    )
+
+
+def test_training_passes_restore_modules_that_share_a_trunk():
+    # Ours: a second module holding the first one's trunk, listed in either order.
+    for order in (0, 1):
+        model = enable_gradient_checkpointing(tiny_lm()).eval()
+        wrapper = torch.nn.Sequential(model.transformer)
+        assert checkpoints_activations(wrapper)
+        pair = (model, wrapper) if order == 0 else (wrapper, model)
+        with training_passes(*pair):
+            assert model.transformer.training
+        assert not any(m.training for m in model.modules())
+
+
 def test_checkpointing_a_model_without_layers_to_recompute_is_refused():
     from prefopt.worlds import PreferenceWorld
 

@@ -168,18 +168,19 @@ def training_passes(*modules):
     >>> inside, model.training
     (True, False)
     """
-    saved = []
-    seen = set()
+    chosen = []
     for module in modules:
-        if module is None or id(module) in seen or not checkpoints_activations(module):
-            continue
-        seen.add(id(module))
-        saved.extend((m, m.training) for m in module.modules())
+        if module is not None and checkpoints_activations(module) and module not in chosen:
+            chosen.append(module)
+    # Every mode is saved before any is changed: modules that share a trunk (PPO's shared
+    # value model) would otherwise record the trunk as training and leave it so.
+    saved = {id(m): (m, m.training) for module in chosen for m in module.modules()}
+    for module in chosen:
         module.train()
     try:
         yield
     finally:
-        for m, mode in saved:
+        for m, mode in saved.values():
             m.training = mode
 
 

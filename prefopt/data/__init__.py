@@ -22,6 +22,7 @@ from ._formats import (
     _columns,
     _is_hf_dataset,
     _not_one_text,
+    check_labels,
     check_texts,
     is_conversation,
     split_implicit_prompt,
@@ -39,6 +40,10 @@ __all__ = [
     "is_conversation",
     "split_implicit_prompt",
 ]
+
+
+# Argument names a reward receives besides the columns: no column may take them.
+RESERVED_COLUMNS = ("prompts", "completions")
 
 
 @dataclass(frozen=True)
@@ -185,14 +190,16 @@ def check_prompt_table(X) -> tuple[list, dict[str, list]]:
     """
     prompts = check_prompts(X)
     if isinstance(X, pd.DataFrame):
-        names = [c for c in X.columns if c != "prompt"]
-        columns = {str(c): X[c].tolist() for c in names}
+        labels = check_labels(X.columns, "Prompts")
+        columns = {t: X.iloc[:, i].tolist() for i, t in enumerate(labels) if t != "prompt"}
     elif _is_hf_dataset(X):
         columns = {c: list(X[c]) for c in X.column_names if c != "prompt"}
     elif isinstance(X, dict):
-        columns = {str(c): list(v) for c, v in X.items() if c != "prompt"}
+        labels = check_labels(X, "Prompts")
+        columns = {t: list(v) for t, v in zip(labels, X.values()) if t != "prompt"}
     elif isinstance(X, (list, tuple)) and X and all(isinstance(v, dict) for v in X):
         names = [n for n in dict.fromkeys(n for row in X for n in row) if n != "prompt"]
+        check_labels(names, "Prompts")
         for i, row in enumerate(X):
             missing = [n for n in names if n not in row]
             if missing:
@@ -203,6 +210,13 @@ def check_prompt_table(X) -> tuple[list, dict[str, list]]:
         columns = {str(n): [row[n] for row in X] for n in names}
     else:
         columns = {}
+    reserved = sorted(set(columns) & set(RESERVED_COLUMNS))
+    if reserved:
+        raise ValueError(
+            f"Prompts: the column {reserved[0]!r} has a name the reward's own arguments use "
+            f"(a reward is called as reward(prompts=..., completions=..., **columns)); "
+            "rename the column."
+        )
     for name, values in columns.items():
         if len(values) != len(prompts):
             raise ValueError(

@@ -8,13 +8,55 @@ import numpy as np
 import pandas as pd
 
 
+def check_labels(labels, what: str) -> list[str]:
+    """Column labels as texts, refusing two that would be read as one column.
+
+    A DataFrame may hold two columns labelled ``prompt`` (``df["prompt"]`` is
+    then a frame, whose iteration gives its labels, not its values), or the
+    labels ``1`` and ``"1"``; reading either would guess.
+
+    Parameters
+    ----------
+    labels : iterable
+        A table's column labels, or the keys of its rows.
+    what : str
+        Named in the error.
+
+    Returns
+    -------
+    labels : list of str
+
+    Examples
+    --------
+    >>> check_labels(["prompt", "answer"], "Prompts")
+    ['prompt', 'answer']
+    >>> check_labels(["prompt", "answer", "prompt"], "Prompts")
+    Traceback (most recent call last):
+    ...
+    ValueError: Prompts: the column label 'prompt' appears 2 times (columns ['prompt', ...
+    """
+    labels = list(labels)
+    texts = [str(label) for label in labels]
+    for text in dict.fromkeys(texts):
+        same = [label for label, t in zip(labels, texts) if t == text]
+        if len(same) > 1:
+            kinds = "" if len(set(map(repr, same))) == 1 else f" (as {same})"
+            raise ValueError(
+                f"{what}: the column label {text!r} appears {len(same)} times{kinds} (columns "
+                f"{texts}); which one is meant would be a guess. Drop or rename the duplicate "
+                "(for a DataFrame: df.loc[:, ~df.columns.duplicated()] keeps the first)."
+            )
+    return texts
+
+
 def _columns(data, names: Sequence[str], what: str) -> dict:
     """Read named columns from a DataFrame, a datasets.Dataset, a dict or rows."""
     if isinstance(data, pd.DataFrame) or _is_hf_dataset(data) or isinstance(data, dict):
-        columns = (
-            list(data.columns)
+        columns = check_labels(
+            data.columns
             if isinstance(data, pd.DataFrame)
-            else (list(data.column_names) if _is_hf_dataset(data) else list(data))
+            else (data.column_names if _is_hf_dataset(data) else data),
+            what,
         )
         missing = [n for n in names if n not in columns]
         if missing:

@@ -10,22 +10,23 @@ plain ``reward(prompts, completions)`` is called as before.
 
 from __future__ import annotations
 
-import inspect
 import math
+import re
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from ._wrappers import check_rewards
+from ._calling import call_plan
+from ._wrappers import NoisyReward, check_rewards, check_token_rewards
 
-__all__ = ["WeightedRewards", "call_with_columns", "reward_columns"]
+__all__ = ["WeightedRewards", "call_with_columns", "reward_columns", "unique_names"]
 
 
 def reward_columns(reward) -> tuple[set[str], set[str], bool]:
     """The columns a reward takes: (required names, optional names, takes ``**kwargs``).
 
-    The first two positional parameters are the prompts and the completions;
-    every other named parameter is a column.
+    Besides the prompts and the completions (see :func:`call_with_columns` for
+    how they are passed), every named parameter is a column.
 
     Parameters
     ----------
@@ -45,25 +46,29 @@ def reward_columns(reward) -> tuple[set[str], set[str], bool]:
     >>> reward_columns(lambda prompts, completions: [])
     (set(), set(), False)
     """
-    try:
-        signature = inspect.signature(reward)
-    except (TypeError, ValueError):  # a builtin without a signature: called plainly
-        return set(), set(), False
-    required, optional, var_keyword, positional = set(), set(), False, 0
-    for p in signature.parameters.values():
-        if p.kind is p.VAR_KEYWORD:
-            var_keyword = True
-        elif p.kind is p.VAR_POSITIONAL:
-            positional = 2
-        elif p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and positional < 2:
-            positional += 1  # prompts, then completions
-        elif p.kind is not p.POSITIONAL_ONLY:
-            (required if p.default is p.empty else optional).add(p.name)
-    return required, optional, var_keyword
+    plan = call_plan(reward)
+    return plan.required, plan.optional, plan.columns is None
+
+
+def _parts(reward) -> list:
+    """``(name, reward)`` for each reward called on its own: the parts of a combination."""
+    if isinstance(reward, WeightedRewards):
+        return [p for name, r in zip(reward.names, reward.rewards) for p in _parts_named(name, r)]
+    return _parts_named(_name(reward), reward)
+
+
+def _parts_named(name, reward) -> list:
+    inner = getattr(reward, "reward", None) if isinstance(reward, NoisyReward) else None
+    return [(name, reward)] + ([] if inner is None else _parts(inner))
 
 
 def check_reward_columns(reward, columns: Sequence[str], who: str = "fit") -> None:
-    """Refuse, before any training, a reward that needs a column the data does not have.
+    """Refuse, before any training, a reward that cannot be called on this data.
+
+    Each reward (each part of a :class:`WeightedRewards`, the reward inside a
+    :class:`NoisyReward`) must be callable as :func:`call_with_columns` calls
+    it: every argument it names is the prompts, the completions, a column of
+    the data, or has a default.
 
     Parameters
     ----------
@@ -84,21 +89,25 @@ def check_reward_columns(reward, columns: Sequence[str], who: str = "fit") -> No
     ...
     ValueError: fit: the reward correct takes the argument 'answer', which is not a column ...
     """
-    rewards = reward.rewards if isinstance(reward, WeightedRewards) else [reward]
-    names = reward.names if isinstance(reward, WeightedRewards) else [_name(reward)]
-    for name, one in zip(names, rewards):
-        missing = sorted(reward_columns(one)[0] - set(columns))
-        if missing:
+    for name, one in _parts(reward):
+        plan = call_plan(one, list(columns), who)
+        if isinstance(reward, PerTokenWeightedRewards) and plan.required:
             raise ValueError(
-                f"{who}: the reward {name} takes the argument {missing[0]!r}, which is not a "
-                f"column of the prompts (columns besides 'prompt': {sorted(columns)}); pass a "
-                "table (DataFrame, datasets.Dataset or dict rows) with that column, or give "
-                "the argument a default."
+                f"{who}: the reward {name} takes the column {sorted(plan.required)[0]!r}, but it "
+                "is listed with a reward paid per token (score_per_token), which is called "
+                "without the columns; give the argument a default, or combine the rewards in "
+                "one object with its own score_per_token."
             )
 
 
 def call_with_columns(reward, prompts, completions, columns: dict | None = None):
-    """``reward(prompts, completions, **columns)``, passing only the columns it names.
+    """Call a reward on prompts and completions, with the columns it names, by keyword.
+
+    As TRL calls rewards: a reward naming ``prompts`` or ``completions`` gets
+    them by keyword wherever it declares them (``def r(completions, answer)``
+    gets the completions, not the prompts); a plain ``reward(p, c)`` gets them
+    by position; every other argument is a column (all of them with
+    ``**kwargs``). See ``rewards/_calling.py`` for the rules.
 
     Parameters
     ----------
@@ -117,13 +126,13 @@ def call_with_columns(reward, prompts, completions, columns: dict | None = None)
     ...     return [float(a) for a in answer]
     >>> call_with_columns(echo, ["q", "q"], ["x", "y"], {"answer": [1, 2], "other": [0, 0]})
     [1.0, 2.0]
+    >>> def trl_style(completions, answer):
+    ...     return [float(c == a) for c, a in zip(completions, answer)]
+    >>> call_with_columns(trl_style, ["1+1=", "2+2="], ["2", "5"], {"answer": ["2", "4"]})
+    [1.0, 0.0]
     """
     columns = columns or {}
-    if not columns:
-        return reward(prompts, completions)
-    required, optional, var_keyword = reward_columns(reward)
-    names = columns if var_keyword else [n for n in columns if n in required | optional]
-    return reward(prompts, completions, **{n: columns[n] for n in names})
+    return call_plan(reward, list(columns)).call(reward, prompts, completions, columns)
 
 
 def _name(reward) -> str:
@@ -149,8 +158,10 @@ class WeightedRewards:
     Attributes
     ----------
     names : list of str
-        Each reward's ``__name__`` (its class name for an object), made unique
-        with a suffix ``_2``, ``_3``...
+        Each reward's ``__name__`` (its class name for an object), with every
+        character but letters, digits, ``_``, ``-`` and ``.`` replaced by ``_``
+        (a name is a metric key: ``rewards/<name>/mean``), made unique with a
+        suffix ``_2``, ``_3``... that no other name has (:func:`unique_names`).
 
     Examples
     --------
@@ -177,12 +188,7 @@ class WeightedRewards:
                 )
         self.rewards = rewards
         self.weights = check_reward_weights(weights, len(rewards))
-        names, seen = [], {}
-        for r in rewards:
-            base = _name(r)
-            seen[base] = seen.get(base, 0) + 1
-            names.append(base if seen[base] == 1 else f"{base}_{seen[base]}")
-        self.names = names
+        self.names = unique_names([_name(r) for r in rewards])
 
     @property
     def starting_policy_(self):
@@ -236,6 +242,41 @@ class WeightedRewards:
         return f"WeightedRewards({self.names}, weights={self.weights})"
 
 
+def unique_names(names: Sequence[str]) -> list[str]:
+    """Names safe as metric keys and unique by construction, in their order.
+
+    Characters other than letters, digits, ``_``, ``-`` and ``.`` become ``_``
+    (``<lambda>`` is ``_lambda_``; a ``/`` would nest a metric key); a name given
+    more than once keeps its first use and takes, for the others, the first
+    suffix ``_2``, ``_3``... that is neither another given name nor taken.
+
+    Parameters
+    ----------
+    names : list of str
+
+    Returns
+    -------
+    names : list of str
+
+    Examples
+    --------
+    >>> unique_names(["length", "length", "length_2"])
+    ['length', 'length_3', 'length_2']
+    >>> unique_names(["<lambda>", "<lambda>", "a/b"])
+    ['_lambda_', '_lambda__2', 'a_b']
+    """
+    clean = [re.sub(r"[^\w.\-]", "_", str(n), flags=re.ASCII) or "_" for n in names]
+    given, taken, out = set(clean), set(), []
+    for name in clean:
+        candidate, k = name, 1
+        while candidate in taken or (candidate != name and candidate in given):
+            k += 1
+            candidate = f"{name}_{k}"
+        taken.add(candidate)
+        out.append(candidate)
+    return out
+
+
 def check_reward_weights(weights, n: int) -> list[float]:
     """``n`` finite weights >= 0 (``None``: 1 each), or a clear error.
 
@@ -281,13 +322,69 @@ def combine_rewards(reward, weights):
     ``score_tokens`` and ``score_per_token``, stay usable); one reward with one
     weight is weighted too.
     """
-    if isinstance(reward, (list, tuple)):
-        return WeightedRewards(reward, weights)
-    if weights is None:
-        return reward
-    if not callable(reward):
-        return reward  # the caller's own error names it
-    return WeightedRewards([reward], weights)
+    rewards = list(reward) if isinstance(reward, (list, tuple)) else [reward]
+    if not isinstance(reward, (list, tuple)) and (weights is None or not callable(reward)):
+        return reward  # one reward as given; a non-callable: the caller's own error names it
+    if any(callable(getattr(r, "score_per_token", None)) for r in rewards):
+        return PerTokenWeightedRewards(rewards, weights)  # keeps its per-token path
+    return WeightedRewards(rewards, weights)
+
+
+class PerTokenWeightedRewards(WeightedRewards):
+    """Weighted rewards of which one or more pay per token: the sum, paid per token.
+
+    What a policy makes of a list of rewards holding a reward with
+    ``score_per_token``: a part with that method pays along the response, a
+    plain part pays its value at the response's last token, each times its
+    weight; the total of a response is the weighted sum of the parts' totals,
+    as :class:`WeightedRewards` computes it. The loop passes no columns to a
+    per-token reward, so no part may need one.
+
+    Parameters
+    ----------
+    rewards : list of callable
+    weights : list of float, default=None
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> class Steps:
+    ...     def __call__(self, prompts, completions):
+    ...         return [2.0] * len(completions)
+    ...     def score_per_token(self, prompts, completions, ids, mask):
+    ...         return np.asarray(mask, dtype=float)
+    >>> def bonus(prompts, completions):
+    ...     return [10.0] * len(completions)
+    >>> both = combine_rewards([Steps(), bonus], [1.0, 0.5])
+    >>> both.score_per_token(["q"], ["a b"], np.zeros((1, 3)), np.array([[1, 1, 0]])).tolist()
+    [[1.0, 6.0, 0.0]]
+    """
+
+    def score_per_token(self, prompts, completions, response_ids, response_mask) -> np.ndarray:
+        """The weighted sum of the parts, per response token (zero outside the mask).
+
+        Parameters
+        ----------
+        prompts, completions : list
+        response_ids, response_mask : tensor or array of shape (n, length)
+
+        Returns
+        -------
+        rewards : ndarray of shape (n, length)
+        """
+        mask = response_mask.detach().cpu() if hasattr(response_mask, "detach") else response_mask
+        mask = np.asarray(mask).astype(bool)
+        last = np.maximum(mask.sum(1) - 1, 0)
+        total = np.zeros(mask.shape)
+        for name, r, w in zip(self.names, self.rewards, self.weights):
+            source = f"the reward {name}"
+            if callable(getattr(r, "score_per_token", None)):
+                raw = r.score_per_token(prompts, completions, response_ids, response_mask)
+                total += w * check_token_rewards(raw, mask, source)
+            else:
+                raw = call_with_columns(r, prompts, completions)
+                total[np.arange(len(mask)), last] += w * check_rewards(raw, len(mask), source)
+        return total
 
 
 def describe_reward(reward) -> dict | None:
@@ -333,4 +430,4 @@ def rebuild_reward(given, saved, owner: str):
             f"{owner} was fitted on the rewards {names} with weights {weights}; load got "
             f"{got}. Pass the same functions in the same order: load(folder, reward=[...])."
         )
-    return WeightedRewards(rewards, weights)
+    return combine_rewards(rewards, weights)  # a per-token part keeps its path

@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 from sklearn.utils import check_random_state
 
+from ._calling import call_plan
+
 __all__ = ["NoisyReward", "check_rewards", "check_token_rewards"]
 
 
@@ -170,6 +172,9 @@ class NoisyReward:
         self.random_state = random_state
         self._rng = check_random_state(random_state)
 
-    def __call__(self, prompts, completions) -> np.ndarray:
-        clean = check_rewards(self.reward(prompts, completions), len(completions))
+    def __call__(self, prompts, completions, **columns) -> np.ndarray:
+        # The wrapped reward is called as a fit calls it: by its declared names, with the
+        # columns it takes (a TRL-style reward(completions, answer) inside stays right).
+        raw = call_plan(self.reward, list(columns)).call(self.reward, prompts, completions, columns)
+        clean = check_rewards(raw, len(completions))
         return clean + self._rng.normal(0.0, self.std, size=clean.shape)
