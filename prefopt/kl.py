@@ -130,6 +130,9 @@ class KLController(BaseEstimator):
             )
         if start < 0:
             raise ValueError(f"beta must be >= 0; got {start!r}.")
+        for name, value in {**self.get_params(deep=False), "beta": start}.items():
+            if isinstance(value, Real) and not np.isfinite(value):  # beta would be inf or nan
+                raise ValueError(f"{type(self).__name__}: {name}={value!r} must be finite.")
         self.beta_ = float(start)
         self.n_updates_ = 0
         return self
@@ -319,7 +322,7 @@ class FixedKLController(KLController):
         return self.beta_
 
 
-_BETA_FLOOR = float(np.finfo(np.float64).tiny)
+_BETA_FLOOR, _BETA_CEIL = float(np.finfo(np.float64).tiny), 1e30
 
 
 class AdaptiveKLController(KLController):
@@ -424,7 +427,7 @@ class AdaptiveKLController(KLController):
         -------
         beta : float
             The new coefficient; never below the smallest normal float once
-            positive, so a later KL over target can raise it again.
+            positive, so a later KL over target can raise it again; at most 1e30.
         """
         check_is_fitted(self)
         if not np.isfinite(kl):
@@ -447,7 +450,7 @@ class AdaptiveKLController(KLController):
             if n_episodes is None:
                 raise ValueError("AdaptiveKLController with horizon=... needs n_episodes.")
             gain = n_episodes / self.horizon
-        factor = 1.0 + gain * error
+        factor = 1.0 + (step := gain * error if error else 0.0)  # huge gain, no error: 0
         if factor <= 0.0:
             # gain * clip >= 1 (a large gain, or a short horizon for the batch): the linear
             # update would zero beta or flip its sign. The log-space form exp(gain * error)
@@ -461,11 +464,10 @@ class AdaptiveKLController(KLController):
                     stacklevel=2,
                 )
                 self.warned_ = True
-            factor = float(np.exp(gain * error))
-        # A huge gain (or a tiny horizon) underflows exp(gain * error) to 0, and a beta of
-        # exactly 0 could never grow again (every later step multiplies it): beta stays at
-        # least the smallest normal float, from which a KL over target raises it again.
-        self.beta_ = max(self.beta_ * factor, _BETA_FLOOR) if self.beta_ > 0 else self.beta_
+            factor = float(np.exp(max(step, -745.0)))  # exp underflows to 0 below -745
+        # A beta of exactly 0 (exp underflowing) could never grow again: beta stays at least
+        # the smallest normal float, and at most _BETA_CEIL (beta * KL finite in float32).
+        self.beta_ = min(max(self.beta_ * factor, _BETA_FLOOR), _BETA_CEIL) if self.beta_ else 0.0
         self.n_updates_ += 1
         return self.beta_
 

@@ -5,6 +5,7 @@ Schulman 2020 ("Approximating KL Divergence").
 """
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -370,3 +371,29 @@ def test_negative_n_episodes_refused(n_episodes):
     # Refused with a fixed gain too, where it would not move beta: it is still wrong input.
     with pytest.raises(ValueError, match="n_episodes must be >= 0"):
         AdaptiveKLController(beta=0.2).start().update(9.0, n_episodes=-1)
+
+
+@pytest.mark.parametrize("gain", [1e-300, 0.1, 1e5, 1e308, np.finfo(float).max])
+@pytest.mark.parametrize("horizon", [None, 1e-300, 1e300])
+def test_adaptive_controller_stays_finite_for_any_finite_setting(gain, horizon):
+    # Ours beside the issue's gain and horizon: a tiny or huge target, a huge clip, and KLs
+    # of every size and sign, in sequence (a beta pushed to a bound must come back).
+    for target, clip in ((6.0, 0.2), (1e-300, 0.2), (np.finfo(float).max, 1e308)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # the told switch to log space
+            kl = AdaptiveKLController(beta=0.1, target=target, gain=gain, horizon=horizon)
+            kl.set_params(clip=clip).start()
+            betas = [kl.update(v, n_episodes=64) for v in (1e300, 0.0, -1e300, 6.0, 12.0, 0.0)]
+        assert all(np.isfinite(b) and 0 < b <= 1e30 for b in betas), (target, clip, betas)
+
+
+@pytest.mark.parametrize(
+    "params", [{"gain": np.inf}, {"horizon": np.inf}, {"clip": np.inf}, {"beta": np.inf}]
+)
+def test_a_controller_setting_that_is_not_finite_is_refused(params):
+    with pytest.raises(ValueError, match="finite"):
+        AdaptiveKLController(**{"beta": 0.1, **params}).start()
+    with pytest.raises(ValueError, match="FixedKLController: beta=inf must be finite"):
+        FixedKLController(beta=np.inf).start()
+    with pytest.raises(ValueError, match="FixedKLController: beta=inf must be finite"):
+        FixedKLController().start(beta=np.inf)  # the policy's beta

@@ -106,3 +106,46 @@ def test_no_merge_warning_for_a_character_tokenizer(tmp_path):
         warnings.simplefilter("error")
         rm.save_pretrained(tmp_path)
     assert (tmp_path / "score_reward.py").exists()
+
+
+def _tiny_opt(**overrides):
+    from transformers import OPTConfig, OPTForCausalLM
+
+    tokenizer = word_tokenizer()
+    params = dict(
+        vocab_size=len(tokenizer),
+        hidden_size=16,
+        word_embed_proj_dim=8,  # a projection after the final norm, as in OPT-350m
+        ffn_dim=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        max_position_embeddings=32,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.eos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    config = OPTConfig(**{**params, **overrides})
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = OPTForCausalLM(config)
+    model.tokenizer = tokenizer
+    return model
+
+
+def test_a_normalised_opt_reward_model_exports_and_scores_as_predict(tmp_path):
+    # OPT's last hidden state is project_out(final_layer_norm(x)): the offset folded into
+    # the norm's bias goes through the projection (it was a size mismatch).
+    rm = _fit(_tiny_opt())
+    assert abs(rm.gain_ - 1) > 0.05 and abs(rm.bias_) > 0.05
+    rm.save_pretrained(tmp_path)
+    scores, model, _, _ = _classifier_scores(tmp_path, rm)
+    np.testing.assert_allclose(scores, rm.predict(PROMPTS, COMPLETIONS), atol=1e-5)
+    # Ours: an OPT with no projection (word_embed_proj_dim == hidden_size) exports too.
+    same = _fit(_tiny_opt(word_embed_proj_dim=16))
+    same.save_pretrained(tmp_path / "same")
+    scores, _, _, _ = _classifier_scores(tmp_path / "same", same)
+    np.testing.assert_allclose(scores, same.predict(PROMPTS, COMPLETIONS), atol=1e-5)
+    # Ours: OPT-350m's post-norm layout has no final norm to hold the offset: a clear refusal.
+    post = _fit(_tiny_opt(do_layer_norm_before=False))
+    with pytest.raises(TypeError, match="cannot be folded in"):
+        post.save_pretrained(tmp_path / "post")

@@ -74,6 +74,20 @@ def _final_norm(trunk):
     return None
 
 
+def _projection_after_norm(trunk):
+    """The linear map after the final norm (OPT's ``project_out``, no bias), or ``None``."""
+    project = getattr(getattr(trunk, "decoder", None), "project_out", None)
+    if isinstance(project, torch.nn.Linear):
+        if project.bias is not None:
+            raise TypeError(
+                f"{type(trunk).__name__}'s projection after its final norm has a bias; the "
+                "reward's offset cannot be folded in. Export with normalize=False, or score "
+                "with prefopt."
+            )
+        return project
+    return None
+
+
 def _score_layer(model) -> torch.nn.Linear:
     """The sequence classifier's head: its one linear module outside the base model."""
     prefix = model.base_model_prefix
@@ -140,7 +154,14 @@ def to_sequence_classifier(rm, stop_ids):
                 f"so the reward's offset ({constant:.4g}) cannot be folded in; export with "
                 "normalize=False and a head without bias, or score with prefopt."
             )
-        shift = constant * weight[0] / float(weight[0] @ weight[0])
+        # The last hidden state is P(norm(x)), P a projection without bias (OPT's
+        # project_out) or the identity: a shift d of the norm's bias moves W . h by
+        # W . P d, which d = constant * P^T W / |P^T W|^2 makes exactly the constant.
+        direction = weight[0]
+        project = _projection_after_norm(model.base_model)
+        if project is not None:
+            direction = project.weight.detach().double().T @ direction
+        shift = constant * direction / float(direction @ direction)
         norm.bias.copy_((norm.bias.double() + shift).to(norm.bias.dtype))
     if pad >= model.get_input_embeddings().num_embeddings:
         # prefopt adds a pad token without new embeddings (it never embeds padding); the
