@@ -12,6 +12,7 @@ from ._config import config_context, get_config, set_config
 from .data import PreferenceData
 from .exceptions import RunHealthError, RunHealthWarning
 from .kl import AdaptiveKLController, FixedKLController, KLController, kl_estimate
+from .learning_rate import AdaptiveLR
 from .lm import load, save
 from .model_selection import SeedSearchCV, compare
 from .policies import (
@@ -30,6 +31,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AdaptiveKLController",
+    "AdaptiveLR",
     "DPOPolicy",
     "FixedKLController",
     "GRPOPolicy",

@@ -1,0 +1,282 @@
+"""A learning rate that adapts to the size of each update's policy change.
+
+No single fixed rate suits every task: the rate a tiny model needs to learn at all
+collapses another task's run. Robotics PPO codebases measure, after each update, the
+KL divergence between the policy before and after it and adapt the rate to keep that
+KL near a target; Schulman et al. (2017) adapt the KL *penalty* of PPO by the same
+rule. :class:`AdaptiveLR` is that rule as a small estimator that a policy's
+``learning_rate`` parameter can hold in place of a number.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from numbers import Integral, Real
+
+import numpy as np
+from sklearn.base import BaseEstimator
+from sklearn.utils.validation import check_is_fitted
+
+__all__ = ["AdaptiveLR"]
+
+
+def _positive_finite(name: str, value, *, allow_none: bool = False) -> None:
+    """A clear error for a parameter that is not a finite number > 0."""
+    if value is None and allow_none:
+        return
+    ok = isinstance(value, Real) and not isinstance(value, bool)
+    if not ok or not math.isfinite(value) or value <= 0:
+        raise ValueError(
+            f"AdaptiveLR: {name} must be a finite number > 0"
+            f"{' or None' if allow_none else ''}; got {value!r}."
+        )
+
+
+class AdaptiveLR(BaseEstimator):
+    """Raise the learning rate when updates barely move the policy, cut it when they jump.
+
+    After each policy update, with ``kl`` the measured change of the policy (the
+    mean KL per token between the policy before and after the update, on the
+    update's own tokens)::
+
+        if kl > 2 * target:           lr = max(lr / factor, min_lr)
+        elif 0 < kl < target / 2:     lr = min(lr * factor, max_lr)
+
+    and the rate stays as it is inside the band ``[target / 2, 2 * target]``.
+    A KL of 0 or below (no measured change, as when every advantage is 0, or an
+    estimate's noise) leaves the rate unchanged: there is nothing to adapt to,
+    and raising the rate there would spend the next real gradient at ``max_lr``.
+
+    Parameters
+    ----------
+    learning_rate : float, default=None
+        The starting rate; ``None`` takes the one passed to :meth:`start` (a
+        policy passes its own default rate).
+    target : float, default=0.01
+        The KL per token an update should make, in nats (rsl_rl's common
+        ``desired_kl``).
+    factor : float, default=1.5
+        How much one update multiplies or divides the rate (> 1).
+    min_lr : float, default=1e-6
+        The lowest rate (rl_games' bound).
+    max_lr : float, default=1e-2
+        The highest rate (rl_games' and rsl_rl's bound).
+
+    Attributes
+    ----------
+    learning_rate_ : float
+        The rate in use.
+    n_updates_ : int
+        Updates seen since :meth:`start`.
+
+    See Also
+    --------
+    prefopt.AdaptiveKLController : The same idea for the KL penalty's coefficient.
+
+    Notes
+    -----
+    The rule, its factor 1.5, the band ``[target / 2, 2 * target]`` and the bounds
+    are those of rl_games (``rl_games/common/schedulers.py``, ``AdaptiveScheduler``:
+    ``kl_threshold=0.008``, ``min_lr=1e-6``, ``max_lr=1e-2``) and rsl_rl
+    (``rsl_rl/algorithms/ppo.py``, ``schedule="adaptive"``: ``desired_kl``, bounds
+    1e-5 and 1e-2, and a rate raised only when the measured KL is above 0).
+    Schulman et al. (2017, section 4, "Adaptive KL Penalty Coefficient") adapt PPO's
+    KL penalty ``beta`` by the same band and a factor of 2: halve it when the KL is
+    below ``target / 1.5``, double it when above ``target * 1.5``. A fixed
+    ``learning_rate`` (a number) on a policy is never adapted.
+
+    References
+    ----------
+    J. Schulman, F. Wolski, P. Dhariwal, A. Radford and O. Klimov, "Proximal
+    Policy Optimization Algorithms", arXiv:1707.06347, 2017.
+
+    N. Rudin, D. Hoeller, P. Reist and M. Hutter, "Learning to Walk in Minutes
+    Using Massively Parallel Deep Reinforcement Learning", CoRL, 2021 (rsl_rl).
+
+    Examples
+    --------
+    >>> from prefopt import AdaptiveLR
+    >>> lr = AdaptiveLR(learning_rate=1e-3, target=0.01).fit()
+    >>> lr.update(0.001)            # below target / 2: raised 1.5 times
+    0.0015
+    >>> lr.update(0.01)             # inside the band: unchanged
+    0.0015
+    >>> lr.update(0.05)             # above 2 * target: cut by 1.5
+    0.001
+    >>> lr.sample([0.0, 0.03, 0.03]).round(6)   # a replay on a copy
+    array([0.001   , 0.000667, 0.000444])
+    >>> lr.learning_rate_
+    0.001
+    """
+
+    def __init__(
+        self,
+        *,
+        learning_rate: float | None = None,
+        target: float = 0.01,
+        factor: float = 1.5,
+        min_lr: float = 1e-6,
+        max_lr: float = 1e-2,
+    ):
+        self.learning_rate = learning_rate
+        self.target = target
+        self.factor = factor
+        self.min_lr = min_lr
+        self.max_lr = max_lr
+
+    def _check_params(self) -> None:
+        _positive_finite("learning_rate", self.learning_rate, allow_none=True)
+        _positive_finite("target", self.target)
+        _positive_finite("factor", self.factor)
+        _positive_finite("min_lr", self.min_lr)
+        _positive_finite("max_lr", self.max_lr)
+        if self.factor <= 1:
+            raise ValueError(
+                f"AdaptiveLR: factor must be > 1 (it multiplies the rate up and divides it "
+                f"down); got {self.factor!r}. rl_games and rsl_rl use 1.5."
+            )
+        if self.min_lr > self.max_lr:
+            raise ValueError(
+                f"AdaptiveLR: min_lr={self.min_lr!r} is above max_lr={self.max_lr!r}; "
+                "swap them (min_lr is the lowest rate, max_lr the highest)."
+            )
+
+    def start(self, learning_rate: float | None = None):
+        """Check the parameters, set the starting rate ``learning_rate_`` and return ``self``.
+
+        Parameters
+        ----------
+        learning_rate : float, default=None
+            Used when the controller's own ``learning_rate`` is None (a policy
+            passes its default rate here).
+
+        Returns
+        -------
+        self : object
+        """
+        self._check_params()
+        rate = self.learning_rate if self.learning_rate is not None else learning_rate
+        if rate is None:
+            raise ValueError(
+                "AdaptiveLR needs a starting rate: set learning_rate=... on the controller."
+            )
+        _positive_finite("the starting learning rate", rate)
+        if not self.min_lr <= rate <= self.max_lr:
+            raise ValueError(
+                f"AdaptiveLR: the starting learning rate {rate!r} is outside [min_lr, max_lr] = "
+                f"[{self.min_lr!r}, {self.max_lr!r}]; start inside the bounds or widen them."
+            )
+        self.learning_rate_ = float(rate)
+        self.n_updates_ = 0
+        return self
+
+    def fit(self, X=None, y=None):
+        """Start at the controller's own ``learning_rate`` (the estimator interface).
+
+        Parameters
+        ----------
+        X : None
+            Ignored; a controller takes no data.
+        y : None
+            Ignored.
+
+        Returns
+        -------
+        self : object
+        """
+        return self.start()
+
+    def update(self, kl: float) -> float:
+        """Adapt the rate to one update's measured policy change; return the new rate.
+
+        Parameters
+        ----------
+        kl : float
+            The mean KL per token between the policy before and after the update.
+
+        Returns
+        -------
+        learning_rate : float
+            The rate for the next update.
+        """
+        check_is_fitted(self)
+        if isinstance(kl, bool) or not isinstance(kl, (Real, np.floating)) or not np.isfinite(kl):
+            raise ValueError(
+                f"AdaptiveLR.update: the measured KL is {kl!r}; it must be a finite number."
+            )
+        if kl > 2.0 * self.target:
+            self.learning_rate_ = max(self.learning_rate_ / self.factor, self.min_lr)
+        elif 0.0 < kl < self.target / 2.0:
+            self.learning_rate_ = min(self.learning_rate_ * self.factor, self.max_lr)
+        self.n_updates_ += 1
+        return self.learning_rate_
+
+    def sample(self, kls) -> np.ndarray:
+        """The rates this controller would set for a sequence of measured KLs.
+
+        The updates are made on a copy, so the controller does not move:
+        ``sample(kls)[t]`` is the rate after the ``t``-th update.
+
+        Parameters
+        ----------
+        kls : array-like of shape (n_updates,)
+            The measured KL of each update.
+
+        Returns
+        -------
+        learning_rates : ndarray of shape (n_updates,)
+        """
+        check_is_fitted(self)
+        values = np.asarray(kls, dtype=float)
+        if values.ndim != 1:
+            raise ValueError(
+                f"AdaptiveLR.sample takes a 1-D sequence of KLs; got shape {values.shape}."
+            )
+        replay = copy.deepcopy(self)
+        return np.array([replay.update(float(kl)) for kl in values], dtype=float)
+
+    def state_dict(self) -> dict:
+        """The controller's state (what a checkpoint holds), as plain numbers.
+
+        Returns
+        -------
+        state : dict
+            ``{"learning_rate_": float, "n_updates_": int}``.
+        """
+        check_is_fitted(self)
+        return {"learning_rate_": self.learning_rate_, "n_updates_": self.n_updates_}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore a :meth:`state_dict`, so a resumed run continues the adapted rate exactly.
+
+        Parameters
+        ----------
+        state : dict
+            From :meth:`state_dict`; checked, as it may come from a file.
+        """
+        self._check_params()
+        if not isinstance(state, dict) or set(state) != {"learning_rate_", "n_updates_"}:
+            raise ValueError(
+                "AdaptiveLR.load_state_dict takes {'learning_rate_': float, 'n_updates_': int}; "
+                f"got {state!r}."
+            )
+        rate, n = state["learning_rate_"], state["n_updates_"]
+        _positive_finite("the stored learning_rate_", rate)
+        if not self.min_lr <= rate <= self.max_lr:
+            raise ValueError(
+                f"AdaptiveLR: the stored rate {rate!r} is outside [min_lr, max_lr] = "
+                f"[{self.min_lr!r}, {self.max_lr!r}]: it was saved with other bounds."
+            )
+        if isinstance(n, bool) or not isinstance(n, Integral) or n < 0:
+            raise ValueError(f"AdaptiveLR: the stored n_updates_ must be an int >= 0; got {n!r}.")
+        self.learning_rate_, self.n_updates_ = float(rate), int(n)
+
+    def __sklearn_is_fitted__(self) -> bool:
+        return hasattr(self, "learning_rate_")
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.no_validation = True  # a controller takes no data
+        tags.target_tags.required = False
+        return tags

@@ -1,0 +1,136 @@
+"""AdaptiveLR: the rl_games / rsl_rl adaptive step size, checked against hand-computed rates."""
+
+import copy
+import math
+
+import numpy as np
+import pytest
+from sklearn.base import clone
+
+from prefopt import AdaptiveLR
+
+
+def test_a_hand_computed_sequence():
+    # target 0.01: the band is [0.005, 0.02]; factor 1.5; bounds [1e-6, 1e-2]
+    lr = AdaptiveLR(learning_rate=1e-3, target=0.01).fit()
+    kls = [0.001, 0.004, 0.005, 0.02, 0.0201, 0.5, 0.01]
+    expected = [
+        1e-3 * 1.5,  # 0.001 < 0.005: raise
+        1e-3 * 1.5**2,  # 0.004 < 0.005: raise
+        1e-3 * 1.5**2,  # 0.005 is the band's edge: inside, unchanged
+        1e-3 * 1.5**2,  # 0.02 the other edge: unchanged
+        1e-3 * 1.5,  # 0.0201 > 0.02: cut
+        1e-3,  # 0.5: cut
+        1e-3,  # inside: unchanged
+    ]
+    np.testing.assert_allclose(lr.sample(kls), expected, rtol=1e-12)
+    assert lr.learning_rate_ == 1e-3 and lr.n_updates_ == 0  # sample replays on a copy
+    got = [lr.update(kl) for kl in kls]
+    np.testing.assert_allclose(got, expected, rtol=1e-12)
+    assert lr.learning_rate_ == got[-1] and lr.n_updates_ == 7
+
+
+def test_the_bounds_clip_the_rate():
+    # from 4e-3 up by 1.5: 6e-3, then 9e-3, then 1.35e-2 clipped to max_lr 1e-2 and held
+    up = AdaptiveLR(learning_rate=4e-3, target=0.01).fit()
+    np.testing.assert_allclose(up.sample([0.001] * 4), [6e-3, 9e-3, 1e-2, 1e-2], rtol=1e-12)
+    # down from 3e-6 by 1.5: 2e-6, then 1.33e-6, then 8.9e-7 clipped to min_lr 1e-6
+    down = AdaptiveLR(learning_rate=3e-6, target=0.01).fit()
+    np.testing.assert_allclose(down.sample([1.0] * 4), [2e-6, 2e-6 / 1.5, 1e-6, 1e-6], rtol=1e-12)
+    # equal bounds: a fixed rate that no KL moves
+    fixed = AdaptiveLR(learning_rate=1e-4, min_lr=1e-4, max_lr=1e-4).fit()
+    assert fixed.sample([0.0001, 1.0]).tolist() == [1e-4, 1e-4]
+
+
+def test_no_measured_change_leaves_the_rate_alone():
+    # rsl_rl raises the rate only for a KL above 0: a step with every advantage 0 moves
+    # nothing, and an unbiased estimate can dip below 0; neither is a reason to raise
+    lr = AdaptiveLR(learning_rate=1e-3, target=0.01).fit()
+    assert lr.sample([0.0, -0.001, 0.0]).tolist() == [1e-3, 1e-3, 1e-3]
+
+
+def test_other_target_and_factor():
+    # target 0.1 (band [0.05, 0.2]), factor 2: 0.04 doubles, 0.3 halves, 0.1 holds
+    lr = AdaptiveLR(learning_rate=1e-4, target=0.1, factor=2.0).fit()
+    np.testing.assert_allclose(lr.sample([0.04, 0.04, 0.3, 0.1]), [2e-4, 4e-4, 2e-4, 2e-4])
+
+
+def test_start_takes_the_policys_rate_when_its_own_is_none():
+    lr = AdaptiveLR(target=0.02).start(3e-4)
+    assert lr.learning_rate_ == 3e-4 and lr.n_updates_ == 0
+    assert AdaptiveLR(learning_rate=1e-3).start(3e-4).learning_rate_ == 1e-3  # its own wins
+    with pytest.raises(ValueError, match="needs a starting rate"):
+        AdaptiveLR().fit()
+
+
+@pytest.mark.parametrize(
+    "params, match",
+    [
+        ({"learning_rate": -1e-3}, "learning_rate must be a finite number > 0"),
+        ({"learning_rate": 0.0}, "learning_rate must be a finite number > 0"),
+        ({"learning_rate": math.inf}, "learning_rate must be a finite number > 0"),
+        ({"learning_rate": math.nan}, "learning_rate must be a finite number > 0"),
+        ({"learning_rate": "1e-3"}, "learning_rate must be a finite number > 0"),
+        ({"learning_rate": 1e-3, "target": 0.0}, "target must be a finite number > 0"),
+        ({"learning_rate": 1e-3, "target": math.inf}, "target must be a finite number > 0"),
+        ({"learning_rate": 1e-3, "factor": 1.0}, "factor must be > 1"),
+        ({"learning_rate": 1e-3, "min_lr": 1e-2, "max_lr": 1e-6}, "swap them"),
+        ({"learning_rate": 1e-3, "min_lr": -1.0}, "min_lr must be a finite number > 0"),
+        ({"learning_rate": 1.0}, r"outside \[min_lr, max_lr\]"),
+    ],
+)
+def test_bad_parameters_are_refused_before_anything_runs(params, match):
+    with pytest.raises(ValueError, match=match):
+        AdaptiveLR(**params).fit()
+
+
+def test_a_non_finite_kl_is_refused():
+    lr = AdaptiveLR(learning_rate=1e-3).fit()
+    for bad in (math.nan, math.inf, None, "0.01"):
+        with pytest.raises(ValueError, match="must be a finite number"):
+            lr.update(bad)
+    assert lr.n_updates_ == 0
+    assert lr.update(np.float32(0.001)) == pytest.approx(1.5e-3)  # numpy numbers are fine
+
+
+def test_state_dict_round_trip_continues_exactly():
+    lr = AdaptiveLR(learning_rate=1e-3, target=0.01).fit()
+    for kl in (0.001, 0.001, 0.5):
+        lr.update(kl)
+    state = lr.state_dict()
+    assert state == {"learning_rate_": 1e-3 * 1.5**2 / 1.5, "n_updates_": 3}
+    resumed = clone(lr)  # parameters only, as a fresh fit makes it
+    resumed.load_state_dict(state)
+    rest = [0.001, 0.03, 0.01]
+    assert [resumed.update(kl) for kl in rest] == [lr.update(kl) for kl in rest]
+    assert resumed.n_updates_ == lr.n_updates_ == 6
+
+
+def test_load_state_dict_checks_what_it_reads():
+    lr = AdaptiveLR(learning_rate=1e-3)
+    with pytest.raises(ValueError, match="takes"):
+        lr.load_state_dict({"learning_rate_": 1e-3})
+    with pytest.raises(ValueError, match="finite number > 0"):
+        lr.load_state_dict({"learning_rate_": math.nan, "n_updates_": 1})
+    with pytest.raises(ValueError, match="saved with other bounds"):
+        lr.load_state_dict({"learning_rate_": 0.5, "n_updates_": 1})
+    with pytest.raises(ValueError, match="n_updates_"):
+        lr.load_state_dict({"learning_rate_": 1e-3, "n_updates_": -1})
+    assert not hasattr(lr, "learning_rate_")  # nothing was half-loaded
+
+
+def test_it_is_a_nested_estimator_with_searchable_parameters():
+    lr = AdaptiveLR(target=0.02)
+    assert lr.get_params() == {
+        "learning_rate": None,
+        "target": 0.02,
+        "factor": 1.5,
+        "min_lr": 1e-6,
+        "max_lr": 1e-2,
+    }
+    other = clone(lr).set_params(target=0.05)
+    assert other.target == 0.05 and lr.target == 0.02
+    assert repr(lr) == "AdaptiveLR(target=0.02)"
+    fitted = AdaptiveLR(learning_rate=1e-3).fit()
+    assert not hasattr(clone(fitted), "learning_rate_")  # clone keeps parameters only
+    assert copy.deepcopy(fitted).learning_rate_ == 1e-3
