@@ -10,7 +10,19 @@ from _tiny import tiny_lm
 
 from prefopt import GRPOPolicy, RLOOPolicy, RunHealthError, RunHealthWarning, SFTPolicy
 from prefopt.lm._health import count_non_finite, loss_blowup, smoothed
-from prefopt.policies.loop._health import dead_groups, health_statistics, reward_collapse
+from prefopt.policies.loop._health import (
+    KL_BLOWUP,
+    KL_CAP,
+    KL_LOSING,
+    REWARD_COLLAPSE,
+    dead_groups,
+    health_statistics,
+    kl_blowup,
+    kl_per_token,
+    reward_baseline,
+    reward_collapse,
+    reward_falls,
+)
 
 PROMPTS = ["the movie was", "the plot was", "the movie", "the plot"]
 POLICY_DETECTORS = {
@@ -100,10 +112,15 @@ def test_one_sample_a_prompt_has_no_dead_groups_detector():
 def test_a_reward_that_makes_the_empty_answer_best_fires_empty_responses():
     with pytest.warns(RunHealthWarning, match="'empty_responses' fired") as record:
         policy = lm_policy(learning_rate=1e-2, n_steps=20).fit(PROMPTS, empty_is_best)
-    # the empty answer was rare under the start: reaching it is a KL blow-up too
+    # the empty answer was rare under the start: over 2.1 nats a token is a KL blow-up
+    # even while the reward rises
     assert fired(policy) == {"empty_responses", "kl_blowup"}
     messages = health_warnings(record)  # once per detector per fit
     assert sorted(m.split("'")[1] for m in messages) == ["empty_responses", "kl_blowup"]
+    history = policy.history_
+    step = policy.health_["detectors"]["kl_blowup"]["first_step"]
+    assert history[step - 1]["objective/reward"] > history[0]["objective/reward"]  # gaining
+    assert kl_per_token(history[:step]) > KL_CAP * KL_BLOWUP >= kl_per_token(history[: step - 1])
     step = policy.health_["detectors"]["empty_responses"]["first_step"]
     shares = [row["response/empty_share"] for row in policy.history_]
     assert smoothed(shares[:step]) > 0.8 >= smoothed(shares[: step - 1])
@@ -116,14 +133,17 @@ def count_good(prompts, completions):
 
 def test_a_learning_rate_of_0_05_collapses_the_reward():
     # RLOO at 0.05 on a reward in {0, 1}: the reward rises to 1 by step 3, then every
-    # response but one in 32 turns empty and all score 0 (issue 25's case), below 0.38
-    with pytest.warns(RunHealthWarning, match="'reward_collapse' fired at step 8"):
+    # response turns empty and scores 0 (issue 25's case). The fall is judged from step 5
+    # (the baseline's last) and must hold 8 steps: the 12th step is the first it can fire.
+    with pytest.warns(RunHealthWarning, match="'reward_collapse' fired at step 12"):
         policy = lm_policy(learning_rate=0.05, batch_size=32).fit(PROMPTS, says_good)
     assert fired(policy) == {"reward_collapse", "empty_responses", "dead_groups", "kl_blowup"}
-    rewards = [row["objective/reward"] for row in policy.history_]
-    start, spread = rewards[0], policy.history_[0]["objective/reward_std"]
-    assert smoothed(rewards[:8]) < start - 0.5 * spread < smoothed(rewards[:7])
-    assert rewards[-1] == 0.0 and policy.history_[-1]["response/empty_share"] > 0.9
+    history = policy.history_
+    falls = reward_falls(history)
+    assert len(falls) == 8 and min(falls) > REWARD_COLLAPSE
+    assert history[-1]["health/reward_collapse"] == pytest.approx(min(falls))
+    assert [row["objective/reward"] for row in history[3:]] == [0.0] * 9
+    assert history[-1]["response/empty_share"] > 0.9
 
 
 def test_a_learning_rate_of_0_05_degenerates_into_repetition():
@@ -184,12 +204,50 @@ def rows(rewards, stds, dead=None):
 
 
 def test_reward_collapse_by_hand():
-    # start = the first step's mean 1 (the starting policy's samples), spread its std 0.4
-    assert reward_collapse(rows([1], [0.4])) == 0.0
-    history = rows([1, 0], [0.4, 0.4])
-    # smoothed = 0.7 * 1 + 0.3 * 0 = 0.7: a fall of 0.3 = 0.75 spreads
-    assert reward_collapse(history) == pytest.approx(0.75)
-    assert reward_collapse(rows([1, 2], [0.4, 0.9])) == pytest.approx(-0.75)
+    # baseline: the first 5 steps' mean reward (2 + 0 + 1 + 1 + 1) / 5 = 1 and mean
+    # spread (0.2 + 0.6 + 0.4 + 0.4 + 0.4) / 5 = 0.4
+    first = rows([2, 0, 1, 1, 1], [0.2, 0.6, 0.4, 0.4, 0.4])
+    assert reward_baseline(first) == pytest.approx((1.0, 0.4))
+    steady = rows([1] * 5, [0.4] * 5)
+    assert reward_falls(steady[:4]) == [] and reward_collapse(steady[:4]) == 0.0
+    # the reward drops to 0 from step 6: the EMA (weight 0.3) goes 1, 0.7, 0.49, ...
+    collapsed = steady + rows([0] * 8, [0.0] * 8)
+    falls = reward_falls(collapsed)
+    assert falls[:4] == pytest.approx([0.0, 0.75, 1.275, 1.6425])
+    # with 12 rows the last 8 falls include step 5's 0: not yet persistent
+    assert reward_collapse(collapsed[:12]) == 0.0
+    assert reward_collapse(collapsed) == pytest.approx(0.75)  # steps 6-13, all > 0.28
+    # a 3-step dip to 0 that recovers: over 0.28 for 7 steps only, so it never fires
+    dip = steady + rows([0] * 3 + [1] * 5, [0.4] * 8)
+    assert reward_collapse(dip) == pytest.approx((1 - (0.3 + 0.7 * 0.8422543)) / 0.4)
+    assert reward_collapse(dip) < REWARD_COLLAPSE < reward_collapse(collapsed)
+
+
+def test_kl_blowup_by_hand_its_allowance_depends_on_the_reward():
+    def kl_rows(objectives, kls, length=2.0):
+        return [
+            {
+                "objective/reward": o,
+                "objective/reward_std": 0.5,
+                "objective/kl": k,
+                "response/length": length,
+            }
+            for o, k in zip(objectives, kls)
+        ]
+
+    # KL 6 nats over 2 tokens at step 6: 3 a token, smoothed 0.7 * 0 + 0.3 * 3 = 0.9; the
+    # reward's start is the first 5 steps' mean 1, its smoothed value 0.7 * 1 + 0.3 * -4 =
+    # -0.5: below, so the allowance is 1.2 nats a token
+    kls = [0.0] * 5 + [6.0]
+    losing = kl_rows([1.0] * 5 + [-4.0], kls)
+    assert kl_per_token(losing) == pytest.approx(0.9)
+    assert kl_blowup(losing) == pytest.approx(0.9 / KL_LOSING)
+    # the same KL with the reward above its start (smoothed 1.6): 2.1 nats
+    assert kl_blowup(kl_rows([1.0] * 5 + [3.0], kls)) == pytest.approx(0.9 / KL_CAP)
+    # 10 nats a token at step 6 (smoothed 3) of a gaining run: over even the larger allowance
+    far = kl_rows([0.0] * 5 + [5.0], [0.0] * 5 + [20.0])
+    assert kl_blowup(far) == pytest.approx(3.0 / KL_CAP) and kl_blowup(far) > KL_BLOWUP
+    assert KL_LOSING < KL_CAP
 
 
 def test_dead_groups_count_only_while_the_reward_has_not_risen():

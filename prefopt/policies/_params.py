@@ -261,14 +261,16 @@ COMMON_PARAMETERS: dict[str, Parameter] = {
         raise :class:`~prefopt.exceptions.RunHealthError`, warn and stop the
         run after that step, or only record it in ``health_``. The detectors
         and their default thresholds: ``reward_collapse`` (the smoothed reward
-        falls below the first step's mean by more than half its
-        per-episode spread), ``empty_responses`` (the smoothed share of empty
-        responses above 0.8), ``repetitive_responses`` (over half a response's trigrams
-        repeated, on average), ``kl_blowup`` (the smoothed KL per response
-        token above 2 nats), ``dead_groups`` (k > 1: over 90% of groups with equal scores
-        while the reward has not risen), ``non_finite`` (a nan or inf in the
-        step's row) and ``no_learning`` (at the end: the log-probs never moved
-        1e-4 nats a token from the reference's).""",
+        stays below the first 5 steps' mean by more than 0.28 of their
+        per-episode spread for 8 consecutive steps), ``empty_responses`` (the
+        smoothed share of empty responses above 0.8), ``repetitive_responses``
+        (over half a response's trigrams repeated, on average), ``kl_blowup``
+        (the smoothed KL per response token above 1.2 nats while the reward is
+        below its start, above 2.1 nats while it is above), ``dead_groups`` (k >
+        1: over 90% of groups with equal scores while the reward has not risen),
+        ``non_finite`` (a nan or inf in the step's row) and ``no_learning`` (at
+        the end: the log-probs never moved 1e-4 nats a token from the
+        reference's).""",
     ),
     "entropy_coef": Parameter(
         0.0,

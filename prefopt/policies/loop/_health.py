@@ -14,6 +14,7 @@ import torch
 
 from ...lm._health import (
     NO_LEARNING_SUPERVISED,
+    SMOOTHING,
     Detector,
     HealthMonitor,
     WeightProbe,
@@ -92,12 +93,25 @@ def health_statistics(view, batch) -> dict:
 
 
 # ----- the detectors ------------------------------------------------------------------
-REWARD_COLLAPSE = 0.5
+# Each threshold sits between what healthy runs reached and what constructed failures
+# reached, measured by benchmarks/health_false_alarms.py (numbers in benchmarks/README.md).
+REWARD_COLLAPSE = 0.28
 EMPTY_RESPONSES = 0.8
 REPETITIVE_RESPONSES = 0.5
-KL_BLOWUP = 2.0
+KL_BLOWUP = 1.0  # the KL per token over its allowance, below
 DEAD_GROUPS = 0.9
 NO_LEARNING = 1e-4
+# reward_collapse's start is the mean over the first steps: one batch of a few prompts
+# swings widely at a fixed policy (GRPO's 8 prompts a batch on the arithmetic world: 0.09
+# to 0.34), and a lucky first batch alone made healthy runs look collapsed.
+BASELINE_STEPS = 5
+# ... and the fall must hold this many consecutive steps: healthy GRPO runs dip for a few
+# steps early on and recover, a collapsed run stays down.
+PERSIST = 8
+# kl_blowup's allowance, in nats a token: small while the reward is below its start (far
+# and losing), large while it is above (an exact world's optimum is far too).
+KL_LOSING = 1.2
+KL_CAP = 2.1
 
 
 def _start(rows, key: str) -> float:
@@ -111,12 +125,39 @@ def _spread(rows) -> float:
     return max(_start(rows, "objective/reward_std"), 1e-8 * (1 + abs(start)))
 
 
+def reward_baseline(rows) -> tuple[float, float]:
+    """The mean reward and the mean per-episode spread of the first ``BASELINE_STEPS`` rows.
+
+    Examples
+    --------
+    >>> rows = [{"objective/reward": r, "objective/reward_std": 0.5} for r in (1, 0, 2)]
+    >>> reward_baseline(rows)
+    (1.0, 0.5)
+    """
+    first = rows[:BASELINE_STEPS]
+    start = sum(float(r["objective/reward"]) for r in first) / len(first)
+    spread = sum(float(r["objective/reward_std"]) for r in first) / len(first)
+    return start, max(spread, 1e-8 * (1 + abs(start)))
+
+
+def reward_falls(rows) -> list[float]:
+    """``(baseline - smoothed) / spread`` at each step from the ``BASELINE_STEPS``-th on."""
+    if len(rows) < BASELINE_STEPS:
+        return []
+    start, spread = reward_baseline(rows)
+    falls, level = [], float(rows[0]["objective/reward"])
+    for i, row in enumerate(rows):
+        if i:  # the exponential moving average of lm._health.smoothed, step by step
+            level = (1 - SMOOTHING) * level + SMOOTHING * float(row["objective/reward"])
+        if i >= BASELINE_STEPS - 1:
+            falls.append((start - level) / spread)
+    return falls
+
+
 def reward_collapse(rows) -> float:
-    """How far the smoothed reward fell below the start, in start spreads (0 at first)."""
-    if len(rows) < 2:
-        return 0.0
-    rewards = [r["objective/reward"] for r in rows]
-    return (_start(rows, "objective/reward") - smoothed(rewards)) / _spread(rows)
+    """The smallest fall of the last ``PERSIST`` steps, in baseline spreads (0 until then)."""
+    falls = reward_falls(rows)
+    return min(falls[-PERSIST:]) if len(falls) >= PERSIST else 0.0
 
 
 def dead_groups(rows) -> float:
@@ -137,6 +178,34 @@ def kl_per_token(rows) -> float:
     return smoothed([r["objective/kl"] / max(r["response/length"], 1.0) for r in rows])
 
 
+def kl_blowup(rows) -> float:
+    """The smoothed KL per token over its allowance: ``KL_LOSING`` or ``KL_CAP`` nats.
+
+    The allowance is ``KL_LOSING`` while the smoothed reward (``objective/reward``)
+    is below its start (the mean of the first ``BASELINE_STEPS`` rows; before them,
+    the first row's), so the policy is far and losing, and ``KL_CAP`` otherwise: a
+    policy far from the reference is what a KL-regularised objective asks for when
+    the reward pays for it (the exact optimum pi* has E[r] >= E_ref[r] + beta KL),
+    up to a point.
+
+    Examples
+    --------
+    >>> rows = [{"objective/reward": 1.0, "objective/kl": 0.0, "response/length": 2.0}]
+    >>> rows.append({"objective/reward": 0.0, "objective/kl": 8.0, "response/length": 2.0})
+    >>> round(kl_blowup(rows), 6)  # 0.3 * 4 nats a token = 1.2; losing: over 1.2
+    1.0
+    >>> rows[1]["objective/reward"] = 2.0
+    >>> round(kl_blowup(rows), 6)  # the same KL while gaining: over 2.1
+    0.571429
+    """
+    rewards = [r["objective/reward"] for r in rows]
+    # the start: the first step alone until the baseline's steps are in (a rising reward's
+    # moving average lags the mean of the steps so far, and would read as a fall)
+    start = reward_baseline(rows)[0] if len(rows) >= BASELINE_STEPS else rewards[0]
+    losing = smoothed(rewards) < start
+    return kl_per_token(rows) / (KL_LOSING if losing else KL_CAP)
+
+
 def _smoothed(key: str):
     return lambda rows: smoothed([r[key] for r in rows])
 
@@ -149,11 +218,14 @@ def policy_monitor(policy, view, *, first_row: int) -> HealthMonitor:
     """The run-health detectors of a policy's fit, with their default thresholds.
 
     - ``reward_collapse``: ``(start - smoothed) / spread``, where ``start`` is the
-      mean reward (``objective/reward``) of the run's first step (the starting
-      policy's samples), ``smoothed`` its exponential moving average (weight
-      0.3 on the newest step) and ``spread`` the first step's per-episode
-      standard deviation; fires above 0.5 (the reward fell half a starting
-      spread below its start).
+      mean reward (``objective/reward``) of the run's first 5 steps, ``spread``
+      their mean per-episode standard deviation and ``smoothed`` the reward's
+      exponential moving average (weight 0.3 on the newest step); the value is
+      the smallest of the last 8 steps' (from the 5th step on), so it fires above
+      0.28 only when the reward has stayed more than 0.28 starting spreads below
+      its start for 8 consecutive steps (a fit of fewer than 12 steps cannot fire
+      it). One batch of a few prompts is too noisy a start, and healthy runs dip
+      for a few steps and recover; a collapsed run stays down.
     - ``empty_responses``: the smoothed share of responses with no token but a
       stop token; fires above 0.8 (an empty answer can be common, even best
       for a while, in a healthy run: not four in five for several steps).
@@ -162,13 +234,17 @@ def policy_monitor(policy, view, *, first_row: int) -> HealthMonitor:
       ``response/distinct_tokens`` reports the distinct-token share beside it.
     - ``kl_blowup``: the smoothed KL to the reference per response token (a
       step's ``objective/kl`` over its ``response/length``, so that long and
-      short answers compare); fires above 2 nats a token (the policy then
-      puts e^-2, about 0.14, of the reference's probability on its own tokens,
-      per token). ``max_kl`` stays a separate check, per response.
+      short answers compare) over its allowance: 1.2 nats a token while the
+      smoothed reward is below the mean of its first 5 steps (before them, the
+      first step's: far from the reference and losing), 2.1 nats a token
+      otherwise (far is what a KL-regularised objective asks for when the
+      reward pays for it: a preference world's exact optimum at beta 0.04 sits
+      at 2.0 nats a token); fires above 1. ``max_kl`` stays a separate check, per response.
     - ``dead_groups`` (k > 1 samples a prompt): the smoothed share of groups
-      whose k scores are all equal, counted while the smoothed reward has not
-      risen a quarter spread above its start (a converged run's equal scores
-      are not dead); fires above 0.9.
+      whose k scores are all equal (``objective/dead_group_share`` in every
+      row), counted while the smoothed reward has not risen a quarter spread
+      above its start (a converged run's equal scores are not dead); fires
+      above 0.9.
     - ``non_finite``: the number of non-finite values (nan, inf) in the step's
       row; fires above 0.
     - ``no_learning``: the largest ``policy/logprob_shift`` of the fit (mean
@@ -184,7 +260,7 @@ def policy_monitor(policy, view, *, first_row: int) -> HealthMonitor:
             "reward_collapse",
             REWARD_COLLAPSE,
             reward_collapse,
-            advice="The reward fell below its start: lower learning_rate or raise beta.",
+            advice="The reward stayed far below its start: lower learning_rate or raise beta.",
         ),
         Detector(
             "empty_responses",
@@ -202,7 +278,7 @@ def policy_monitor(policy, view, *, first_row: int) -> HealthMonitor:
         Detector(
             "kl_blowup",
             KL_BLOWUP,
-            kl_per_token,
+            kl_blowup,
             advice="The policy ran far from the reference: raise beta, use an adaptive KL "
             "controller or lower learning_rate.",
         ),
@@ -214,7 +290,11 @@ def policy_monitor(policy, view, *, first_row: int) -> HealthMonitor:
                 DEAD_GROUPS,
                 dead_groups,
                 advice="The k samples of a prompt score alike, so group-relative advantages "
-                "are 0: check the reward (is it constant?), raise temperature or k.",
+                "are 0 and those groups teach nothing (objective/dead_group_share in "
+                "history_ has the share each step). Check that the reward is not constant; "
+                "draw more samples per prompt (raise k) or raise temperature; drop tied "
+                "groups and draw again (dynamic_sampling=True, GRPO family); or change the "
+                "prompt mix: groups all right mean prompts too easy, all wrong too hard.",
             )
         )
     detectors += [
