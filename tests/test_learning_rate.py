@@ -6,6 +6,7 @@ import math
 import numpy as np
 import pytest
 from sklearn.base import clone
+from sklearn.utils.estimator_checks import parametrize_with_checks
 
 from prefopt import AdaptiveLR
 
@@ -134,3 +135,8 @@ def test_it_is_a_nested_estimator_with_searchable_parameters():
     fitted = AdaptiveLR(learning_rate=1e-3).fit()
     assert not hasattr(clone(fitted), "learning_rate_")  # clone keeps parameters only
     assert copy.deepcopy(fitted).learning_rate_ == 1e-3
+
+
+@parametrize_with_checks([AdaptiveLR(learning_rate=1e-3)], legacy=False)
+def test_scikit_learns_estimator_checks(estimator, check):
+    check(estimator)
