@@ -146,6 +146,8 @@ def test_verdicts_are_corrected_by_holm_over_the_unordered_pairs():
         )
     summary = out.summary.set_index("algorithm")
     assert summary.loc["C", "verdict_holm"] == pairs.loc[("C", "A"), "verdict_holm"]
+    assert out.correction.startswith("Holm (1979) over the 3 verdicts")
+    assert "below 0.025" in out.correction
     assert {"iqm", "iqm_ci_low", "iqm_ci_high"} <= set(out.summary)
     # C beats A on every seed: its probability of improvement over A is 1.
     assert pairs.loc[("C", "A"), "prob_improvement"] == 1.0
@@ -210,3 +212,14 @@ def test_performance_profile_plot():
     assert ax.get_ylabel() == "share of runs with score > tau"
     with pytest.raises(TypeError, match="non-empty dict"):
         plot_performance_profile([0.1, 0.2])
+
+
+def test_the_profile_plot_without_matplotlib_names_the_install_command(monkeypatch):
+    import re
+    import sys
+
+    # A None entry in sys.modules makes `import matplotlib...` raise ImportError, as if absent.
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.setitem(sys.modules, name, None)
+    with pytest.raises(ImportError, match=re.escape("pip install 'prefopt[plot]'")):
+        plot_performance_profile({"PPO": [0.2, 0.6]})

@@ -18,7 +18,7 @@ from sklearn.utils.parallel import Parallel, delayed
 from .._config import config_context, get_config
 from ..data import check_prompts
 from ._cells import member, run_healthy, tracked_group
-from ._comparison import BUDGETS, Comparison, control_gains, summarise
+from ._comparison import BUDGETS, Comparison, control_gains, correction_note, summarise
 from ._controls import check_controls, control_name, control_reward
 from ._environment import environment
 from ._stats import _check_seeds, split_seeds
@@ -171,7 +171,8 @@ def compare(
     above ``margin`` (above 0 without one), ``"worse"`` at or below
     ``-margin``, ``"equivalent"`` inside ``(-margin, margin)`` and
     ``"inconclusive"`` when it reaches two of these regions; ``verdict_holm``
-    corrects the verdicts of one comparison for their number (Holm 1979).
+    corrects the verdicts of one comparison for their number (Holm 1979;
+    ``Comparison.correction`` states the family and the level).
     Every evaluation seed counts (intention to treat): a run that
     ``health_`` calls unhealthy keeps the score it ended with, is counted in
     ``n_unhealthy`` and stays in its pairs, so that a failure weighs against
@@ -379,6 +380,7 @@ def compare(
         tuning_seeds=tuning_seeds,
         controls=gains,
         environment=environment(),
+        correction=correction_note(verdicts, confidence),
     )
 
 

@@ -93,6 +93,9 @@ class Comparison:
     environment : dict or None, default=None
         What the comparison ran with (:func:`environment`): versions, CPU and
         GPU, threads, commit.
+    correction : str or None, default=None
+        The multiple-comparison correction behind ``verdict_holm``, stated:
+        the method, the family's size and the level each verdict is tested at.
 
     See Also
     --------
@@ -125,6 +128,7 @@ class Comparison:
     tuning_seeds: list | None = field(default=None, repr=False)
     controls: pd.DataFrame | None = field(default=None, repr=False)
     environment: dict | None = field(default=None, repr=False)
+    correction: str | None = None
 
     def wide(self) -> pd.DataFrame:
         """The summary with one row per algorithm: ``<metric>``, ``<metric>_ci_low``, ...
@@ -326,6 +330,19 @@ def _paired(values, base, confidence, margin, lower_is_better) -> dict:
         "leaning": leaning,
         "p_decision": p_decision,
     }
+
+
+def correction_note(pairs: pd.DataFrame, confidence: float) -> str | None:
+    """The sentence that states the correction of ``verdict_holm`` (None without pairs)."""
+    if pairs is None or pairs.empty:
+        return None
+    m = len(pairs) // 2  # a pair and its mirror are one verdict
+    return (
+        f"Holm (1979) over the {m} verdicts of this comparison (unordered pairs x metrics): "
+        f"verdict_holm keeps a verdict whose adjusted p-value is below "
+        f"{(1 - confidence) / 2:g}, the level of each one-sided test behind a "
+        f"{confidence:g} interval; verdict is uncorrected."
+    )
 
 
 def correct_holm(pairs: pd.DataFrame, confidence: float) -> pd.DataFrame:
