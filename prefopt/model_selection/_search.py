@@ -113,7 +113,7 @@ class SeedSearchCV(_BestEstimatorMethods, MetaEstimatorMixin, BaseEstimator):
         the interval uses), ``ci_low_test_<m>``, ``ci_high_test_<m>`` and
         ``rank_test_<m>`` (by the mean, a candidate with any unhealthy run
         after every one without), ``tied_with_best_test_<m>`` (True where the
-        paired 95% t-interval over seeds of the best candidate minus this one
+        paired t-interval (at ``confidence``) over seeds of the best minus this one
         reaches 0: the seeds cannot tell the two apart; True for the best);
         when the fits report ``health_``,
         ``seed<j>_healthy`` (no fit of that seed was unhealthy or failed:
