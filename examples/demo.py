@@ -20,7 +20,8 @@ Everything is built locally, nothing is downloaded:
    easily easily", +8 log odds).
 
 It prints a table (gold reward, proxy reward, KL, length, distinct-word share, EOS
-share as mean +- sd over the seeds, episodes/s), gold reward and KL of every run, and
+share as mean +- sd over the seeds, how many runs ended healthy, episodes/s; with
+``--readme README.md`` it writes it into the README), gold reward and KL of every run, and
 completions before and after, and saves a figure: gold reward, proxy reward and
 distinct-word share against KL (one point per seed), and the training curves. It runs
 in one thread: about 1.5 minutes on an idle CPU core, nearer 3 on a busy shared machine;
@@ -34,9 +35,18 @@ Run::
 from __future__ import annotations
 
 import argparse
+import re
 import time
+from pathlib import Path
 
-import matplotlib
+try:
+    import matplotlib
+except ModuleNotFoundError:  # the figure is the plot extra's; ./dev demo installs it
+    raise SystemExit(
+        'examples/demo.py draws its figure with matplotlib: pip install "prefopt[plot]" '
+        '(the review task also needs "prefopt[worlds]"; pip install "prefopt[plot,worlds]" '
+        "installs both)."
+    ) from None
 
 matplotlib.use("Agg")
 
@@ -113,6 +123,27 @@ def evaluate(world, reward_model, policy, prompts, n, seed, reference=False):
     }
 
 
+# The README's copy of the table sits between these lines; --readme README.md rewrites it,
+# and tests/test_demo.py checks it against a fresh run.
+TABLE_START = "<!-- demo table: written by python examples/demo.py --readme README.md -->"
+TABLE_END = "<!-- end of demo table -->"
+
+
+def health(runs) -> str:
+    """How many of an algorithm's runs ended healthy (no run-health detector fired)."""
+    return f"{sum(r['healthy'] for r in runs)}/{len(runs)} ok"
+
+
+def write_readme(path, table) -> None:
+    """Replace the table between ``TABLE_START`` and ``TABLE_END`` in ``path``."""
+    text = Path(path).read_text()
+    pattern = re.compile(re.escape(TABLE_START) + r".*?" + re.escape(TABLE_END), re.S)
+    if not pattern.search(text):
+        raise SystemExit(f"{path} has no demo table between {TABLE_START!r} and {TABLE_END!r}.")
+    block = "\n".join([TABLE_START, "```", *table, "```", TABLE_END])
+    Path(path).write_text(pattern.sub(lambda _: block, text, count=1))
+
+
 def mean_sd(values, width, digits):
     """``mean ± sd`` (sample sd over the seeds), right-aligned in ``width`` characters."""
     values = np.asarray(values, dtype=float)
@@ -135,11 +166,15 @@ def main(argv=None):
     parser.add_argument("--out", default="demo.png", help="where to save the figure")
     parser.add_argument("--quick", action="store_true", help="a tiny smoke run (seconds)")
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    parser.add_argument(
+        "--readme", default=None, help="write the table into this README (between its markers)"
+    )
     args = parser.parse_args(argv)
     settings = QUICK if args.quick else FULL
     seeds = list(range(max(1, args.n_seeds or settings["n_seeds"])))
     torch.set_num_threads(1)  # tiny models: a second thread only adds synchronisation
-    prefopt.set_config(show_progress_bar=not args.no_progress)
+    # "auto": bars in a terminal, none in a log (./dev demo > log); --no-progress: none at all.
+    prefopt.set_config(show_progress_bar=False if args.no_progress else "auto")
     began = time.perf_counter()
 
     world = ReviewWorld(n_reviews=settings["n_reviews"], random_state=args.seed)
@@ -214,6 +249,8 @@ def main(argv=None):
                 beta=policy.history_[-1]["objective/beta"],
                 eos=policy.history_[-1]["response/eos_share"],  # of the last training batch
                 speed=float(np.median([h["time/episodes_per_s"] for h in policy.history_])),
+                healthy=bool(policy.health_["healthy"]),
+                fired=[k for k, v in policy.health_["detectors"].items() if v["fired"]],
             )
             runs[key].append(result)
             fitted[key].append(policy)
@@ -225,26 +262,39 @@ def main(argv=None):
     )
     columns = (("gold", 2), ("proxy", 2), ("KL", 1), ("length", 1), ("distinct", 2), ("EOS", 2))
     width = 13
-    print(f"  {'':<26}" + "".join(f"{c:>{width}}" for c, _ in columns) + f"{'ep/s':>7}")
+    table = [f"  {'':<26}" + "".join(f"{c:>{width}}" for c, _ in columns)]
+    table[0] += f"{'health':>9}{'ep/s':>7}"
     keys = {"KL": "kl", "EOS": "eos"}
     sft_cells = "".join(
         f"{sft_row[keys.get(c, c)]:.{d}f}".rjust(width) if c != "EOS" else " " * width
         for c, d in columns
     )
-    print(f"  {'SFT':<26}{sft_cells}".rstrip())
+    table.append(f"  {'SFT':<26}{sft_cells}".rstrip())
     for key, name in names.items():
         cells = "".join(
             mean_sd([r[keys.get(c, c)] for r in runs[key]], width, d) for c, d in columns
         )
         speed = np.median([r["speed"] for r in runs[key]])
-        print(f"  {name:<26}{cells}{speed:7.0f}")
+        table.append(f"  {name:<26}{cells}{health(runs[key]):>9}{speed:7.0f}")
+    print("\n".join(table))
+    print(
+        "health: the runs no run-health detector warned about (RunHealthWarning); ep/s: "
+        "episodes per second, the median step"
+    )
+    if args.readme:
+        write_readme(args.readme, table)
+        print(f"(table written into {args.readme})")
 
-    print("\nGold reward against KL, each run (seed: KL, gold; the adaptive run's final beta):")
+    print(
+        "\nGold reward against KL, each run (seed: KL, gold; the adaptive run's final beta; "
+        "[the detectors that fired]):"
+    )
     print(f"  {'SFT':<26}{'':>3}{0:6.1f}, {sft_row['gold']:.2f}")
     for key, name in names.items():
         cells = "".join(
             f"{r['seed']:>3}:{r['kl']:6.1f}, {r['gold']:.2f}"
             + (f"; {r['beta']:.3f}" if key == "target" else "")
+            + (f" [{', '.join(r['fired'])}]" if r["fired"] else "")
             for r in runs[key]
         )
         print(f"  {name:<26}{cells}")

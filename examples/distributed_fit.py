@@ -91,7 +91,10 @@ def main(argv=None) -> None:
     if not args.ray:
         train(config)  # alone, or one of torchrun's processes (it starts the process group)
         return
-    import ray
+    try:
+        import ray
+    except ModuleNotFoundError:  # the ray extra
+        raise SystemExit('--ray runs on Ray Train: pip install "prefopt[ray]".') from None
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 

@@ -28,7 +28,13 @@ from __future__ import annotations
 import argparse
 import time
 
-import matplotlib
+try:
+    import matplotlib
+except ModuleNotFoundError:  # the figure is the plot extra's
+    raise SystemExit(
+        "examples/preference_world.py draws its figure with matplotlib: "
+        'pip install "prefopt[plot]".'
+    ) from None
 
 matplotlib.use("Agg")
 

@@ -13,7 +13,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import matplotlib
+try:
+    import matplotlib
+except ModuleNotFoundError:  # the figure is the plot extra's
+    raise SystemExit(
+        "examples/search_and_compare.py draws its figure with matplotlib: "
+        'pip install "prefopt[plot]".'
+    ) from None
 
 matplotlib.use("Agg")
 

@@ -20,7 +20,7 @@ import numpy as np
 _DEFAULTS = {
     "device": "auto",
     "dtype": "auto",
-    "show_progress_bar": True,
+    "show_progress_bar": "auto",
     "eval_batch_size": 64,
     "compile": False,
     "distributed": "ddp",
@@ -69,7 +69,7 @@ def set_config(
     *,
     device: str | None = None,
     dtype: str | None = None,
-    show_progress_bar: bool | None = None,
+    show_progress_bar: bool | str | None = None,
     eval_batch_size: int | None = None,
     compile: bool | str | None = None,
     distributed: str | None = None,
@@ -96,8 +96,13 @@ def set_config(
         ``"float32"``, or ``"bfloat16"`` (bfloat16 autocast on CUDA and on the
         CPU; another device is refused with an error). The weights stay float32;
         log-softmax, log-probs and losses are always float32.
-    show_progress_bar : bool, default=None
-        Whether ``fit`` shows a tqdm progress bar.
+    show_progress_bar : bool or "auto", default=None
+        Whether ``fit`` shows a tqdm progress bar. ``"auto"`` (the default)
+        shows it where it can be watched, a terminal (stderr is a TTY) or a
+        notebook, and not in a log file or a pipe, where a bar's redraws become
+        thousands of lines. ``False`` also hides the bars transformers draws
+        while prefopt loads or saves a model ("Loading weights", "Writing model
+        shards").
     eval_batch_size : int, default=None
         Rows per forward pass when scoring or evaluating without gradients.
     compile : bool or str, default=None
@@ -152,7 +157,7 @@ def set_config(
     >>> prefopt.set_config(show_progress_bar=False)
     >>> prefopt.get_config()["show_progress_bar"]
     False
-    >>> prefopt.set_config(show_progress_bar=True)
+    >>> prefopt.set_config(show_progress_bar="auto")  # the default: bars in a terminal
     """
     settings = dict(
         device=device,
@@ -200,12 +205,15 @@ def _set(
         config["dtype"] = dtype
     if show_progress_bar is not None:
         # bool("false") is True: a string is refused rather than read by its truth value.
-        if not isinstance(show_progress_bar, (bool, np.bool_)):
+        if show_progress_bar == "auto" and isinstance(show_progress_bar, str):
+            config["show_progress_bar"] = "auto"
+        elif not isinstance(show_progress_bar, (bool, np.bool_)):
             raise ValueError(
-                f"show_progress_bar must be True or False; got {show_progress_bar!r} "
+                f"show_progress_bar must be True, False or 'auto'; got {show_progress_bar!r} "
                 f"({type(show_progress_bar).__name__})."
             )
-        config["show_progress_bar"] = bool(show_progress_bar)
+        else:
+            config["show_progress_bar"] = bool(show_progress_bar)
     if eval_batch_size is not None:
         if isinstance(eval_batch_size, (bool, np.bool_)) or not isinstance(
             eval_batch_size, Integral

@@ -11,8 +11,8 @@ import prefopt
 @pytest.mark.parametrize(
     "key, value, match",
     [
-        ("show_progress_bar", "no", "show_progress_bar must be True or False; got 'no'"),
-        ("show_progress_bar", 0, "show_progress_bar must be True or False; got 0"),
+        ("show_progress_bar", "no", "show_progress_bar must be True, False or 'auto'; got 'no'"),
+        ("show_progress_bar", 0, "show_progress_bar must be True, False or 'auto'; got 0"),
         ("eval_batch_size", 2.5, r"eval_batch_size must be an int.*got 2.5"),
         ("eval_batch_size", "8", "eval_batch_size must be an int.*got '8'"),
         ("eval_batch_size", True, "eval_batch_size must be an int.*got True"),

@@ -96,3 +96,22 @@ def test_path_callback_does_not_change_the_fit():
     np.testing.assert_array_equal(world.policy_probs(stepped), world.policy_probs(whole))
     assert path[-1] == world.evaluate(whole, rm, 0.3) | {"step": 3}
     assert stepped.n_iter_ == 3
+
+
+@pytest.mark.parametrize("name", ["demo", "preference_world", "search_and_compare"])
+def test_an_example_without_matplotlib_names_the_pip_command(tmp_path, name):
+    # A matplotlib that cannot be imported, first on the path: what a plain install sees.
+    (tmp_path / "matplotlib.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'matplotlib'\", name='matplotlib')\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLES / f"{name}.py"), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**__import__("os").environ, "PYTHONPATH": str(tmp_path)},
+        check=False,
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert 'pip install "prefopt[plot]"' in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -661,3 +661,16 @@ def test_seed_search_evaluation_and_refit_runs_join_the_group(tmp_path):
         f"evaluation-seed={seed}",
         f"refit-seed={seed}",
     ]
+
+
+def test_one_fit_has_one_run_name_in_every_tracker(tmp_path, monkeypatch):
+    from mlflow import MlflowClient
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    with prefopt.config_context(report_to=["tensorboard", "mlflow"], logging_dir=tmp_path):
+        _sft().fit(DEMOS)
+    (folder,) = [f for f in os.listdir(tmp_path) if f not in ("mlflow.db", "mlartifacts")]
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path.resolve() / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("prefopt").experiment_id])
+    assert folder.startswith("SFTPolicy_")
+    assert run.info.run_name == folder  # TensorBoard's folder, MLflow's run: one name

@@ -431,3 +431,29 @@ def test_a_lora_policy_is_pushed_as_its_merged_weights():
         torch.testing.assert_close(pushed[name], tensor, rtol=0, atol=1e-6)
     base = model.get_base_model().transformer.h[0].attn.c_attn.base_layer.weight
     assert not torch.equal(pushed["transformer.h.0.attn.c_attn.weight"], base)  # delta added
+
+
+def test_a_weight_push_hides_vllms_info_lines_unless_prefopt_logs_debug():
+    # vLLM itself is not needed: an engine whose collective_rpc runs the function here,
+    # as vLLM runs it in its engine's process.
+    import logging
+
+    from prefopt.backend.vllm_engine import _quiet_push
+
+    class Engine:
+        def collective_rpc(self, method, args=()):
+            return [method(None, *args)]
+
+    vllm_log, prefopt_log = logging.getLogger("vllm"), logging.getLogger("prefopt")
+    before = (vllm_log.level, prefopt_log.level)
+    try:
+        vllm_log.setLevel(logging.INFO)
+        with _quiet_push(Engine()):
+            assert not vllm_log.isEnabledFor(logging.INFO)
+        assert vllm_log.level == logging.INFO  # restored after the push
+        prefopt_log.setLevel(logging.DEBUG)  # asked for: vLLM's lines show
+        with _quiet_push(Engine()):
+            assert vllm_log.isEnabledFor(logging.INFO)
+    finally:
+        vllm_log.setLevel(before[0])
+        prefopt_log.setLevel(before[1])

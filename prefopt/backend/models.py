@@ -7,6 +7,8 @@ import os
 
 from torch import nn
 
+from .progress import quiet_transformers
+
 PAD_TOKEN = "[PAD]"
 
 
@@ -271,7 +273,8 @@ def _from_local(auto_class, name, parameter: str):
     name = os.fspath(name)
     folder = os.path.expanduser(name)
     if os.path.isdir(folder):
-        return auto_class.from_pretrained(folder)
+        with quiet_transformers():  # no "Loading weights" bar where prefopt shows none
+            return auto_class.from_pretrained(folder)
     # A Hub name is "name" or "owner/name"; anything else is meant as a folder.
     if (
         name.startswith((".", "/", "~"))
@@ -283,7 +286,8 @@ def _from_local(auto_class, name, parameter: str):
             "pass the path of a folder written by save_pretrained."
         )
     try:
-        return auto_class.from_pretrained(name, local_files_only=True)
+        with quiet_transformers():
+            return auto_class.from_pretrained(name, local_files_only=True)
     except (OSError, ValueError):
         raise FileNotFoundError(
             f"{parameter}={name!r} is not a local folder, and no copy of it is in the "

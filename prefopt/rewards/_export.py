@@ -9,6 +9,7 @@ import warnings
 import torch
 from sklearn.utils.validation import check_is_fitted
 
+from ..backend.progress import quiet_transformers
 from ..lm._checkpoint import check_folder
 
 __all__ = ["SCORING_HELPER", "SequenceClassifierExport", "to_sequence_classifier"]
@@ -219,7 +220,8 @@ class SequenceClassifierExport:
             )
         directory = check_folder(directory, "save_pretrained's folder")
         model = to_sequence_classifier(self, set(self._stop_ids()))
-        model.save_pretrained(directory, safe_serialization=True)
+        with quiet_transformers():  # no "Writing model shards" bar where prefopt shows none
+            model.save_pretrained(directory, safe_serialization=True)
         self.tokenizer_.save_pretrained(directory)
         with open(os.path.join(directory, SCORING_HELPER), "w") as f:
             f.write(_HELPER_SOURCE.format(end=int(self._text_end_id())))

@@ -7,7 +7,7 @@ from contextlib import contextmanager
 from .._config import get_config
 from ..backend import distributed
 from ..backend.progress import verbose_log
-from ._base import Logger, _local, check_writable, current_member
+from ._base import Logger, _local, check_writable, current_member, default_run_name
 from ._mlflow import MLflowLogger
 from ._tensorboard import TensorBoardLogger
 from ._wandb import WandbLogger
@@ -328,6 +328,8 @@ def open_run(estimator, callback=None, *, name=None, total=None, print_every=10)
     if distributed.is_main():
         loggers = configured_loggers() + own
     group, run_name = current_member()
+    if run_name is None and loggers:  # one name for the fit in every tracker
+        run_name = default_run_name(estimator)
     opened = []
     try:
         for logger in loggers:

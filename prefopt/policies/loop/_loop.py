@@ -22,7 +22,7 @@ import torch
 
 from ..._config import get_config
 from ...backend import adamw, distributed, vllm_engine
-from ...backend.progress import tqdm
+from ...backend.progress import progress_shown, tqdm
 from ...backend.samplers import sampler_for
 from ...lm import RunState
 from ...tracking import open_run
@@ -322,7 +322,7 @@ class PolicyLoop:
         """
         policy, view = self.policy, self.view
         total = self.n_iter + max(n_steps, 0)
-        show = get_config()["show_progress_bar"] and distributed.is_main()  # rank 0 alone
+        show = progress_shown() and distributed.is_main()  # rank 0 alone; "auto": a TTY
         # The detectors read the run's whole history_: a warm start continues the run, and
         # its rows then equal those of one uninterrupted fit.
         health = policy_monitor(policy, view, first_row=0)
