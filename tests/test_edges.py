@@ -265,7 +265,7 @@ def test_loop_reward_equals_predict_across_bos_rules_and_cut_responses(policy_bo
     encoded = policy._encode(policy._tokenize_prompts(prompts))
     ids, mask, ended = policy._generate(encoded, make_generator(11))
     assert 0 < int(ended.sum()) < len(prompts)  # both ended and cut responses
-    trained_on = score_responses(policy._loop.rollout_, prompts, encoded, ids, mask, ended).numpy()
+    trained_on = score_responses(policy._loop.rollouts, prompts, encoded, ids, mask, ended).numpy()
     reported = rm.predict(prompts, policy._decode(ids, mask))
     np.testing.assert_allclose(trained_on, reported, rtol=0, atol=1e-5)
 

@@ -166,7 +166,7 @@ def test_the_engine_logprobs_reach_the_batch_only_from_its_own_sampler(world):
     # The engine's log-probs travel in the sampler's answer, masked to the response; a
     # rollout given the native sampler has none, whatever another sampler returned before.
     policy, loop = set_up(world, RLOOPolicy)
-    rollout = loop.rollout_
+    rollout = loop.rollouts
     assert isinstance(rollout.sampler, NativeSampler)
     rows = np.arange(4) % len(loop.prompts)
     rollout.sampler = OffsetEngine(-0.5)

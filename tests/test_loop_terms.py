@@ -145,7 +145,7 @@ def test_ptx_loss_is_the_next_token_cross_entropy_of_the_texts(tiny):
         logits = policy.model_(torch.tensor([ids])).logits[0, :-1].double()
         logits[:, tiny.tokenizer.pad_token_id] = -torch.inf
         expected = -torch.log_softmax(logits, -1)[torch.arange(3), torch.tensor(ids[1:])].mean()
-        got = policy._loop.update_.pretraining_loss([first], 5)
+        got = policy._loop.updates.pretraining_loss([first], 5)
     assert got.item() == pytest.approx(expected.item(), rel=1e-5)
 
 

@@ -6,10 +6,10 @@
 parameters and fitted attributes: what the step needs of the policy (a
 :class:`~prefopt.policies.loop._view.StepView`, gathered once), the prompts and
 their tokens, the random streams and the optimiser (a :class:`~prefopt.lm.RunState`),
-its :class:`~prefopt.policies.loop._rollout.Rollout` (given the sampling engine) and
-:class:`~prefopt.policies.loop._update.Update`, the checkpoint folder, the online
-refits and the one-time warnings. A step returns a :class:`StepResult`; the
-estimator's ``fit`` writes it into its fitted attributes.
+its :class:`~prefopt.policies.loop._rollout.Rollout` (``rollouts``, given the
+sampling engine) and :class:`~prefopt.policies.loop._update.Update` (``updates``),
+the checkpoint folder, the online refits and the one-time warnings. A step returns
+a :class:`StepResult`; the estimator's ``fit`` writes it into its fitted attributes.
 """
 
 from __future__ import annotations
@@ -180,7 +180,7 @@ class PolicyLoop:
         self.n_episodes = policy.n_episodes_
         self.totals = _budget_totals(policy.history_[-1] if policy.history_ else {})
         self.kl = policy.kl_  # the fit's KL controller
-        self.rollout_ = Rollout(
+        self.rollouts = Rollout(
             view,
             sampler_for(view.model),
             run=run,
@@ -190,7 +190,7 @@ class PolicyLoop:
             columns=self.columns,
             scores_tokens=self.scores_tokens,
         )
-        self.update_ = Update(view, run.optimizer, run.generator, ptx_tokens=self.ptx_tokens)
+        self.updates = Update(view, run.optimizer, run.generator, ptx_tokens=self.ptx_tokens)
 
     # ----- one step ---------------------------------------------------------------------
     def rollout(self, prompt_rows) -> RolloutBatch:
@@ -203,12 +203,12 @@ class PolicyLoop:
         """
         sharded = distributed.is_sharded(self.view.model)
         with torch.no_grad() if sharded else torch.inference_mode():
-            batch = self.rollout_(prompt_rows, beta=self.kl.beta_, step=self.n_iter + 1)
+            batch = self.rollouts(prompt_rows, beta=self.kl.beta_, step=self.n_iter + 1)
         return batch.clone()
 
     def update(self, batch: RolloutBatch) -> dict:
         """The gradient passes of one step on ``batch`` (with advantages); their statistics."""
-        return self.update_(batch, step=self.n_iter + 1).stats
+        return self.updates(batch, step=self.n_iter + 1).stats
 
     def set_learning_rate(self) -> None:
         """The schedule's learning rate for the next step."""
@@ -238,12 +238,12 @@ class PolicyLoop:
             batch.advantages, batch.returns = advantages
         else:
             batch.advantages = advantages
-        update = self.update_(batch, step=self.n_iter + 1)
+        update = self.updates(batch, step=self.n_iter + 1)
         stats = dict(update.stats)
         view.after_update(batch)
         if self.online is not None:
-            online_stats, self.rollout_.reward = self.online.after_step(
-                self, batch, self.n_iter + 1, self.rollout_.reward
+            online_stats, self.rollouts.reward = self.online.after_step(
+                self, batch, self.n_iter + 1, self.rollouts.reward
             )
             stats.update(online_stats)
         mean_kl = float(distributed.mean(batch.kl.sum(1), across_ranks=True))
@@ -285,7 +285,7 @@ class PolicyLoop:
                 "gradient_steps": budget["budget/gradient_steps"],
                 "seconds": budget["time/elapsed"],
             },
-            reward=self.rollout_.reward,
+            reward=self.rollouts.reward,
             batch=batch,
         )
 
@@ -388,13 +388,13 @@ class PolicyLoop:
             with view.reference() as reference:
                 if reference is not view.model:
                     distributed.prepare(reference, view.device)
-        self.update_.model, self.update_.value_model = (
+        self.updates.model, self.updates.value_model = (
             distributed.wrapper(view.model), distributed.wrapper(view.value_model)
         )  # fmt: skip
         if [id(p) for p in trainable_parameters(trained)] != before:  # fully_shard's new ones
             old = self.run.optimizer
             self.run.optimizer = make_optimizer(trained, _kind(old), view.learning_rate)
-            self.update_.optimizer = self.run.optimizer
+            self.updates.optimizer = self.run.optimizer
             if old.state:  # a resumed run's moments, loaded whole into every rank: shard them
                 distributed.load_full_optimizer_state(trained, self.run.optimizer, old.state_dict())
 

@@ -160,7 +160,7 @@ def _pairs(loop, batch) -> tuple[list, list, list]:
         rows = rows[heads]
     else:
         with torch.inference_mode():
-            again = loop.rollout_.sampler.sample(
+            again = loop.rollouts.sampler.sample(
                 view.model,
                 batch.prompts,
                 max_new_tokens=view.max_new_tokens,
