@@ -51,8 +51,9 @@ class AdaptiveLR(BaseEstimator):
     Parameters
     ----------
     learning_rate : float, default=None
-        The starting rate; ``None`` takes the one passed to :meth:`start` (a
-        policy passes its own default rate).
+        The starting rate; ``None`` takes the one passed to :meth:`start`,
+        clipped into ``[min_lr, max_lr]`` (a policy passes the rate its own
+        ``learning_rate=None`` would mean).
     target : float, default=0.01
         The KL per token an update should make, in nats (rsl_rl's common
         ``desired_kl``).
@@ -83,8 +84,14 @@ class AdaptiveLR(BaseEstimator):
     1e-5 and 1e-2, and a rate raised only when the measured KL is above 0).
     Schulman et al. (2017, section 4, "Adaptive KL Penalty Coefficient") adapt PPO's
     KL penalty ``beta`` by the same band and a factor of 2: halve it when the KL is
-    below ``target / 1.5``, double it when above ``target * 1.5``. A fixed
-    ``learning_rate`` (a number) on a policy is never adapted.
+    below ``target / 1.5``, double it when above ``target * 1.5``.
+
+    A policy takes it as ``learning_rate=AdaptiveLR(...)`` (a number there stays a
+    fixed rate): its fit sets each step's rate from ``learning_rate_``, measures the
+    update's change with one forward pass without gradients on the step's own
+    tokens, and logs ``optim/learning_rate`` and ``optim/policy_kl`` in ``history_``;
+    its copy, ``lr_controller_``, is checkpointed, so a resumed run continues the
+    adapted rate exactly.
 
     References
     ----------
@@ -148,20 +155,24 @@ class AdaptiveLR(BaseEstimator):
         Parameters
         ----------
         learning_rate : float, default=None
-            Used when the controller's own ``learning_rate`` is None (a policy
-            passes its default rate here).
+            Used when the controller's own ``learning_rate`` is None, clipped into
+            ``[min_lr, max_lr]`` (a policy passes the rate its own
+            ``learning_rate=None`` would mean). The controller's own rate is not
+            clipped: outside the bounds it is refused.
 
         Returns
         -------
         self : object
         """
         self._check_params()
-        rate = self.learning_rate if self.learning_rate is not None else learning_rate
+        rate = self.learning_rate
         if rate is None:
-            raise ValueError(
-                "AdaptiveLR needs a starting rate: set learning_rate=... on the controller."
-            )
-        _positive_finite("the starting learning rate", rate)
+            if learning_rate is None:
+                raise ValueError(
+                    "AdaptiveLR needs a starting rate: set learning_rate=... on the controller."
+                )
+            _positive_finite("the starting learning rate", learning_rate)
+            rate = min(max(learning_rate, self.min_lr), self.max_lr)
         if not self.min_lr <= rate <= self.max_lr:
             raise ValueError(
                 f"AdaptiveLR: the starting learning rate {rate!r} is outside [min_lr, max_lr] = "

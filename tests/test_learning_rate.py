@@ -9,6 +9,7 @@ from sklearn.base import clone
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
 from prefopt import AdaptiveLR
+from prefopt.lm._identity import run_folder
 
 
 def test_a_hand_computed_sequence():
@@ -60,6 +61,13 @@ def test_start_takes_the_policys_rate_when_its_own_is_none():
     lr = AdaptiveLR(target=0.02).start(3e-4)
     assert lr.learning_rate_ == 3e-4 and lr.n_updates_ == 0
     assert AdaptiveLR(learning_rate=1e-3).start(3e-4).learning_rate_ == 1e-3  # its own wins
+    # a passed rate is clipped into the bounds (an exact world's log-linear policies use 0.1)
+    assert AdaptiveLR().start(0.1).learning_rate_ == 1e-2
+    assert AdaptiveLR(min_lr=1e-5).start(3e-6).learning_rate_ == 1e-5
+    with pytest.raises(ValueError, match="finite number > 0"):
+        AdaptiveLR().start(-1.0)
+    with pytest.raises(ValueError, match="swap them"):  # checked before any clipping
+        AdaptiveLR(min_lr=1e-2, max_lr=1e-6).start(1e-3)
     with pytest.raises(ValueError, match="needs a starting rate"):
         AdaptiveLR().fit()
 
@@ -140,3 +148,123 @@ def test_it_is_a_nested_estimator_with_searchable_parameters():
 @parametrize_with_checks([AdaptiveLR(learning_rate=1e-3)], legacy=False)
 def test_scikit_learns_estimator_checks(estimator, check):
     check(estimator)
+
+
+# ----- in a policy's fit ------------------------------------------------------------------
+PROMPTS = ["the movie was", "the plot was", "the movie", "the plot"]
+
+
+def says_good(prompts, completions):
+    return np.array([float("good" in c.split()) for c in completions])
+
+
+def lm_policy(cls=None, **kw):
+    from _tiny import tiny_lm
+
+    from prefopt import RLOOPolicy
+
+    params = dict(
+        model=tiny_lm(),
+        k=4,
+        batch_size=16,
+        n_steps=6,
+        max_new_tokens=6,
+        missing_eos_reward=None,
+        learning_rate=AdaptiveLR(learning_rate=1e-3, target=0.01),
+        random_state=0,
+        on_unhealthy="ignore",
+    )
+    params.update(kw)
+    return (cls or RLOOPolicy)(**params)
+
+
+def column(policy, key):
+    return [row[key] for row in policy.history_]
+
+
+def test_the_fit_sets_each_steps_rate_from_the_last_updates_measured_change():
+    policy = lm_policy().fit(PROMPTS, says_good)
+    rates, kls = column(policy, "optim/learning_rate"), column(policy, "optim/policy_kl")
+    # the rate each step used is the controller's answer to the change the step before made
+    replay = AdaptiveLR(learning_rate=1e-3, target=0.01).fit().sample(kls)
+    assert rates == [1e-3, *replay[:-1].tolist()]
+    assert column(policy, "charts/learning_rate") == rates  # what the optimiser used
+    assert len(set(rates)) > 1 and min(kls) > 0  # it measured changes and moved the rate
+    assert policy.lr_controller_.state_dict() == {
+        "learning_rate_": replay[-1],
+        "n_updates_": 6,
+    }
+    assert policy.learning_rate_ == 1e-3  # the starting rate
+    assert not hasattr(policy.learning_rate, "learning_rate_")  # the parameter is untouched
+
+
+def test_no_measured_change_leaves_the_fits_rate_alone():
+    # GRPO on an all-zero reward: every advantage is 0, nothing moves, and the sampling
+    # pass and the full pass agree to float rounding: no change, so no raise
+    from prefopt import GRPOPolicy
+
+    zero = lm_policy(GRPOPolicy, n_steps=3).fit(PROMPTS, lambda p, c: np.zeros(len(c)))
+    assert column(zero, "optim/policy_kl") == [0.0] * 3
+    assert column(zero, "optim/learning_rate") == [1e-3] * 3
+
+
+def test_a_number_is_a_fixed_rate():
+    policy = lm_policy(learning_rate=1e-3, lr_schedule="constant", n_steps=3)
+    policy.fit(PROMPTS, says_good)
+    assert policy.lr_controller_ is None
+    assert column(policy, "charts/learning_rate") == [1e-3] * 3
+    assert not any(key.startswith("optim/") for row in policy.history_ for key in row)
+
+
+def test_without_a_starting_rate_it_starts_at_the_policys_default():
+    # the tests' tiny GPT-2 is a tiny model: RLOO's tiny-model rate, inside the bounds
+    from prefopt import RLOOPolicy
+
+    policy = lm_policy(learning_rate=AdaptiveLR(target=0.01), n_steps=1).fit(PROMPTS, says_good)
+    assert policy.learning_rate_ == RLOOPolicy.tiny_model_learning_rate
+    assert column(policy, "optim/learning_rate") == [RLOOPolicy.tiny_model_learning_rate]
+
+
+def test_a_resumed_run_continues_the_adapted_rate_exactly(tmp_path):
+    whole = lm_policy().fit(PROMPTS, says_good)
+    lm_policy(n_steps=3, checkpoint_dir=tmp_path).fit(PROMPTS, says_good)
+    resumed = lm_policy(checkpoint_dir=tmp_path).fit(PROMPTS, says_good)  # steps 4-6
+    for key in ("optim/learning_rate", "optim/policy_kl", "objective/reward"):
+        assert column(resumed, key) == column(whole, key)
+    assert resumed.lr_controller_.state_dict() == whole.lr_controller_.state_dict()
+
+
+def test_the_controller_is_a_searchable_parameter_and_defines_the_run(tmp_path):
+    policy = lm_policy()
+    assert policy.get_params()["learning_rate__target"] == 0.01
+    other = clone(policy).set_params(learning_rate__target=0.02)
+    assert other.learning_rate.target == 0.02 and policy.learning_rate.target == 0.01
+    # a clone writes to a sub-folder named by everything that defines its run
+    folders = {
+        run_folder(p.set_params(checkpoint_dir=tmp_path), "data") for p in (clone(policy), other)
+    }
+    assert len(folders) == 2
+    # a checkpoint of one target is not resumed with another
+    lm_policy(n_steps=2, checkpoint_dir=tmp_path).fit(PROMPTS, says_good)
+    again = lm_policy(learning_rate=AdaptiveLR(learning_rate=1e-3, target=0.02))
+    with pytest.raises(ValueError, match="learning_rate"):
+        again.set_params(checkpoint_dir=tmp_path).fit(PROMPTS, says_good)
+
+
+@pytest.mark.parametrize(
+    "rate, match",
+    [
+        (-1e-3, "learning_rate"),
+        (math.inf, "learning_rate"),
+        (math.nan, "learning_rate"),
+        (AdaptiveLR(target=0.0), "target must be a finite number > 0"),
+        (AdaptiveLR(learning_rate=-1e-3), "learning_rate must be a finite number > 0"),
+        (AdaptiveLR(min_lr=1e-2, max_lr=1e-6), "swap them"),
+        (AdaptiveLR(learning_rate=0.5), r"outside \[min_lr, max_lr\]"),
+    ],
+)
+def test_bad_rates_are_refused_before_training(rate, match):
+    policy = lm_policy(learning_rate=rate, n_steps=1)
+    with pytest.raises(ValueError, match=match):
+        policy.fit(PROMPTS, says_good)
+    assert not hasattr(policy, "n_iter_")  # nothing ran

@@ -19,10 +19,12 @@ import re
 
 from ..validation import validate_params
 
-# prefopt's estimators and controllers, by their public names (``prefopt.<Name>``).
+# prefopt's estimators and controllers (KL and learning rate), by their public names
+# (``prefopt.<Name>``).
 ESTIMATORS = frozenset(
     {
         "AdaptiveKLController",
+        "AdaptiveLR",
         "DPOPolicy",
         "FixedKLController",
         "GRPOPolicy",

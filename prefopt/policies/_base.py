@@ -24,6 +24,7 @@ from ..backend import default_learning_rate, distributed, make_generator, maybe_
 from ..backend.memory import checkpointable, enable_gradient_checkpointing
 from ..data import PreferenceData, check_prompt_table
 from ..kl import FixedKLController
+from ..learning_rate import AdaptiveLR
 from ..lm import GenerativeEstimator, RunState
 from ..lm import checkpoint as ckpt
 from ..lm._run import one_fit_at_a_time
@@ -353,16 +354,28 @@ class BasePolicy(Algorithm, GenerativeEstimator):
                     enable_gradient_checkpointing(module, f"{type(self).__name__}'s {name}")
         self.kl_ = clone(self.kl) if self.kl is not None else FixedKLController()
         self.beta_ = checked_beta(self.kl_, self.kl_.start(self.beta).beta_, "at the start")
-        self.learning_rate_ = (
-            float(self.learning_rate)
-            if self.learning_rate is not None
-            else default_learning_rate(self.model_, large=3e-6, tiny=self.tiny_model_learning_rate)
-        )
+        self.learning_rate_, self.lr_controller_ = self._start_learning_rate()
         self.history_ = []
         self.n_iter_ = 0
         self.n_episodes_ = 0
         self.budget_ = {"episodes": 0, "tokens": 0, "gradient_steps": 0, "seconds": 0.0}
         return start_key
+
+    def _start_learning_rate(self) -> tuple[float, AdaptiveLR | None]:
+        """The starting rate, and the fit's own copy of an adaptive rate's controller."""
+        rate = self.learning_rate
+        if not isinstance(rate, AdaptiveLR):
+            if rate is not None:
+                return float(rate), None
+            return default_learning_rate(
+                self.model_, large=3e-6, tiny=self.tiny_model_learning_rate
+            ), None
+        # The fit's own copy; with no starting rate of its own it starts at the rate None
+        # means here (clipped into its bounds).
+        controller = clone(rate).start(
+            default_learning_rate(self.model_, large=3e-6, tiny=self.tiny_model_learning_rate)
+        )
+        return controller.learning_rate_, controller
 
     def __getstate__(self):
         state = super().__getstate__()

@@ -24,6 +24,11 @@ COMMON_ATTRIBUTES = """model_ : torch.nn.Module
         The fitted controller.
     beta_ : float
         The current KL coefficient (after the last step's controller update).
+    learning_rate_ : float
+        The starting learning rate (``learning_rate`` resolved).
+    lr_controller_ : AdaptiveLR or None
+        The fit's copy of an adaptive ``learning_rate``; its ``learning_rate_``
+        is the next step's rate. ``None`` for a fixed rate.
     temperature_, max_new_tokens_ : float, int
         Resolved sampling settings.
     stop_token_ids_ : list of int

@@ -29,11 +29,13 @@ health actions stay flat parameters rather than a nested object or
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from numbers import Integral, Real
 
 from ..kl import KLController
+from ..learning_rate import AdaptiveLR
 from ..validation import Interval, StrOptions
 
 
@@ -101,12 +103,19 @@ COMMON_PARAMETERS: dict[str, Parameter] = {
     ),
     "learning_rate": Parameter(
         None,
-        [Interval(Real, 0, None, closed="neither"), None],
-        "float",
-        """``None`` means {tiny_learning_rate} for models under 10M parameters (tiny
-        models built from a config: the class's ``tiny_model_learning_rate``,
-        chosen by ``benchmarks/lr_sweep.py``), 0.1 for the exact worlds'
-        log-linear policies and 3e-6 otherwise (Huang et al.'s PPO value).""",
+        # math.inf as the open right bound: an infinite rate is refused like a negative one
+        [Interval(Real, 0, math.inf, closed="neither"), AdaptiveLR, None],
+        "float or AdaptiveLR",
+        """A number is a fixed rate (``lr_schedule`` applies). ``None`` means
+        {tiny_learning_rate} for models under 10M parameters (tiny models built
+        from a config: the class's ``tiny_model_learning_rate``, chosen by
+        ``benchmarks/lr_sweep.py``), 0.1 for the exact worlds' log-linear
+        policies and 3e-6 otherwise (Huang et al.'s PPO value). An
+        :class:`~prefopt.AdaptiveLR` sets the rate after every update from the
+        update's measured policy change (``optim/policy_kl``, one extra forward
+        pass without gradients a step), starting at its own ``learning_rate``
+        or, if that is ``None``, at the rate ``None`` means here, clipped into
+        its bounds; ``lr_schedule`` then does not apply.""",
     ),
     "optimizer": Parameter(
         "adam",
@@ -118,7 +127,8 @@ COMMON_PARAMETERS: dict[str, Parameter] = {
         "linear",
         [StrOptions({"constant", "linear"})],
         '{"linear", "constant"}',
-        """"linear" anneals the learning rate to 0 over the run, as the original code.""",
+        """"linear" anneals a fixed learning rate to 0 over the run, as the original
+        code.""",
     ),
     "max_grad_norm": Parameter(
         None,

@@ -247,6 +247,7 @@ class Algorithm:
             n_steps=self.n_steps,
             learning_rate=self.learning_rate_,
             lr_schedule=self.lr_schedule,
+            lr_controller=self.lr_controller_,
             max_grad_norm=self.max_grad_norm,
             entropy_coef=float(self.entropy_coef),
             ptx_coef=float(self.ptx_coef),

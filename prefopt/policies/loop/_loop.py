@@ -29,7 +29,7 @@ from ...tracking import open_run
 from ._batch import RolloutBatch
 from ._health import check_health, health_statistics, policy_monitor
 from ._rollout import Rollout
-from ._update import Update
+from ._update import Update, policy_change
 
 # Completions shown per text sample: enough to read what the policy does, not the batch.
 _SAMPLES = 8
@@ -211,14 +211,31 @@ class PolicyLoop:
         return self.updates(batch, step=self.n_iter + 1).stats
 
     def set_learning_rate(self) -> None:
-        """The schedule's learning rate for the next step."""
+        """The learning rate of the next step: the adaptive rate's, or the schedule's."""
         view = self.view
-        if view.lr_schedule == "linear":  # annealed linearly to 0, as the original code
-            frac = 1.0 - (self.n_iter - self.run.start_step) / view.n_steps
+        if view.lr_controller is not None:  # adapted after every update; no schedule
+            rate = view.lr_controller.learning_rate_
+        elif view.lr_schedule == "linear":  # annealed linearly to 0, as the original code
+            rate = (1.0 - (self.n_iter - self.run.start_step) / view.n_steps) * view.learning_rate
         else:
-            frac = 1.0
+            rate = view.learning_rate
         for group in self.run.optimizer.param_groups:
-            group["lr"] = frac * view.learning_rate
+            group["lr"] = rate
+
+    def adapt_learning_rate(self, batch: RolloutBatch) -> dict:
+        """After an update: measure the policy's change and adapt the rate ({} when fixed).
+
+        ``optim/learning_rate`` is the rate this step's update used and
+        ``optim/policy_kl`` the change it made (:func:`policy_change`, one forward
+        pass without gradients); the controller's new rate is the next step's.
+        """
+        controller = self.view.lr_controller
+        if controller is None:
+            return {}
+        change = policy_change(self.view, batch)
+        used = self.run.optimizer.param_groups[0]["lr"]
+        controller.update(change)
+        return {"optim/learning_rate": used, "optim/policy_kl": change}
 
     def step(self, tracked=None) -> StepResult:
         """One step: rollout, advantages, update, beta; returns its :class:`StepResult`.
@@ -240,6 +257,7 @@ class PolicyLoop:
             batch.advantages = advantages
         update = self.updates(batch, step=self.n_iter + 1)
         stats = dict(update.stats)
+        stats.update(self.adapt_learning_rate(batch))
         view.after_update(batch)
         if self.online is not None:
             online_stats, self.rollouts.reward = self.online.after_step(

@@ -15,9 +15,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ...backend import gradient_step, response_logprobs, sequence_values, vllm_engine
+from ...backend import distributed, gradient_step, response_logprobs, sequence_values, vllm_engine
 from ...backend._shared_prompts import is_transformers_model
 from ...backend.memory import training_passes
+from ...kl import kl_estimate
 from ._batch import Minibatch, RolloutBatch, masked_mean, minibatch_order
 from ._rollout import _now
 
@@ -153,6 +154,49 @@ class Update:
             self.model, contexts, ids, mask, temperature=1.0, suppress_ids=view.suppress_ids
         )
         return -masked_mean(logprobs, mask, across_ranks=True)
+
+
+# The smallest KL a token policy_change reports (nats): far above float32 rounding, far
+# below any useful target (AdaptiveLR's default is 0.01).
+NO_CHANGE = 1e-9
+
+
+def policy_change(view, batch: RolloutBatch) -> float:
+    """The update's measured policy change: mean KL(pi_before || pi_after) per response token.
+
+    One forward pass without gradients over the step's own responses (in chunks
+    of the update's minibatch size) gives the updated policy's log-probs; the
+    policy before the update gave ``batch.old_logprobs``, on the same tokens at
+    the same (sampling) temperature. The tokens were sampled from the policy
+    before, so Schulman (2020)'s k3 estimator, ``(r - 1) - log r`` with ``r =
+    pi_after / pi_before``, is unbiased and never negative; its mean over the
+    response tokens, over every rank, is what :class:`~prefopt.AdaptiveLR` reads
+    (the KL between the policies before and after an update that rsl_rl's and
+    rl_games' adaptive schedules read). A change of ``NO_CHANGE`` (1e-9) or less is 0.
+    """
+    chunk = max(1, len(batch) // view.n_minibatches)
+    with torch.no_grad():
+        after = torch.cat(
+            [
+                response_logprobs(
+                    view.model,
+                    batch.prompts[i : i + chunk],
+                    batch.response_ids[i : i + chunk],
+                    batch.response_mask[i : i + chunk],
+                    temperature=view.temperature,
+                    suppress_ids=view.suppress_ids,
+                    prompt_index=batch.prompt_index[i : i + chunk],
+                )
+                for i in range(0, len(batch), chunk)
+            ]
+        )
+    mask = batch.response_mask
+    kl = kl_estimate(batch.old_logprobs, after.float(), "k3") * mask
+    change = float(distributed.mean(kl.sum() / mask.sum().clamp(min=1)))
+    # The sampling pass and a full pass of an unchanged policy differ by float32 rounding
+    # (a KL of about 1e-14 a token, measured when every advantage is 0): no change, which
+    # must not read as a small one (AdaptiveLR would raise the rate for it).
+    return change if change > NO_CHANGE else 0.0
 
 
 class _ScaleGradient(torch.autograd.Function):

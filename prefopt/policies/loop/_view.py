@@ -61,6 +61,7 @@ class StepView:
     n_steps: int
     learning_rate: float
     lr_schedule: str
+    lr_controller: object | None  # the fit's AdaptiveLR (its state moves), or None: fixed
     max_grad_norm: float | None
     entropy_coef: float
     ptx_coef: float
