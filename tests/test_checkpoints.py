@@ -264,3 +264,24 @@ def test_one_estimator_fitted_in_two_threads_refuses_the_second():
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "already being fitted" in result.stdout
+
+
+@pytest.mark.parametrize("every", [10, 3])
+def test_an_early_stop_writes_a_final_checkpoint(rm, tmp_path, every):
+    # A callback stops the fit at step 2; checkpoint_every is larger than the steps run (the
+    # issue's case), or (ours) due only at step 3: the stop's step is written either way.
+    folder = str(tmp_path / "run")
+
+    def stop_at_2(estimator, row):
+        return estimator.n_iter_ == 2
+
+    stopped = policy(n_steps=5, checkpoint_dir=folder, checkpoint_every=every)
+    stopped.fit(WORLD.prompts, rm, callback=stop_at_2)
+    assert stopped.n_iter_ == 2
+    with open(os.path.join(folder, "state.json")) as f:
+        assert json.load(f)["fitted"]["n_iter_"] == 2
+    # The resumed run continues from the stop, to the uninterrupted run's weights.
+    again = policy(n_steps=5, checkpoint_dir=folder, checkpoint_every=every).fit(WORLD.prompts, rm)
+    whole = policy(n_steps=5).fit(WORLD.prompts, rm)
+    assert again.n_iter_ == 5 and len(again.history_) == 5
+    assert torch.equal(again.model_.theta.detach(), whole.model_.theta.detach())

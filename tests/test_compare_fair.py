@@ -373,3 +373,25 @@ def test_compare_reads_the_health_of_real_fits(rm):
     n_bad = {name: sum(ok is False for ok, e in zip(expected, fitted) if e in out.estimators[name])
              for name in algorithms}  # fmt: skip
     assert out.summary.set_index("algorithm")["n_unhealthy"].to_dict() == n_bad
+
+
+class Fails(Stub):
+    """Fails to fit at ``level=0`` (a setting of the tuning grid that breaks)."""
+
+    def fit(self, X, y=None):
+        if self.level == 0:
+            raise RuntimeError("level 0 breaks")
+        return super().fit(X, y)
+
+
+def test_a_failed_tuning_fit_tells_what_compare_users_can_do():
+    # compare takes no error_score: its warning must not suggest one (it did).
+    with pytest.warns(UserWarning, match=r"level 0 breaks") as caught:
+        compare({"A": Fails()}, PROMPTS, reward_model=None, seeds=[2, 3], tuning_seeds=[0, 1],
+                tune={"A": {"level": [0.0, 1.0]}})  # fmt: skip
+    texts = [str(w.message) for w in caught if "level 0 breaks" in str(w.message)]
+    assert texts and all("error_score='raise'" not in t for t in texts)
+    assert all("fit estimators['A'] with these parameters alone" in t for t in texts)
+    # SeedSearchCV itself takes error_score, and says so.
+    with pytest.warns(UserWarning, match=r"Set error_score='raise' to stop at the error"):
+        SeedSearchCV(Fails(), {"level": [0.0, 1.0]}, seeds=[0], refit=False).fit(PROMPTS)

@@ -111,3 +111,50 @@ def test_a_killed_torchrun_run_resumes_to_the_uninterrupted_result(tmp_path):
     assert whole.keys() == resumed.keys()
     for name, value in whole.items():
         torch.testing.assert_close(resumed[name], value, rtol=0, atol=0)
+
+
+_GOOD = {"WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29511"}
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"WORLD_SIZE": "abc"}, r"WORLD_SIZE='abc' must be an integer >= 1"),
+        ({"RANK": "2"}, r"RANK=2 is not below WORLD_SIZE=2: ranks count 0 to 1"),
+        ({"MASTER_ADDR": None}, r"WORLD_SIZE=2 asks for a process group .* MASTER_ADDR is not"),
+        ({"RANK": None, "MASTER_ADDR": None}, r"RANK and MASTER_ADDR are not set"),
+        # Ours: a negative rank, a port out of range, a LOCAL_RANK that is no number, a
+        # world of 0, and a join timeout that is no positive number.
+        ({"RANK": "-1"}, r"RANK='-1' must be an integer >= 0"),
+        ({"MASTER_PORT": "99999"}, r"MASTER_PORT='99999' must be an integer >= 1 and <= 65535"),
+        ({"LOCAL_RANK": "x"}, r"LOCAL_RANK='x' must be an integer >= 0"),
+        ({"WORLD_SIZE": "0"}, r"WORLD_SIZE='0' must be an integer >= 1"),
+        ({"PREFOPT_DIST_JOIN_TIMEOUT": "-5"}, r"PREFOPT_DIST_JOIN_TIMEOUT='-5' must be"),
+        ({"PREFOPT_DIST_JOIN_TIMEOUT": "inf"}, r"PREFOPT_DIST_JOIN_TIMEOUT='inf' must be"),
+    ],
+)
+def test_launcher_variables_are_checked_in_one_place_before_any_wait(monkeypatch, changes, message):
+    from prefopt import RLOOPolicy
+    from prefopt.worlds import PreferenceWorld
+
+    monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
+    for name, value in {**_GOOD, **changes}.items():
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    world = PreferenceWorld(random_state=0)
+    calls = []
+
+    def reward(prompts, completions):
+        calls.append(1)
+        return world.true_quality(prompts, completions)
+
+    # Nobody listens on the port: a check that came after the rendezvous would wait there.
+    with pytest.raises((ValueError, RuntimeError), match=message):
+        RLOOPolicy(model=world.policy_model(), n_steps=1, batch_size=8).fit(world.prompts, reward)
+    assert not calls and not torch.distributed.is_initialized()
+    # Under distributed="none" the variables are not read at all.
+    with prefopt.config_context(distributed="none"):
+        RLOOPolicy(model=world.policy_model(), n_steps=1, batch_size=8).fit(world.prompts, reward)
+    assert calls

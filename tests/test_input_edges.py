@@ -175,3 +175,56 @@ def test_policy_score_without_a_reward_says_to_pass_one(pref):
     with pytest.raises(ValueError, match=r"no reward to score with .* score\(X, y=reward\)"):
         loaded.score(world.prompts)
     assert np.isfinite(loaded.score(world.prompts, y=world.true_quality))
+
+
+@pytest.mark.parametrize("kind", ["dpo", "sft"])
+def test_supervised_fits_do_not_ask_for_max_new_tokens_they_never_use(kind):
+    # A context of 16 tokens, under the default of 53 new tokens: DPO (and, ours, SFT) never
+    # sample in fit, so they fit; sample() then names max_new_tokens, as it must.
+    from prefopt import DPOPolicy
+
+    model = tiny_lm(n_positions=16)
+    if kind == "dpo":
+        est = DPOPolicy(model=model, batch_size=4, n_epochs=1, random_state=0)
+        est.fit([("the movie was", "good .", "bad .")] * 4)
+    else:
+        est = SFTPolicy(model=model, batch_size=4, n_epochs=1, random_state=0).fit(DEMOS)
+    if kind == "dpo":
+        with pytest.raises(ValueError, match=r"max_new_tokens=None \(resolved to 53\) does not"):
+            est.sample(["the movie"])
+    with pytest.raises(ValueError, match="max_new_tokens=40 does not fit the model's context"):
+        est.set_params(max_new_tokens=40).fit(
+            DEMOS if kind == "sft" else [("the movie was", "good .", "bad .")] * 4
+        )
+
+
+@pytest.mark.parametrize("name", ["PPOPolicy", "GRPOPolicy", "ReinforcePlusPlusPolicy"])
+@pytest.mark.parametrize("clip_coef", [1.5, 1.0])  # ours: 1.0, the ratio's lower bound at 0
+def test_clip_coef_at_or_above_one_is_refused(name, clip_coef):
+    import prefopt
+
+    world = PreferenceWorld(random_state=0)
+    est = getattr(prefopt, name)(model=world.policy_model(), clip_coef=clip_coef, n_steps=1)
+    with pytest.raises(ValueError, match=r"'clip_coef' parameter .* range \(0.0, 1.0\)"):
+        est.fit(world.prompts, world.true_quality)
+
+
+def test_overlong_cache_beyond_max_new_tokens_is_refused_before_training():
+    from prefopt import GRPOPolicy
+
+    world = TinyLMWorld(random_state=0)
+    calls = []
+
+    def reward(prompts, completions):
+        calls.append(1)
+        return world.reward(prompts, completions)
+
+    est = GRPOPolicy(model=world.policy_model(), max_new_tokens=4, overlong_cache=5, n_steps=1)
+    with pytest.raises(ValueError, match=r"overlong_cache=5 is larger than max_new_tokens=4"):
+        est.fit(world.prompts, reward)
+    assert not calls
+    # Ours: max_new_tokens from the default, not given: the message says where it came from.
+    est.set_params(max_new_tokens=None, overlong_cache=10_000)
+    with pytest.raises(ValueError, match=r"max_new_tokens=\d+ \(from (default|generation_config)"):
+        est.fit(world.prompts, reward)
+    assert not calls

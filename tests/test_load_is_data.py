@@ -440,3 +440,27 @@ def test_a_checkpoints_tensors_from_another_run_are_refused(tmp_path):
     shutil.copy(tmp_path / "b" / name, tmp_path / "a" / name)
     with pytest.raises(ValueError, match="not the tensors file state.json was written with"):
         policy("a", 0).fit(WORLD.prompts, WORLD.true_quality)
+
+
+@pytest.mark.parametrize("depth", [300, 100_000])
+def test_a_deeply_nested_file_is_refused_clearly(tmp_path, depth):
+    # 100,000 levels broke json itself (a RecursionError); ours: 300, which json reads but a
+    # rebuild walking it would not. The same for a checkpoint's state.json (ours).
+    folder = _linear_rm(0).save(tmp_path / "rm")
+    path = os.path.join(folder, "estimator.json")
+    state = json.load(open(path))
+    nested = "[" * depth + "]" * depth
+    text = json.dumps(state).replace('"params": {', '"params": {"deep": ' + nested + ", ", 1)
+    with open(path, "w") as f:
+        f.write(text)
+    with pytest.raises(ValueError, match=r"estimator\.json' is nested more than 256 levels"):
+        prefopt.load(folder, featurizer_=WORLD.features)
+    run = str(tmp_path / "run")
+    fit = dict(model=WORLD.policy_model(), n_steps=1, batch_size=8, checkpoint_dir=run)
+    RLOOPolicy(**fit).fit(WORLD.prompts, WORLD.true_quality)
+    state_path = os.path.join(run, "state.json")
+    text = open(state_path).read().replace('"run": {', '"run": {"deep": ' + nested + ", ", 1)
+    with open(state_path, "w") as f:
+        f.write(text)
+    with pytest.raises(ValueError, match=r"Cannot read the checkpoint .*nested more than 256"):
+        RLOOPolicy(**fit).fit(WORLD.prompts, WORLD.true_quality)

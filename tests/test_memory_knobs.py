@@ -433,3 +433,22 @@ def test_reward_model_and_dpo_micro_batches_step_as_the_whole_minibatch():
     assert dpos[3].history_[0]["loss/dpo"] == pytest.approx(
         dpos[None].history_[0]["loss/dpo"], abs=1e-6
     )
+
+
+def test_checkpointing_beside_a_module_with_nothing_to_recompute_is_said():
+    # The policy checkpoints; a hand-written value model (the tiny world's table) cannot:
+    # a warning says so, where it was skipped silently.
+    from prefopt.worlds import TinyLMWorld
+
+    world = TinyLMWorld(random_state=0)
+    ppo = prefopt.PPOPolicy(
+        model=world.policy_model(),
+        value_model=world.value_model(),
+        gradient_checkpointing=True,
+        n_steps=1,
+        batch_size=4,
+        random_state=0,
+    )
+    with pytest.warns(UserWarning, match=r"PPOPolicy's value_model_ is a PrefixValueTable"):
+        ppo.fit(world.prompts, world.reward)
+    assert checkpoints_activations(ppo.model_)

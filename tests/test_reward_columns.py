@@ -240,3 +240,23 @@ def test_seed_search_splits_keep_each_rows_answer(world, as_rows):
     assert len(calls) >= 5
     for prompts, answers in calls:
         assert answers == [truth[p] for p in prompts]
+
+
+def test_score_takes_a_list_of_rewards_as_fit_does(world):
+    def length(prompts, completions):
+        return [float(len(c)) for c in completions]
+
+    def half(prompts, completions):
+        return [0.5] * len(completions)
+
+    policy = small(world, cls=RLOOPolicy).fit(world.prompts, world.true_quality)
+    listed = policy.score(world.prompts, [length, half])
+    policy_again = small(world, cls=RLOOPolicy).fit(world.prompts, world.true_quality)
+    weighted = policy_again.score(world.prompts, WeightedRewards([length, half]))
+    assert listed == weighted  # the same seed samples the same completions
+    # Ours: a tuple; the policy's reward_weights weigh the list, a count that differs fails.
+    tupled = small(world, cls=RLOOPolicy).fit(world.prompts, world.true_quality)
+    assert tupled.score(world.prompts, (length, half)) == listed
+    tupled.set_params(reward_weights=[1.0, 1.0])
+    with pytest.raises(ValueError, match="reward_weights has 2 weights for 3 rewards"):
+        tupled.score(world.prompts, [length, half, half])

@@ -119,6 +119,14 @@ def test_vllm_in_a_fit_of_several_ranks_refuses_fsdp_and_a_split_engine(monkeypa
     with prefopt.config_context(generation="vllm"):
         with pytest.raises(ValueError, match=r"\{'tensor_parallel_size': 2\}.*same prompts"):
             sample_with_engine()
+    # In one process too (it reached an assertion inside vLLM); ours: pipeline parallel.
+    monkeypatch.setattr(distributed, "world_size", lambda: 1)
+    monkeypatch.setattr(distributed, "rank", lambda: 0)
+    for name in ("tensor_parallel_size", "pipeline_parallel_size"):
+        monkeypatch.setattr(vllm_engine, "engine_options", {name: 2})
+        with prefopt.config_context(generation="vllm"):
+            with pytest.raises(ValueError, match=rf"\{{'{name}': 2\}} would split the vLLM"):
+                sample_with_engine()
 
 
 # ----- with vLLM ------------------------------------------------------------------------

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import time
 from datetime import timedelta
 
 import torch
@@ -41,9 +42,8 @@ def init_from_env() -> bool:
         return False
     if dist.is_initialized():
         return dist.get_world_size() > 1
-    if get_config()["distributed"] == "none" or int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        return False
-    if "MASTER_ADDR" not in os.environ or "RANK" not in os.environ:
+    env = launcher_env()  # every variable checked before anything waits on the others
+    if env is None:
         return False
     cuda = torch.cuda.is_available() and get_config()["device"] in ("auto", "cuda")
     if cuda:
@@ -52,7 +52,10 @@ def init_from_env() -> bool:
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":  # torchrun's agent
         dist.init_process_group(backend=backend)
     else:
-        dist.init_process_group(backend=backend, store=_meet_peers(), **_rank_and_size())
+        store = _meet_peers(env)
+        dist.init_process_group(
+            backend=backend, store=store, rank=env["rank"], world_size=env["world_size"]
+        )
     atexit.register(end_started_group)
     return dist.get_world_size() > 1
 
@@ -88,31 +91,123 @@ def end_started_group() -> bool:
     return True
 
 
-def _rank_and_size() -> dict:
-    return {"rank": int(os.environ["RANK"]), "world_size": int(os.environ["WORLD_SIZE"])}
-
-
-def _meet_peers():
-    """The rendezvous store of torch's ``env://`` init, with a bounded wait for the peers."""
-    seconds = float(os.environ.get("PREFOPT_DIST_JOIN_TIMEOUT", "120"))
-    where = f"{os.environ['MASTER_ADDR']}:{os.environ.get('MASTER_PORT', '29500')}"
-    size = _rank_and_size()
+def _integer(name: str, default, low: int, high: int | None = None):
+    text = os.environ.get(name)
+    if text is None:
+        return default
     try:
-        return dist.TCPStore(
-            os.environ["MASTER_ADDR"],
-            int(os.environ.get("MASTER_PORT", "29500")),
-            size["world_size"],
-            is_master=size["rank"] == 0,
-            timeout=timedelta(seconds=seconds),
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or value < low or (high is not None and value > high):
+        bound = f"an integer >= {low}" + ("" if high is None else f" and <= {high}")
+        raise ValueError(
+            f"The environment variable {name}={text!r} must be {bound}. torchrun sets it for "
+            "each rank it starts; a value left in the shell from an earlier launch is likely: "
+            "unset it for a single-process fit, or start every rank with torchrun."
         )
-    except (RuntimeError, OSError, dist.DistError) as err:
+    return value
+
+
+def launcher_env() -> dict | None:
+    """The launcher's variables, checked in one place before anything waits on them.
+
+    ``WORLD_SIZE``, ``RANK``, ``MASTER_ADDR``, ``MASTER_PORT``, ``LOCAL_RANK`` and
+    ``PREFOPT_DIST_JOIN_TIMEOUT`` (seconds the ranks have to meet, default 120).
+    Returns ``None`` when no process group is asked for (``WORLD_SIZE`` unset or 1,
+    or ``set_config(distributed="none")``); refuses at once a ``WORLD_SIZE`` above 1
+    without ``RANK`` or ``MASTER_ADDR`` (it would otherwise fit alone, as one of
+    ranks that never come), a ``RANK`` not below ``WORLD_SIZE``, and any value that
+    is not a number in its range.
+
+    Returns
+    -------
+    env : dict or None
+        ``world_size``, ``rank``, ``master_addr``, ``master_port``, ``timeout``.
+
+    Examples
+    --------
+    >>> launcher_env() is None  # no launcher here
+    True
+    """
+    if get_config()["distributed"] == "none":
+        return None
+    world = _integer("WORLD_SIZE", 1, low=1)
+    if world <= 1:
+        return None
+    missing = [name for name in ("RANK", "MASTER_ADDR") if not os.environ.get(name)]
+    if missing:
         raise RuntimeError(
-            f"WORLD_SIZE={size['world_size']} and RANK={size['rank']} ask for a process group "
-            f"at {where}, but its ranks did not meet within {seconds:g} s ({err}). Were these "
-            "variables left over from an earlier torchrun? Unset WORLD_SIZE and RANK for a "
-            "single-process fit, start every rank with torchrun, or call "
-            "prefopt.set_config(distributed='none'). PREFOPT_DIST_JOIN_TIMEOUT sets the wait."
-        ) from err
+            f"WORLD_SIZE={world} asks for a process group of {world} ranks, but "
+            f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set, so this "
+            "process cannot join one. Start every rank with torchrun (which sets them all), "
+            "or unset WORLD_SIZE (or call prefopt.set_config(distributed='none')) to fit in "
+            "this process alone."
+        )
+    rank = _integer("RANK", None, low=0)
+    if rank >= world:
+        raise ValueError(
+            f"RANK={rank} is not below WORLD_SIZE={world}: ranks count 0 to {world - 1}. Are "
+            "these variables left over from another launch? Unset them, or start every rank "
+            "with torchrun."
+        )
+    _integer("LOCAL_RANK", None, low=0)
+    text = os.environ.get("PREFOPT_DIST_JOIN_TIMEOUT", "120")
+    try:
+        timeout = float(text)
+    except ValueError:
+        timeout = float("nan")
+    if not 0 < timeout < float("inf"):
+        raise ValueError(
+            f"PREFOPT_DIST_JOIN_TIMEOUT={text!r} must be a number of seconds above 0 (the "
+            "longest wait for the other ranks; default 120)."
+        )
+    return {
+        "world_size": world,
+        "rank": rank,
+        "master_addr": os.environ["MASTER_ADDR"],
+        "master_port": _integer("MASTER_PORT", 29500, low=1, high=65535),
+        "timeout": timeout,
+    }
+
+
+def _meet_peers(env: dict):
+    """A rendezvous store on which every rank has arrived, or an error within the timeout.
+
+    The whole wait (connecting, then every rank arriving) is bounded by one deadline,
+    so the error comes after the seconds it states.
+    """
+    seconds, world, rank = env["timeout"], env["world_size"], env["rank"]
+    where = f"{env['master_addr']}:{env['master_port']}"
+    deadline = time.monotonic() + seconds
+
+    def refuse(err):
+        return RuntimeError(
+            f"WORLD_SIZE={world} and RANK={rank} ask for a process group at {where}, but its "
+            f"ranks did not meet within {seconds:g} s ({err}). Were these variables left over "
+            "from an earlier torchrun? Unset WORLD_SIZE and RANK for a single-process fit, "
+            "start every rank with torchrun, or call prefopt.set_config(distributed='none'). "
+            "PREFOPT_DIST_JOIN_TIMEOUT sets the wait."
+        )
+
+    try:
+        store = dist.TCPStore(
+            env["master_addr"],
+            env["master_port"],
+            world,
+            is_master=rank == 0,
+            timeout=timedelta(seconds=seconds),
+            wait_for_workers=False,  # the arrivals below wait, under the same deadline
+        )
+        store.add("prefopt/arrived", 1)
+        while store.add("prefopt/arrived", 0) < world:
+            if time.monotonic() > deadline:
+                arrived = store.add("prefopt/arrived", 0)
+                raise TimeoutError(f"{arrived} of {world} ranks arrived")
+            time.sleep(0.05)
+    except (RuntimeError, OSError, dist.DistError) as err:
+        raise refuse(err) from err
+    return store
 
 
 def world_size() -> int:

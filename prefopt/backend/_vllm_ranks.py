@@ -36,7 +36,7 @@ def default_group_kept():
 
 
 def check_ranks(engine_options: dict) -> None:
-    """Refuse what a fit of several ranks cannot sample with (never silently).
+    """Refuse what prefopt's engine cannot sample with, before vLLM starts (never silently).
 
     Each rank's engine holds the whole policy and samples that rank's prompts. A
     policy sharded by FSDP has no rank with its whole weights to push, and an
@@ -45,6 +45,19 @@ def check_ranks(engine_options: dict) -> None:
     """
     from . import distributed
 
+    split = {
+        name: engine_options[name]
+        for name in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")
+        if engine_options.get(name, 1) != 1
+    }
+    if split:  # in one process too: vLLM would fail on an assertion of its own
+        raise ValueError(
+            f"engine_options {split} would split the vLLM engine over several processes; "
+            "prefopt pushes the policy's weights into one engine holding the whole model "
+            "(in a fit of several ranks, one such engine per rank: a split one would have them "
+            "sample the same prompts together), so it is not supported. Remove them from "
+            "engine_options."
+        )
     if distributed.world_size() <= 1:
         return
     where = f"this process is rank {distributed.rank()} of {distributed.world_size()}"
@@ -54,16 +67,4 @@ def check_ranks(engine_options: dict) -> None:
             "engine holds the whole model, and a policy sharded by FSDP would need its full "
             "weights gathered on every rank for each push, which is not built. Use "
             "distributed='ddp' (the default) or generation='native'."
-        )
-    split = {
-        name: engine_options[name]
-        for name in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")
-        if engine_options.get(name, 1) != 1
-    }
-    if split:
-        raise ValueError(
-            f"generation='vllm' in a fit of several ranks ({where}) gives each rank its own "
-            f"engine, holding the whole model, for that rank's own prompts; engine_options "
-            f"{split} would split one engine over several ranks, which then sample the same "
-            "prompts together (not supported). Remove them from engine_options."
         )

@@ -16,6 +16,7 @@ import errno
 import hashlib
 import importlib
 import io
+import json
 import os
 import pickle
 import stat
@@ -108,6 +109,54 @@ def regular_file(folder: str, name: str, what: str) -> str:
             "block for ever). Save the estimator again."
         )
     return path
+
+
+# JSON nested deeper than this is refused when read: prefopt writes a few levels (a run
+# identity's descriptions at most about 150), and reading deeper would recurse past
+# Python's limit (a RecursionError out of load or a resume).
+MAX_JSON_DEPTH = 256
+
+
+def loads_json(data: bytes | str, what: str):
+    """Parse a JSON file prefopt wrote, refusing one nested past :data:`MAX_JSON_DEPTH`.
+
+    Parameters
+    ----------
+    data : bytes or str
+        The file's content.
+    what : str
+        Names the file in the error.
+
+    Returns
+    -------
+    value : JSON data
+
+    Examples
+    --------
+    >>> loads_json('{"a": [1, 2]}', "the file")
+    {'a': [1, 2]}
+    >>> loads_json("[" * 300 + "]" * 300, "the file")
+    Traceback (most recent call last):
+    ...
+    ValueError: the file is nested more than 256 levels deep; prefopt writes far fewer, ...
+    """
+    error = ValueError(
+        f"{what} is nested more than {MAX_JSON_DEPTH} levels deep; prefopt writes far fewer, "
+        "so it was not written by prefopt (or was edited). Save or fit again."
+    )
+    try:
+        value = json.loads(data)
+    except RecursionError:
+        raise error from None
+    stack = [(value, 1)]
+    while stack:  # by hand, not by recursion: the depth itself is what is checked
+        item, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise error
+        children = item.values() if isinstance(item, dict) else item
+        if isinstance(item, (dict, list)):
+            stack.extend((child, depth + 1) for child in children)
+    return value
 
 
 def read_regular(folder: str, name: str, what: str) -> bytes:

@@ -33,7 +33,7 @@ from sklearn.base import BaseEstimator
 from torch import nn
 
 from ..backend import distributed
-from ..backend.serialization import qualname, read_regular, sha256, write_files
+from ..backend.serialization import loads_json, qualname, read_regular, sha256, write_files
 from ._identity import (  # noqa: F401 - fingerprint, module_fingerprint: used as ckpt.*
     NOT_DEFINING,
     check_length,
@@ -281,7 +281,7 @@ def read(folder: str | None, estimator) -> dict | None:
         "checkpoint_dir."
     )
     try:
-        state = json.loads(read_regular(folder, STATE, "The checkpoint's state file"))
+        state = loads_json(read_regular(folder, STATE, "The checkpoint's state file"), STATE)
         if not isinstance(state, dict):
             raise ValueError("state.json does not hold a JSON object")
         name = state["tensors"]

@@ -53,7 +53,7 @@ _NOT_CONTENT = frozenset({"history_", "device_"})
 # Lists longer than this (and texts 20 times longer) are described by a digest.
 _LONG = 64
 # Objects nested deeper than this are marked opaque (a reward is then probed).
-_DEEP = 200
+_DEEP = 100
 # Keys that name what is described: the first difference reported, when they differ.
 _NAMES = ("function", "type", "class", "callable", "module", "config", "tokenizer")
 # A memory address in a repr ("<Foo object at 0x7f...>"): never part of an identity.

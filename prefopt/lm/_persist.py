@@ -28,6 +28,7 @@ from torch import nn
 from ..backend import local_seed
 from ..backend.serialization import (
     failed_write,
+    loads_json,
     qualname,
     read_regular,
     regular_file,
@@ -342,7 +343,7 @@ def _read_state(folder: str) -> dict:
     if not os.path.lexists(path):
         raise ValueError(f"{folder!r} holds no saved estimator ({STATE} is missing).")
     try:
-        state = json.loads(read_regular(folder, STATE, "The saved estimator file"))
+        state = loads_json(read_regular(folder, STATE, "The saved estimator file"), repr(path))
     except ValueError as exc:
         raise ValueError(f"{path!r} is not a saved prefopt estimator ({exc}).") from None
     if not isinstance(state, dict):

@@ -72,9 +72,14 @@ def member(group, run_name: str):
     return nullcontext() if group is None else group.member(run_name)
 
 
+# What a failed cell's warning tells the user to do, unless the caller says otherwise.
+STOP_AT_ERROR = "Set error_score='raise' to stop at the error."
+
+
 def _cell(
-    estimator, X, y, split, scorers, params, train_score, error_score, config, where, run=(None, "")
-):
+    estimator, X, y, split, scorers, params, train_score, error_score, config, where,
+    run=(None, ""), hint=STOP_AT_ERROR,
+):  # fmt: skip
     """Fit and score one (candidate, seed, split) under the caller's prefopt configuration.
 
     Runs in a joblib worker (a thread, a loky process, a Ray actor), which starts
@@ -83,7 +88,8 @@ def _cell(
     ``(group, run name)`` its fit is tracked as (see :func:`tracked_group`). Returns the times and
     ``test_<metric>`` (``train_<metric>``) scores of ``cross_validate`` and ``healthy``
     (:func:`run_healthy` of the fitted estimator, 1, 0 or NaN); a failure, when
-    ``error_score`` is not ``"raise"``, warns and returns its fit time and ``failed``.
+    ``error_score`` is not ``"raise"``, warns (with ``hint``: how to stop at the
+    error, for the caller's user) and returns its fit time and ``failed``.
     """
     start = time.perf_counter()
     with config_context(**config), member(*run):
@@ -104,8 +110,7 @@ def _cell(
                 raise
             warnings.warn(
                 f"SeedSearchCV: the fit or score of {where} failed and scores "
-                f"error_score={error_score!r}: {type(error).__name__}: {error}. Set "
-                "error_score='raise' to stop at the error.",
+                f"error_score={error_score!r}: {type(error).__name__}: {error}. {hint}",
                 UserWarning,
                 stacklevel=2,
             )

@@ -24,6 +24,7 @@ from .._config import get_config
 from ..backend.progress import verbose_log
 from ._best import _BestEstimatorMethods
 from ._cells import (
+    STOP_AT_ERROR,
     _AllPrompts,
     _cell,
     _param_arrays,
@@ -315,6 +316,7 @@ class SeedSearchCV(_BestEstimatorMethods, MetaEstimatorMixin, BaseEstimator):
                     config,
                     f"{p} with {self.seed_param}={seed} on split {i}",
                     (group, _run_name(f"candidate={c // len(self.seeds_)}-seed={seed}", i, splits)),
+                    getattr(self, "_error_hint", STOP_AT_ERROR),  # compare's tuning: its own
                 )
                 for c, (p, seed) in enumerate(candidates)
                 for i, split in enumerate(splits)

@@ -111,7 +111,13 @@ def tune_algorithms(
             confidence=confidence,
             n_jobs=n_jobs,
             seed_param=seed_param,
-        ).fit(X, **fit_params)
+        )
+        # compare takes no error_score: say what its user can do to see the error.
+        search._error_hint = (
+            f"compare keeps tuning past it (the failed setting ranks last); to see the error, "
+            f"fit estimators[{name!r}] with these parameters alone."
+        )
+        search.fit(X, **fit_params)
         results = search.cv_results_
         key = "score" if not search.multimetric_ else metric
         if f"rank_test_{key}" not in results:

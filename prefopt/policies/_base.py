@@ -350,8 +350,18 @@ class BasePolicy(Algorithm, GenerativeEstimator):
         if self.gradient_checkpointing:  # after the reference is copied: its passes take no grad
             enable_gradient_checkpointing(self.model_, f"{type(self).__name__}'s policy")
             for name, module in self._trained_modules().items():  # any module trained beside
-                if module is not self.model_ and checkpointable(module):
+                if module is None or module is self.model_:
+                    continue
+                if checkpointable(module):
                     enable_gradient_checkpointing(module, f"{type(self).__name__}'s {name}")
+                else:  # said, not silently skipped: nothing in it to recompute
+                    warnings.warn(
+                        f"gradient_checkpointing=True: {type(self).__name__}'s {name} is a "
+                        f"{type(module).__name__} with no transformers layers to recompute; it "
+                        "trains without checkpointing (the policy checkpoints).",
+                        UserWarning,
+                        stacklevel=3,
+                    )
         self.kl_ = clone(self.kl) if self.kl is not None else FixedKLController()
         self.beta_ = checked_beta(self.kl_, self.kl_.start(self.beta).beta_, "at the start")
         self.learning_rate_, self.lr_controller_ = self._start_learning_rate()
@@ -393,19 +403,22 @@ class BasePolicy(Algorithm, GenerativeEstimator):
         ----------
         X : list of str or table with a ``prompt`` column
             Prompts; a table's other columns reach the reward as in ``fit``.
-        y : callable, default=None
-            A reward to score with; ``None`` uses the one given to ``fit``.
+        y : callable or list of callable, default=None
+            A reward to score with (a list is weighted with ``reward_weights``, as
+            ``fit`` weighs it); ``None`` uses the one given to ``fit``.
 
         Returns
         -------
         score : float
         """
         check_is_fitted(self)
+        if isinstance(y, (list, tuple)):  # a list of rewards, as fit takes it
+            y = combine_rewards(y, self.reward_weights)
         if y is not None and not callable(y):
             raise TypeError(
                 f"{type(self).__name__}.score(X, y): y is the reward to score with and must "
-                f"be callable as y(prompts, completions); got {type(y).__name__}. Pass "
-                "y=None to score with the reward given to fit."
+                f"be callable as y(prompts, completions), or a list of them; got "
+                f"{type(y).__name__}. Pass y=None to score with the reward given to fit."
             )
         prompts, columns = check_prompt_table(X)
         reward = self.reward_model_ if y is None else y

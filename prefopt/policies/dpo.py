@@ -334,7 +334,8 @@ class DPOPolicy(GenerativeStep):
         rejected = self._completion_tokens(data.rejected, True, "rejected response", data.prompt)
         prompts, (chosen, rejected) = truncate_rows(self, prompts, [chosen, rejected], "Comparison")
         self._check_rows(data, prompts, chosen, rejected)
-        self._check_max_new_tokens(self.model_)  # sampling would fail later otherwise
+        if self.max_new_tokens is not None:  # fit never samples: only a given value is checked
+            self._check_max_new_tokens(self.model_)  # (sample would refuse it later)
         model_key = ckpt.module_fingerprint(self.model_) if self.checkpoint_dir else None
         with local_seed(int(seeds[1])):  # a LoRA adapter's initial weights
             self._setup_reference()

@@ -74,7 +74,8 @@ class GRPOPolicy(BasePolicy):
         (Yu et al. 2025; TRL's default).
     clip_coef : float, default=0.2
         Epsilon of the clipped ratio (DeepSeekMath does not state it; 0.2 is
-        PPO's and TRL's): the ratio is clipped to [1 - clip_coef, 1 + epsilon_high].
+        PPO's and TRL's), in (0, 1): the ratio is clipped to [1 - clip_coef,
+        1 + epsilon_high].
     epsilon_high : float, default=None
         The upper clip bound, DAPO's clip-higher (Yu et al. 2025, who use 0.28
         with ``clip_coef=0.2``); ``None`` is ``clip_coef``, a symmetric clip.
@@ -206,7 +207,8 @@ class GRPOPolicy(BasePolicy):
         "k": [_GroupSize(Integral, 2, None, closed="left")],
         "scale_rewards": [StrOptions({"group", "batch", "none"})],
         "loss_type": [StrOptions({"grpo", "dr_grpo", "dapo"})],
-        "clip_coef": [Interval(Real, 0, None, closed="neither")],
+        # 1 - clip_coef is the ratio's lower bound: at 1 or more, clipping below never acts.
+        "clip_coef": [Interval(Real, 0, 1, closed="neither")],
         "epsilon_high": [Interval(Real, 0, None, closed="neither"), None],
         "importance_sampling_level": [StrOptions({"token", "sequence"})],
         "mask_truncated": ["boolean"],
@@ -280,9 +282,21 @@ class GRPOPolicy(BasePolicy):
             return batch.response_mask
         return batch.response_mask * batch.ended[:, None].to(batch.response_mask.dtype)
 
+    def _setup(self, reward, start_model, *, seed: int):
+        start_key = super()._setup(reward, start_model, seed=seed)
+        cache = self.overlong_cache
+        if cache is not None and cache > self.max_new_tokens_:  # refused before any step
+            raise ValueError(
+                f"overlong_cache={cache} is larger than max_new_tokens={self.max_new_tokens_} "
+                f"(from {self._max_new_tokens_from}); the soft interval L_max - L_cache .. "
+                f"L_max would start below 0. Give overlong_cache <= {self.max_new_tokens_}, "
+                "or raise max_new_tokens."
+            )
+        return start_key
+
     def _overlong(self, batch: RolloutBatch) -> torch.Tensor:
         """DAPO's soft overlong penalty of each response of ``batch``."""
-        cache = min(self.overlong_cache, self.max_new_tokens_)
+        cache = self.overlong_cache
         return overlong_penalty(batch.response_mask.sum(1), self.max_new_tokens_, cache).to(
             batch.scores.dtype
         )

@@ -160,7 +160,8 @@ class PPOPolicy(BasePolicy):
     ----------
     {common_parameters}
     clip_coef : float, default=0.2
-        Epsilon of the clipped surrogate.
+        Epsilon of the clipped surrogate, in (0, 1): the ratio is clipped to
+        [1 - clip_coef, 1 + clip_coef].
     vf_coef : float, default=0.1
         Weight of the value loss.
     vf_clip_coef : float, default=0.2
@@ -232,7 +233,8 @@ class PPOPolicy(BasePolicy):
 
     _parameter_constraints = {
         **BasePolicy._parameter_constraints,
-        "clip_coef": [Interval(Real, 0, None, closed="neither")],
+        # 1 - clip_coef is the ratio's lower bound: at 1 or more, clipping below never acts.
+        "clip_coef": [Interval(Real, 0, 1, closed="neither")],
         "vf_coef": [Interval(Real, 0, None, closed="left")],
         "vf_clip_coef": [Interval(Real, 0, None, closed="neither")],
         "gamma": [Interval(Real, 0, 1, closed="both")],

@@ -91,7 +91,7 @@ class ReinforcePlusPlusPolicy(BasePolicy):
         Samples per prompt. With k > 1 each score first loses its group's
         mean (REINFORCE++-baseline, Hu 2025 v2), the KL terms kept.
     clip_coef : float, default=0.2
-        Epsilon of the clipped ratio (PPO's; Hu 2025 uses 0.2).
+        Epsilon of the clipped ratio, in (0, 1) (PPO's; Hu 2025 uses 0.2).
 
     Attributes
     ----------
@@ -131,7 +131,8 @@ class ReinforcePlusPlusPolicy(BasePolicy):
     _parameter_constraints = {
         **BasePolicy._parameter_constraints,
         "k": [Interval(Integral, 1, None, closed="left")],
-        "clip_coef": [Interval(Real, 0, None, closed="neither")],
+        # 1 - clip_coef is the ratio's lower bound: at 1 or more, clipping below never acts.
+        "clip_coef": [Interval(Real, 0, 1, closed="neither")],
     }
 
     samples_per_prompt = "k"

@@ -358,12 +358,13 @@ class PolicyLoop:
                     reward=f"{row['objective/reward']:.3f}", kl=f"{row['objective/kl']:.3f}"
                 )
                 last = self.n_iter == total
-                if self.checkpoint is not None and (
-                    self.n_iter % view.checkpoint_every == 0 or last
-                ):
+                due = self.n_iter % view.checkpoint_every == 0 or last
+                if self.checkpoint is not None and due:
                     self.save_checkpoint()
                 stop = tracked(policy, row) or unhealthy
                 if distributed.any_rank(stop):  # every rank stops at the same step
+                    if self.checkpoint is not None and not due:  # an early stop is kept too
+                        self.save_checkpoint()
                     break
             bar.close()
             health.finish()
