@@ -189,10 +189,15 @@ class LanguageModelEstimator(TokenEncoding, BaseEstimator):
         self.model_ = self._load_lm(model, tokenizer, seed=seed)
         self._resolve_sampling(self.model_)
 
-    def _check_max_new_tokens(self, module, n=None) -> None:
-        """Refuse a ``max_new_tokens_`` (or a call's ``n``) that leaves no room for a prompt."""
+    def _check_max_new_tokens(self, module, n=None, given_only: bool = False) -> None:
+        """Refuse a ``max_new_tokens_`` (or a call's ``n``) that leaves no room for a prompt.
+
+        ``given_only``: check only a value the user gave (a fit that never samples).
+        """
         context = context_length(module)
         given = n or getattr(self, "max_new_tokens", None)
+        if given_only and not given:
+            return
         n = self.max_new_tokens_ if n is None else n
         if context is not None and n >= context:
             name = f"max_new_tokens={n}" if given else f"max_new_tokens=None (resolved to {n})"

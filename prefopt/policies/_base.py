@@ -412,7 +412,7 @@ class BasePolicy(Algorithm, GenerativeEstimator):
         score : float
         """
         check_is_fitted(self)
-        if isinstance(y, (list, tuple)):  # a list of rewards, as fit takes it
+        if isinstance(y, (list, tuple)) and y and all(map(callable, y)):  # as fit takes it
             y = combine_rewards(y, self.reward_weights)
         if y is not None and not callable(y):
             raise TypeError(

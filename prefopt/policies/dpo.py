@@ -334,8 +334,7 @@ class DPOPolicy(GenerativeStep):
         rejected = self._completion_tokens(data.rejected, True, "rejected response", data.prompt)
         prompts, (chosen, rejected) = truncate_rows(self, prompts, [chosen, rejected], "Comparison")
         self._check_rows(data, prompts, chosen, rejected)
-        if self.max_new_tokens is not None:  # fit never samples: only a given value is checked
-            self._check_max_new_tokens(self.model_)  # (sample would refuse it later)
+        self._check_max_new_tokens(self.model_, given_only=True)  # fit never samples
         model_key = ckpt.module_fingerprint(self.model_) if self.checkpoint_dir else None
         with local_seed(int(seeds[1])):  # a LoRA adapter's initial weights
             self._setup_reference()

@@ -279,8 +279,7 @@ class SFTPolicy(GenerativeStep):
         if self.max_new_tokens is None:
             self.max_new_tokens_ = max(len(c) for c in ctoks)
             self._max_new_tokens_from = "demonstrations"  # a policy started here says so
-        if self.max_new_tokens is not None:  # fit never samples: only a given value is checked
-            self._check_max_new_tokens(self.model_)  # (sample would refuse it later)
+        self._check_max_new_tokens(self.model_, given_only=True)  # fit never samples
         generation_config = getattr(self.model_, "generation_config", None)
         if generation_config is not None:
             generation_config.max_new_tokens = self.max_new_tokens_
