@@ -231,3 +231,23 @@ def test_the_hooks_have_defaults_on_the_contract():
     assert prefopt.PPOPolicy(value_model="shared").shared_trunk_modules() == {
         "value_model_": "model_"
     }
+
+
+@pytest.mark.parametrize(
+    ("modules", "error", "match"),
+    [
+        ([], TypeError, "must return a dict"),
+        ({"critic_": "a module"}, TypeError, "str for 'critic_'.*torch.nn.Module"),
+        ({"Critic": torch.nn.Linear(1, 1)}, ValueError, "name 'Critic'.*ending in '_'"),
+        ({"model_": torch.nn.Linear(1, 1)}, ValueError, "'model_', a fitted attribute"),
+    ],
+)
+def test_a_bad_extra_modules_answer_is_refused_before_training(world, modules, error, match):
+    class Bad(BatchMeanReinforce):
+        def extra_modules(self, reward):
+            return modules
+
+    policy = Bad(model=world.policy_model(), n_steps=1)
+    with pytest.raises(error, match=match):
+        policy.fit(world.prompts, world.true_quality)
+    assert not hasattr(policy, "n_iter_")  # refused before any step

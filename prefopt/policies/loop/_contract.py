@@ -10,6 +10,10 @@ of tied groups, modules trained and saved beside the policy), and
 
 from __future__ import annotations
 
+import re
+
+import torch
+
 from ...backend import disable_dropout
 from ._batch import Minibatch, RolloutBatch
 from ._value import build_value_model
@@ -199,7 +203,7 @@ class Algorithm:
 
         ``value_model_`` is ``None`` when no hook builds one (the loop reads it).
         """
-        modules = self.extra_modules(reward)
+        modules = _checked_modules(self.extra_modules(reward), type(self).__name__)
         self._setup_reference()  # a frozen copy, or LoRA on model_ with no copy
         self.value_model_ = None
         self.extra_modules_ = sorted(modules)
@@ -260,3 +264,34 @@ class Algorithm:
             checkpoint_every=self.checkpoint_every,
             refit_every=self.refit_every,
         )
+
+
+# Fitted attributes the estimator itself sets; an extra module may not take their names.
+_TAKEN = frozenset({"model_", "ref_model_", "reward_model_", "tokenizer_", "kl_", "history_"})
+
+
+def _checked_modules(modules, who: str) -> dict:
+    """``extra_modules``' answer, refused before training unless it is ``{name_: Module}``."""
+    if not isinstance(modules, dict):
+        raise TypeError(
+            f"{who}.extra_modules must return a dict of fitted-attribute names to torch "
+            f"modules; got {type(modules).__name__}."
+        )
+    for name, module in modules.items():
+        if not isinstance(module, torch.nn.Module):
+            raise TypeError(
+                f"{who}.extra_modules returned {type(module).__name__} for {name!r}; each "
+                "value must be a torch.nn.Module."
+            )
+        if not (isinstance(name, str) and re.fullmatch(r"[a-z][a-z0-9_]*_", name)):
+            raise ValueError(
+                f"{who}.extra_modules returned the name {name!r}; a module trained beside the "
+                "policy is a fitted attribute: a lower-case name ending in '_', such as "
+                "'critic_'."
+            )
+        if name in _TAKEN:
+            raise ValueError(
+                f"{who}.extra_modules returned {name!r}, a fitted attribute the estimator sets "
+                "itself; choose another name."
+            )
+    return modules
