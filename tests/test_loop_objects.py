@@ -71,15 +71,12 @@ def test_the_engine_and_step_modules_hold_no_module_level_mutable_state(path):
     assert _module_state(path) == []
 
 
-def test_the_state_finder_finds_state():
+def test_the_state_finder_finds_state(tmp_path):
     source = "import threading\nA = {}\nB: list = []\nC = frozenset()\nD = dict()\n"
     source += "class S(threading.local):\n    x = 0\ndef f():\n    global A\n"
-    path = Path(__file__).parent / "_state_probe.py"
-    try:
-        path.write_text(source)
-        assert _module_state(path) == ["A", "B", "D", "global A", "S"]
-    finally:
-        path.unlink()
+    path = tmp_path / "state_probe.py"
+    path.write_text(source)
+    assert _module_state(path) == ["A", "B", "D", "global A", "S"]
 
 
 def test_the_sampling_engine_carries_no_result_through_module_state():
@@ -134,3 +131,47 @@ def test_no_getattr_or_hasattr_on_an_algorithm_specific_name(path):
         ):
             hits.append(f"line {node.lineno}: {node.func.id}(..., {node.args[1].value!r})")
     assert hits == []
+
+
+REDUCTIONS = {"masked_mean", "masked_whiten", "mean", "std", "gather", "global_count"}
+
+
+def _reduction_calls_without_the_flag(path: Path, root: Path = PACKAGE) -> list[str]:
+    """Calls of a reduction that do not say ``across_ranks`` (nor pass ``**kwargs``)."""
+    hits = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        if isinstance(func, ast.Attribute):  # distributed.mean(...), never x.mean()
+            base = func.value
+            if not (isinstance(base, ast.Name) and base.id == "distributed"):
+                continue
+            name = func.attr
+        elif isinstance(func, ast.Name) and func.id in ("masked_mean", "masked_whiten"):
+            name = func.id
+        else:
+            continue
+        said = any(k.arg in ("across_ranks", None) for k in node.keywords)
+        if name in REDUCTIONS and not said:
+            hits.append(f"{path.relative_to(root)}:{node.lineno}: {name}(...)")
+    return hits
+
+
+def test_every_reduction_says_whether_it_spans_the_ranks():
+    # No ambient state decides what a mean means: each call says across_ranks=...
+    hits = [hit for path in sorted(PACKAGE.rglob("*.py")) for hit in
+            _reduction_calls_without_the_flag(path)]  # fmt: skip
+    assert hits == []
+
+
+def test_the_reduction_finder_finds_a_silent_call(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "distributed.mean(x)\ndistributed.mean(x, across_ranks=True)\nx.mean()\n"
+        "masked_mean(x, m)\nmasked_mean(x, m, **ranks)\n"
+    )
+    assert _reduction_calls_without_the_flag(probe, tmp_path) == [
+        "probe.py:1: mean(...)",
+        "probe.py:4: masked_mean(...)",
+    ]

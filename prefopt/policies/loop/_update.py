@@ -192,7 +192,7 @@ def policy_change(view, batch: RolloutBatch) -> float:
         )
     mask = batch.response_mask
     kl = kl_estimate(batch.old_logprobs, after.float(), "k3") * mask
-    change = float(distributed.mean(kl.sum() / mask.sum().clamp(min=1)))
+    change = float(distributed.mean(kl.sum() / mask.sum().clamp(min=1), across_ranks=True))
     # The sampling pass and a full pass of an unchanged policy differ by float32 rounding
     # (a KL of about 1e-14 a token, measured when every advantage is 0): no change, which
     # must not read as a small one (AdaptiveLR would raise the rate for it).
