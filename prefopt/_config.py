@@ -114,8 +114,8 @@ def set_config(
         step); it pays off in long runs on a GPU. Default ``False``.
     distributed : {"ddp", "fsdp", "none"}, default=None
         How a fit runs when ``torch.distributed`` has a process group of more
-        than one rank (under ``torchrun`` or Ray Train; see README "Scaling
-        out"). ``"ddp"`` (default): every rank samples its share of each step's
+        than one rank (under ``torchrun`` or Ray Train; see the user guide,
+        "Scaling out"). ``"ddp"`` (default): every rank samples its share of each step's
         prompts and DistributedDataParallel averages the gradients. ``"fsdp"``:
         the same, with the policy sharded by FSDP's ``fully_shard`` (for a model
         that does not fit one device; see ``fsdp_frozen`` for the reference).

@@ -59,7 +59,7 @@ def encode_prompts(tokenizer, prompts, *, max_length: int | None = None) -> Enco
 
     A low-level helper: the text is encoded as given, with no special tokens.
     The estimators encode prompts with the tokenizer's BOS, when it adds one
-    (see the README, "How prompts are encoded").
+    (see the user guide, "How prompts are encoded").
 
     Parameters
     ----------
