@@ -294,3 +294,17 @@ def test_identities_are_equal_in_another_process():
     mine = {k: fingerprint(v) for k, v in here["things"].items()}
     assert set(theirs) == set(mine) and len(mine) == 15
     assert theirs == mine
+
+
+def test_a_reward_described_exactly_is_never_called_before_training(tmp_path):
+    # Ours: a closure with a counter (its description is exact: no data global, nothing
+    # opaque), so no probe calls it; a run of 2 steps calls it twice, resumed or not.
+    calls = []
+
+    def counted(prompts, completions):
+        calls.append(len(completions))
+        return lengths(prompts, completions)
+
+    assert not needs_probe(describe(counted))
+    small_rloo(tmp_path, n_steps=2).fit(WORLD.prompts, counted)
+    assert calls == [16, 16]

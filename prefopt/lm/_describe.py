@@ -156,8 +156,48 @@ def _cell(cell, seen):
         return {"cell": "empty"}
 
 
+def _names(code: types.CodeType) -> set:
+    """The global names a code object (and the code nested in it) may read."""
+    out = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            out |= _names(const)
+    return out
+
+
+def data_globals(fn, visited=None) -> list[str]:
+    """The module globals holding data that a user's function reads, through its helpers too.
+
+    Modules, classes and builtins are code, not data; a global function of the
+    user's is followed into. A library's own functions read only their constants.
+
+    Examples
+    --------
+    >>> data_globals(len), data_globals(describe)
+    ([], [])
+    """
+    visited = set() if visited is None else visited
+    if (
+        not isinstance(fn, types.FunctionType)
+        or fn in visited
+        or _qualname(fn).startswith(LIBRARIES)
+    ):
+        return []
+    visited.add(fn)
+    found = set()
+    for name in _names(fn.__code__):
+        value = fn.__globals__.get(name)
+        if isinstance(value, types.FunctionType):
+            found.update(data_globals(value, visited))
+        elif name in fn.__globals__ and not isinstance(
+            value, (types.ModuleType, type, types.BuiltinFunctionType)
+        ):
+            found.add(name)
+    return sorted(found)
+
+
 def _describe_function(fn, seen) -> dict:
-    return {
+    out = {
         "function": _qualname(fn),
         "source": _source_digest(fn),
         "code": _code_digest(fn.__code__),
@@ -165,6 +205,10 @@ def _describe_function(fn, seen) -> dict:
         "kwdefaults": describe(fn.__kwdefaults__, seen),
         "closure": [_cell(cell, seen) for cell in (fn.__closure__ or ())],
     }
+    read = data_globals(fn)
+    if read:  # their names, not values (a counter would change it): a probe sees their effect
+        out["globals"] = read
+    return out
 
 
 def _class_code(cls) -> dict:
@@ -308,6 +352,11 @@ def _describe_plain(value, seen) -> dict:
     out = {"type": _qualname(type(value))}
     if callable(value):
         out["code"] = _class_code(type(value))
+        read = sorted(
+            {n for f in vars(type(value)).values() if callable(f) for n in data_globals(f)}
+        )
+        if read:
+            out["globals"] = read
     state = dict(vars(value)) if hasattr(value, "__dict__") else {}
     state.update(_slots(value))
     text = repr(value) if type(value).__repr__ is not object.__repr__ else None

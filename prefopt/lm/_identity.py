@@ -13,7 +13,6 @@ import os
 from ..backend.models import is_fitted  # noqa: F401 - used as _identity.is_fitted
 from ._describe import (  # noqa: F401 - the description rules, re-exported
     IDENTITY_ATTRIBUTE,
-    LIBRARIES,
     describe,
     digest,
     fingerprint,
@@ -43,12 +42,15 @@ def needs_probe(description) -> bool:
     """Whether a described object may hold what its description cannot see.
 
     True when a part of it is opaque (no readable content, nested too deep) or
-    is code from outside prefopt and the libraries it builds on (a user's
-    function may read a global, a user's class may compute anything): such an
-    object is then also identified by its behaviour on a seeded probe.
+    is a user's function (or callable class) that reads module globals holding
+    data (:func:`~prefopt.lm._describe.data_globals`): such an object is then
+    also identified by its behaviour on a seeded probe. A function reading only
+    its arguments, closure and defaults is described exactly, and never called
+    before training.
 
     Examples
     --------
+    >>> SCALE = 2.0
     >>> def reward(prompts, completions):
     ...     return [SCALE * len(c) for c in completions]  # SCALE: a global of the user's
     >>> reward.__module__ = "my_rewards"
@@ -59,12 +61,8 @@ def needs_probe(description) -> bool:
         return any(needs_probe(v) for v in description)
     if not isinstance(description, dict):
         return False
-    if "opaque" in description:
+    if "opaque" in description or description.get("globals"):
         return True
-    for key in ("function", "type", "callable", "module"):
-        name = description.get(key)
-        if isinstance(name, str) and "." in name and not name.startswith(LIBRARIES):
-            return True
     return any(needs_probe(v) for v in description.values())
 
 
