@@ -2,6 +2,7 @@
 health screen's power and the environment record (prefopt/model_selection/_stats.py,
 _aggregates.py, _tuning.py, _environment.py), against hand-computed values."""
 
+import inspect
 import itertools
 import json
 
@@ -158,8 +159,9 @@ def test_the_stratified_bootstrap_resamples_within_tasks():
     # One task: the percentile interval of the bootstrap means of [1, 2, 3, 4], by hand
     # from scipy.stats.bootstrap with the same generator.
     data = np.array([1.0, 2.0, 3.0, 4.0])
+    seed = "rng" if "rng" in inspect.signature(stats.bootstrap).parameters else "random_state"
     by_hand = stats.bootstrap(
-        (data,), np.mean, n_resamples=500, method="percentile", rng=np.random.default_rng(3)
+        (data,), np.mean, n_resamples=500, method="percentile", **{seed: np.random.default_rng(3)}
     ).confidence_interval
     got = stratified_bootstrap_ci(
         data,

@@ -11,8 +11,14 @@ array of shape (n_runs, n_tasks); a 1-d array is one task.
 
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 from scipy import stats
+
+# scipy 1.15 renamed bootstrap's random_state to rng; the oldest supported scipy (1.13) has
+# only random_state. Both take a Generator and draw the same resamples from it.
+_SEED_KEYWORD = "rng" if "rng" in inspect.signature(stats.bootstrap).parameters else "random_state"
 
 
 def _tasks(scores) -> list[np.ndarray]:
@@ -148,7 +154,7 @@ def stratified_bootstrap_ci(
             vectorized=True,
             confidence_level=confidence,
             method=method,
-            rng=np.random.default_rng(random_state),
+            **{_SEED_KEYWORD: np.random.default_rng(random_state)},
         )
     low, high = result.confidence_interval
     if np.ndim(value) == 0:

@@ -92,7 +92,9 @@ def environment(commit: str | None = None) -> dict:
         "machine": platform.machine(),
         "processor": _cpu_model(),
         "cpu_count": os.cpu_count(),
-        "versions": {name: _version(name) for name in PACKAGES},
+        # torch's own string: the installed metadata of a CUDA wheel says "2.6.0" where
+        # torch.__version__ says "2.6.0+cu124", and the build changes the numbers
+        "versions": {name: _version(name) for name in PACKAGES} | {"torch": torch.__version__},
         "torch_threads": torch.get_num_threads(),
         "thread_variables": {k: os.environ[k] for k in THREAD_VARIABLES if k in os.environ},
         "cuda": torch.version.cuda,
