@@ -10,8 +10,8 @@
 #      the seeds' settings), with TRL as the peer when trl is installed;
 #   5. with the vllm package installed, the vLLM tests (pytest -m vllm) on CUDA and
 #      native against vLLM generation side by side.
-# It exits non-zero at the first failure and says which check failed. It has never
-# run on the machine that wrote it (no GPU there): read its output, not just its status.
+# It exits non-zero at the first failure and says which check failed. First run on an
+# H200 (torch 2.11+cu130) on 2026-12-04: checks 1-2 passed; read its output, not just its status.
 #
 #   benchmarks/gpu_check.sh              # from anywhere; uses .venv/bin/python when present
 #   PYTHON=python3 benchmarks/gpu_check.sh
@@ -46,6 +46,9 @@ if not torch.cuda.is_available():
 print(f"{torch.cuda.device_count()} device(s); device 0: {torch.cuda.get_device_name(0)}, "
       f"bf16 supported: {torch.cuda.is_bf16_supported()}")
 EOF
+
+"$PY" -c "import vaderSentiment" 2>/dev/null \
+  || fail "the benchmarks' lexicon reward needs vaderSentiment: pip install -e '.[worlds]'"
 
 check "2. CUDA + bfloat16: short RLOO and PPO fits on a tiny model, ratio at the first epoch"
 timeout 600 "$PY" - <<'EOF' || fail "the CUDA/bf16 fit check (see above)"
