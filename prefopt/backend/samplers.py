@@ -16,8 +16,8 @@ import torch
 
 from .._config import get_config
 from . import vllm_engine
+from .generation import response_logprobs, truncate_after_eos
 from .generation import sample as native_sample
-from .generation import truncate_after_eos
 
 __all__ = ["NativeSampler", "Samples", "VLLMSampler", "sampler_for"]
 
@@ -38,6 +38,12 @@ class Samples:
     engine_logprobs : torch.Tensor of shape (n, max_new_tokens) or None
         The sampling engine's own log-probs, 0 outside the mask; ``None`` when
         the policy itself sampled (the native sampler).
+    full_pass : bool, default=False
+        Whether ``logprobs`` come from one forward pass of the policy over the
+        prompts and the responses as returned (:func:`~prefopt.backend.response_logprobs`,
+        the pass a policy's update takes), rather than from the sampling pass's
+        cache: a rollout that needs such a pass for its old log-probs then runs
+        no second one.
     """
 
     response_ids: torch.Tensor
@@ -45,6 +51,7 @@ class Samples:
     ended: torch.Tensor
     logprobs: torch.Tensor
     engine_logprobs: torch.Tensor | None = None
+    full_pass: bool = False
 
 
 class NativeSampler:
@@ -163,12 +170,20 @@ class VLLMSampler:
             With ``engine_logprobs``, the engine's log-probs after temperature.
         """
         stops = tuple(stop_ids) or None
-        tokens, policy, engine = vllm_engine._sample(model, prompts, max_new_tokens=max_new_tokens,
-                                         temperature=temperature, generator=generator,
-                                         suppress_ids=suppress_ids, return_logprobs=True,
-                                         eos_token_id=stops, prompt_index=prompt_index)  # fmt: skip
+        tokens, _, engine = vllm_engine._sample(model, prompts, max_new_tokens=max_new_tokens,
+                                    temperature=temperature, generator=generator,
+                                    suppress_ids=suppress_ids, return_logprobs=True,
+                                    eos_token_id=stops, prompt_index=prompt_index,
+                                    policy_pass=False)  # fmt: skip
         ids, mask, ended = truncate_after_eos(tokens, stops, pad_token_id)
-        return Samples(ids, mask, ended, policy, engine * mask)
+        # The policy's log-probs of the sampled tokens: one forward pass over the responses
+        # as the rollout and the update read them (padded with pad_token_id), the very pass
+        # a ratio policy's old log-probs come from, so the rollout runs no second one.
+        policy = response_logprobs(
+            model, prompts, ids, mask, temperature=temperature, suppress_ids=suppress_ids,
+            prompt_index=prompt_index,
+        )  # fmt: skip
+        return Samples(ids, mask, ended, policy, engine * mask, full_pass=True)
 
 
 def sampler_for(model):

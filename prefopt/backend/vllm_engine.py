@@ -390,8 +390,13 @@ def _sample(
     return_logprobs: bool = False,
     eos_token_id=None,
     prompt_index=None,
+    policy_pass: bool = True,
 ):
-    """``sample``'s work: ``(tokens, policy log-probs or None, engine log-probs or None)``."""
+    """``sample``'s work: ``(tokens, policy log-probs or None, engine log-probs or None)``.
+
+    With ``return_logprobs`` and ``policy_pass=False`` the policy's log-probs are
+    ``None`` (the caller runs that pass itself, on its own padding).
+    """
     from ._forward import _id_tensor
     from ._shared_prompts import prompt_groups
 
@@ -456,6 +461,8 @@ def _sample(
     tokens = tokens.to(device)
     if not return_logprobs:
         return tokens, None, None
+    if not policy_pass:
+        return tokens, None, logprobs.to(device)
     # The caller reads these as the sampling pass's log-probs (the KL's old log-probs):
     # the policy's own, from a forward pass, never the engine's; those are kept for the gap.
     from .generation import response_logprobs, truncate_after_eos

@@ -2,7 +2,7 @@
 
 Every reinforcement-learning policy (PPO, RLOO, GRPO, REINFORCE, REINFORCE++,
 RAFT and a user's algorithm on :class:`~prefopt.policies.BasePolicy`) takes the
-same 34 parameters besides its own. :data:`COMMON_PARAMETERS` holds, for each,
+same 35 parameters besides its own. :data:`COMMON_PARAMETERS` holds, for each,
 its default, its constraints (:mod:`prefopt.validation`) and its documentation;
 everything else is read from it:
 
@@ -160,6 +160,19 @@ COMMON_PARAMETERS: dict[str, Parameter] = {
         [Interval(Integral, 1, None, closed="left")],
         "int",
         """Gradient steps per pass.""",
+    ),
+    "micro_batch_size": Parameter(
+        None,
+        [Interval(Integral, 1, None, closed="left"), None],
+        "int",
+        """Run each minibatch's training passes on this many episodes at a time and
+        step once on the accumulated gradient (gradient accumulation, TRL's
+        ``per_device_train_batch_size``): the same gradient as the whole
+        minibatch, for less activation memory. It must divide the minibatch,
+        ``batch_size // n_minibatches``; the passes without gradients (the
+        reference, the update's measured policy change) go in parts of the same
+        size. ``None`` runs each minibatch at once. How a loss is summed over the
+        parts is the algorithm's ``loss_reduction``. Not in a distributed fit.""",
     ),
     "temperature": Parameter(
         None,

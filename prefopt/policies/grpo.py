@@ -232,6 +232,16 @@ class GRPOPolicy(BasePolicy):
         return self.n_epochs > 1 or self.n_minibatches > 1
 
     @property
+    def loss_reduction(self) -> str:
+        """How the loss reduces a minibatch (``micro_batch_size`` sums its parts by it).
+
+        ``"grpo"`` and ``"dr_grpo"`` are means over the rows (of each row's token
+        mean, or of its token sum over ``max_new_tokens``); ``"dapo"`` divides the
+        token sum by the whole batch's token count, whatever the minibatch holds.
+        """
+        return "sum" if self.loss_type == "dapo" else "sequence_mean"
+
+    @property
     def needs_reference(self) -> bool:
         """Whether a rollout runs the reference pass.
 

@@ -248,6 +248,7 @@ class PPOPolicy(BasePolicy):
     }
 
     uses_value_model = True
+    loss_reduction = "token_mean"  # both terms average over the minibatch's response tokens
     tiny_model_learning_rate = 3e-4  # learning_rate=None on a tiny model: LR_SWEEP.md, rule 2
 
     @property

@@ -112,6 +112,9 @@ class RAFTPolicy(BasePolicy):
     # The kept responses are trained on with the ordinary next-token loss, at
     # temperature 1 as SFT (Dong et al. 2023), not at the sampling temperature.
     training_temperature = 1.0
+    # A mean over the kept responses' tokens, whose count a part of a minibatch does not
+    # know: accumulated through the whole minibatch's loss (the contract's default).
+    loss_reduction = "minibatch"
 
     def compute_advantages(self, batch):
         """1 for the best of each prompt's k samples, 0 for the rest: a selection.

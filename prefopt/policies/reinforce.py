@@ -111,6 +111,7 @@ class ReinforcePolicy(BasePolicy):
     """
 
     tiny_model_learning_rate = 3e-4  # learning_rate=None on a tiny model: LR_SWEEP.md, rule 2
+    loss_reduction = "sequence_mean"  # sequence_policy_gradient_loss: a mean over the rows
 
     # Only what this algorithm changes of the common parameters (policies/_params.py)
     # and its own parameters; make_init writes the explicit keyword-only signature.

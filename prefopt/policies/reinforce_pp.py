@@ -138,6 +138,7 @@ class ReinforcePlusPlusPolicy(BasePolicy):
     samples_per_prompt = "k"
     tiny_model_learning_rate = 3e-4  # learning_rate=None on a tiny model: LR_SWEEP.md, rule 2
     kl_penalty = "reward"
+    loss_reduction = "token_mean"  # the surrogate's mean over the response tokens
 
     @property
     def uses_ratio(self) -> bool:

@@ -128,6 +128,7 @@ class RLOOPolicy(BasePolicy):
 
     samples_per_prompt = "k"
     tiny_model_learning_rate = 1e-4  # learning_rate=None on a tiny model: LR_SWEEP.md, rule 2
+    loss_reduction = "sequence_mean"  # sequence_policy_gradient_loss: a mean over the rows
 
     def compute_advantages(self, batch):
         """Leave-one-out advantages of the KL-shaped sequence rewards.

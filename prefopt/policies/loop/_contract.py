@@ -14,7 +14,7 @@ import re
 
 import torch
 
-from ...backend import disable_dropout
+from ...backend import disable_dropout, distributed
 from ._batch import Minibatch, RolloutBatch
 from ._value import build_value_model
 from ._view import StepView
@@ -65,6 +65,26 @@ class Algorithm:
         The old log-probs come from a forward pass identical to the training
         pass, so a ratio pi/pi_old is exactly 1 at the first epoch (Huang et
         al. 2024); otherwise from the sampling pass (one pass fewer).
+    loss_reduction : {"minibatch", "token_mean", "sequence_mean", "sum"}, default="minibatch"
+        How ``compute_loss`` reduces a minibatch, which says how the loop sums
+        the parts of a minibatch that ``micro_batch_size`` splits, so that the
+        accumulated gradient is the whole minibatch's (read only then).
+        ``"minibatch"`` assumes nothing of the loss (any normaliser, terms
+        across rows): the loop runs the parts' forward passes without
+        gradients, calls ``compute_loss`` once on the whole minibatch's
+        outputs, and takes its gradient back through one part at a time
+        (gradient caching, Gao et al. 2021); exact for any loss, at one more
+        forward pass a part. The others call ``compute_loss`` on each part and
+        take one pass a part: ``"token_mean"``, a mean over the tokens of
+        ``minibatch.mask`` (each part weighted by its share of the tokens);
+        ``"sequence_mean"``, a mean over the rows (each part weighted by its
+        share of the rows); ``"sum"``, a sum over the rows whose normaliser
+        does not depend on which rows the minibatch holds (the parts' losses
+        add up). A loss declared so that is not what it says gets a gradient
+        other than the whole minibatch's; ``tests/test_accumulation.py``
+        checks each built-in's declaration. With several parts a step's
+        ``history_`` statistics are the parts' means, weighted as their
+        losses (by rows for ``"sum"``, whose ``loss/...`` figures add up).
     training_temperature : "sampling" or float, default="sampling"
         The temperature of ``minibatch.logprobs``: the sampling temperature (a
         policy gradient of the sampling distribution), or a number (1.0 for a
@@ -105,6 +125,7 @@ class Algorithm:
     samples_per_prompt: int | str = 1
     kl_penalty: str = "reward"
     uses_ratio: bool = False
+    loss_reduction: str = "minibatch"
     training_temperature: str | float = "sampling"
     uses_value_model: bool = False
     needs_reference: bool = True
@@ -197,6 +218,13 @@ class Algorithm:
         """Cross-parameter checks of an algorithm; raise ValueError."""
         if self.kl_penalty not in ("reward", "loss"):
             raise ValueError(f"kl_penalty must be 'reward' or 'loss'; got {self.kl_penalty!r}.")
+        if self.loss_reduction not in LOSS_REDUCTIONS:
+            raise ValueError(
+                f"{type(self).__name__}.loss_reduction must be one of "
+                f"{', '.join(map(repr, LOSS_REDUCTIONS))}; got {self.loss_reduction!r}. "
+                "'minibatch' (the default) is exact for any loss."
+            )
+        check_micro_batch_size(self)
 
     def _setup_modules(self, reward) -> None:
         """The modules beside ``model_``: those of :meth:`extra_modules`, then the reference.
@@ -243,11 +271,13 @@ class Algorithm:
             after_update=self.after_update,
             kl_penalty=self.kl_penalty,
             recomputes_old_logprobs=bool(self.recomputes_old_logprobs),
+            loss_reduction=self.loss_reduction,
             needs_reference=bool(self.needs_reference),
             resample_tied_groups=int(self.max_resamples) if resample else None,
             batch_size=self.batch_size,
             n_epochs=self.n_epochs,
             n_minibatches=self.n_minibatches,
+            micro_batch_size=self.micro_batch_size,
             n_steps=self.n_steps,
             learning_rate=self.learning_rate_,
             lr_schedule=self.lr_schedule,
@@ -263,6 +293,32 @@ class Algorithm:
             min_eos_share=self.min_eos_share,
             checkpoint_every=self.checkpoint_every,
             refit_every=self.refit_every,
+        )
+
+
+# How a loss may reduce a minibatch (Algorithm.loss_reduction); the first is the default.
+LOSS_REDUCTIONS = ("minibatch", "token_mean", "sequence_mean", "sum")
+
+
+def check_micro_batch_size(policy) -> None:
+    """Refuse a ``micro_batch_size`` that does not split the minibatch evenly, before any work."""
+    micro = policy.micro_batch_size
+    if micro is None:
+        return
+    who = type(policy).__name__
+    if distributed.world_size() > 1:
+        raise ValueError(
+            f"{who}: micro_batch_size is not supported in a distributed fit yet (a part's "
+            "loss would need the token counts of every rank's parts); set "
+            "micro_batch_size=None and lower batch_size, or add ranks."
+        )
+    size = policy.batch_size // policy.n_minibatches
+    if size % micro:
+        fits = [d for d in range(1, size + 1) if size % d == 0]
+        raise ValueError(
+            f"{who}: micro_batch_size={micro} does not divide the minibatch of "
+            f"batch_size // n_minibatches = {policy.batch_size} // {policy.n_minibatches} = "
+            f"{size} episodes; give one of {fits}, or None for no accumulation."
         )
 
 

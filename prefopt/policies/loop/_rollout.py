@@ -98,29 +98,39 @@ class Rollout:
             sampled.response_ids, sampled.response_mask, sampled.ended
         )  # fmt: skip
         clock.append(_now(view.device))
-        if (
-            view.recomputes_old_logprobs and view.training_temperature == view.temperature
-        ) or uses_bf16(view.device):
+        # The reference pass goes in chunks of the update's passes (a minibatch, or a
+        # micro-batch): its peak memory (logits over the whole vocabulary) is then no more
+        # than a training pass's, and on a CPU the smaller chunks stay in cache.
+        chunk = view.pass_rows(len(rows))
+        if not sampled.full_pass and (
+            (view.recomputes_old_logprobs and view.training_temperature == view.temperature)
+            or uses_bf16(view.device)
+        ):
             # Old log-probs from a full forward pass identical to the training pass, so the
             # ratio is exactly 1 at the first epoch (Huang et al. 2024); in bf16 the cached
-            # sampling pass differs from a full pass too much.
-            old = response_logprobs(
-                view.model,
-                prompts,
-                response_ids,
-                response_mask,
-                temperature=view.temperature,
-                suppress_ids=view.suppress_ids,
-                prompt_index=index,
+            # sampling pass differs from a full pass too much. In micro-batches, when the
+            # update takes them, so that this pass is no larger than the training passes.
+            part = chunk if view.micro_batch_size is not None else len(rows)
+            old = torch.cat(
+                [
+                    response_logprobs(
+                        view.model,
+                        prompts[i : i + part],
+                        response_ids[i : i + part],
+                        response_mask[i : i + part],
+                        temperature=view.temperature,
+                        suppress_ids=view.suppress_ids,
+                        prompt_index=index[i : i + part],
+                    )
+                    for i in range(0, len(rows), part)
+                ]
             )
         else:
             # The sampling pass's own log-probs (fp32, tempered, equal to a fresh forward
-            # pass up to float rounding) serve the KL; no extra pass.
+            # pass up to float rounding) serve the KL; no extra pass. A sampler whose
+            # log-probs come from a full forward pass already (vLLM's: the engine samples,
+            # the policy's own pass scores) needs none either way.
             old = sampled.logprobs.masked_fill(response_mask == 0, 0.0)
-        # The reference pass goes in chunks of the update's minibatch size: its peak memory
-        # (logits over the whole vocabulary) is then no more than a training pass's, and on
-        # a CPU the smaller chunks stay in cache.
-        chunk = max(1, len(rows) // view.n_minibatches)
         if view.needs_reference:
             with view.reference() as reference:
                 ref = torch.cat(

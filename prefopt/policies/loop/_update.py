@@ -17,7 +17,7 @@ import torch
 
 from ...backend import distributed, gradient_step, response_logprobs, sequence_values, vllm_engine
 from ...backend._shared_prompts import is_transformers_model
-from ...backend.memory import training_passes
+from ...backend.memory import micro_batches, training_passes
 from ...kl import kl_estimate
 from ._batch import Minibatch, RolloutBatch, masked_mean, minibatch_order
 from ._rollout import _now
@@ -88,54 +88,212 @@ class Update:
             ).to(view.device)
             for start in range(0, n, size):
                 rows = perm[start : start + size]
-                index = batch.prompt_index[rows.cpu()]
-                logprobs, entropy = response_logprobs(
-                    self.model,
-                    batch.prompts[rows],
-                    batch.response_ids[rows],
-                    batch.response_mask[rows],
-                    temperature=view.training_temperature,
-                    suppress_ids=view.suppress_ids,
-                    with_entropy=True,
-                    entropy_grad=view.entropy_coef > 0,  # the default builds no extra graph
-                    prompt_index=index,
-                )
-                values = None
-                if self.value_model is not None:
-                    values = sequence_values(
-                        self.value_model,
-                        batch.prompts[rows],
-                        batch.response_ids[rows],
-                        batch.response_mask[rows],
-                        prompt_index=index,
-                    )
-                minibatch = Minibatch(batch, rows, logprobs, entropy, values)
-                cap = view.importance_sampling_cap
-                weights = importance_weights(minibatch, cap)
-                if weights is not None:  # each token's gradient times its weight, values same
-                    minibatch.logprobs = scale_gradient(logprobs, weights)
-                loss, stats = view.compute_loss(batch, minibatch)
-                stats = dict(stats)
-                if weights is not None:
-                    stats.update(weight_statistics(weights, minibatch.mask, cap))
-                mean_entropy = masked_mean(entropy, minibatch.mask, across_ranks=True)
-                if view.entropy_coef > 0:
-                    bonus = view.entropy_coef * mean_entropy
-                    loss = loss - bonus
-                    stats["loss/entropy_bonus"] = bonus.item()
-                if ptx is not None:
-                    ptx_loss = self.pretraining_loss(ptx, len(rows))
-                    loss = loss + view.ptx_coef * ptx_loss
-                    stats["loss/ptx"] = ptx_loss.item()
-                gradient_step(
-                    self.optimizer, loss, who=view.name, step=step,
-                    max_grad_norm=view.max_grad_norm,
-                )  # fmt: skip
-                entropies.append(float(mean_entropy.detach()))
+                micro = view.micro_batch_size
+                if micro is None or micro >= len(rows):
+                    stats, mean_entropy = self._whole(batch, rows, step, ptx)
+                else:
+                    stats, mean_entropy = self._accumulated(batch, rows, step, ptx)
+                entropies.append(mean_entropy)
                 for key, value in stats.items():
                     totals[key] = totals.get(key, 0.0) + float(value)
                 count += 1
         return count
+
+    def _forward(self, batch, rows) -> Minibatch:
+        """The current policy's (and value model's) outputs on ``rows``."""
+        view = self.view
+        index = batch.prompt_index[rows.cpu()]
+        logprobs, entropy = response_logprobs(
+            self.model,
+            batch.prompts[rows],
+            batch.response_ids[rows],
+            batch.response_mask[rows],
+            temperature=view.training_temperature,
+            suppress_ids=view.suppress_ids,
+            with_entropy=True,
+            entropy_grad=view.entropy_coef > 0,  # the default builds no extra graph
+            prompt_index=index,
+        )
+        values = None
+        if self.value_model is not None:
+            values = sequence_values(
+                self.value_model,
+                batch.prompts[rows],
+                batch.response_ids[rows],
+                batch.response_mask[rows],
+                prompt_index=index,
+            )
+        return Minibatch(batch, rows, logprobs, entropy, values)
+
+    def _loss(self, batch, minibatch: Minibatch):
+        """The algorithm's loss on ``minibatch``, importance-weighted, and its stats."""
+        view = self.view
+        cap = view.importance_sampling_cap
+        weights = importance_weights(minibatch, cap)
+        if weights is not None:  # each token's gradient times its weight, values same
+            minibatch.logprobs = scale_gradient(minibatch.logprobs, weights)
+        loss, stats = view.compute_loss(batch, minibatch)
+        stats = dict(stats)
+        if weights is not None:
+            stats.update(weight_statistics(weights, minibatch.mask, cap))
+        return loss, stats
+
+    def _whole(self, batch, rows, step, ptx):
+        """One gradient step on the minibatch ``rows``, its passes at once."""
+        view = self.view
+        minibatch = self._forward(batch, rows)
+        loss, stats = self._loss(batch, minibatch)
+        mean_entropy = masked_mean(minibatch.entropy, minibatch.mask, across_ranks=True)
+        if view.entropy_coef > 0:
+            bonus = view.entropy_coef * mean_entropy
+            loss = loss - bonus
+            stats["loss/entropy_bonus"] = bonus.item()
+        if ptx is not None:
+            ptx_loss = self.pretraining_loss(ptx, len(rows))
+            loss = loss + view.ptx_coef * ptx_loss
+            stats["loss/ptx"] = ptx_loss.item()
+        gradient_step(
+            self.optimizer, loss, who=view.name, step=step, max_grad_norm=view.max_grad_norm
+        )
+        return stats, float(mean_entropy.detach())
+
+    def _accumulated(self, batch, rows, step, ptx):
+        """One gradient step on the minibatch ``rows``, its passes in ``micro_batch_size`` parts.
+
+        Each part's terms are weighted so that the accumulated gradient is the whole
+        minibatch's: the entropy bonus (a token mean) by the part's share of the
+        response tokens, the pretraining loss by its share of the pretraining
+        tokens, and the algorithm's loss as its ``loss_reduction`` declares (for
+        ``"minibatch"``, through :meth:`_cached`).
+        """
+        view = self.view
+        parts = micro_batches(rows, view.micro_batch_size)
+        tokens = _shares([float(batch.response_mask[part].sum()) for part in parts])
+        ptx_part = None if ptx is None else self.pretraining_parts(ptx, [len(p) for p in parts])
+        self.optimizer.zero_grad(set_to_none=True)
+        if view.loss_reduction == "minibatch":
+            stats, mean_entropy = self._cached(batch, rows, parts, step, ptx_part)
+        else:
+            stats, mean_entropy = self._one_pass_each(batch, parts, tokens, step, ptx_part)
+        if view.entropy_coef > 0:
+            stats["loss/entropy_bonus"] = view.entropy_coef * mean_entropy
+        gradient_step(
+            self.optimizer, None, who=view.name, step=step, max_grad_norm=view.max_grad_norm
+        )
+        return stats, mean_entropy
+
+    def _one_pass_each(self, batch, parts, tokens, step, ptx_part):
+        """The parts' backward passes for a declared reduction: the parts' losses, weighted."""
+        view = self.view
+        rows = _shares([float(len(part)) for part in parts])
+        shares = {"token_mean": tokens, "sequence_mean": rows, "sum": [1.0] * len(parts)}
+        shares = shares[view.loss_reduction]
+        summed = view.loss_reduction == "sum"
+        each, mean_entropy, ptx_total = [], 0.0, 0.0
+        for j, part in enumerate(parts):
+            minibatch = self._forward(batch, part)
+            loss, stats = self._loss(batch, minibatch)
+            part_entropy = masked_mean(minibatch.entropy, minibatch.mask)
+            total = shares[j] * loss
+            if view.entropy_coef > 0:
+                total = total - tokens[j] * view.entropy_coef * part_entropy
+            if ptx_part is not None:
+                ptx_loss = ptx_part(j)
+                total = total + view.ptx_coef * ptx_loss
+                ptx_total += ptx_loss.item()
+            self._check_finite(total, step)
+            total.backward()
+            each.append(stats)
+            mean_entropy += tokens[j] * float(part_entropy.detach())
+        stats = _merged(each, rows if summed else shares, summed=summed)
+        if ptx_part is not None:
+            stats["loss/ptx"] = ptx_total
+        return stats, mean_entropy
+
+    def _cached(self, batch, rows, parts, step, ptx_part):
+        """The parts' backward passes for a loss of the whole minibatch (gradient caching).
+
+        The parts' forward passes without gradients give the whole minibatch's
+        outputs; the loss on them (a leaf each) gives its gradient with respect to
+        each output; each part's forward pass is then run again with gradients and
+        taken backward with its slice of those gradients (Gao et al. 2021). By the
+        chain rule the accumulated gradient is the whole minibatch's.
+        """
+        view = self.view
+        with torch.no_grad():
+            outputs = [self._forward(batch, part) for part in parts]
+        names = ["logprobs", "entropy", "values"]
+        wanted = {"logprobs": True, "entropy": view.entropy_coef > 0, "values": True}
+        leaves = {}
+        for name in names:
+            if getattr(outputs[0], name) is not None:
+                joined = torch.cat([getattr(out, name) for out in outputs])
+                leaves[name] = joined.requires_grad_(wanted[name])
+        minibatch = Minibatch(
+            batch, rows, leaves["logprobs"], leaves["entropy"], leaves.get("values")
+        )
+        loss, stats = self._loss(batch, minibatch)
+        mean_entropy = masked_mean(leaves["entropy"], minibatch.mask)
+        if view.entropy_coef > 0:
+            loss = loss - view.entropy_coef * mean_entropy
+        self._check_finite(loss, step)
+        taking = [name for name in leaves if leaves[name].requires_grad]
+        grads = torch.autograd.grad(loss, [leaves[name] for name in taking], allow_unused=True)
+        ptx_total, start = 0.0, 0
+        for j, part in enumerate(parts):
+            out = self._forward(batch, part)
+            stop = start + len(part)
+            tensors, slices = [], []
+            for name, grad in zip(taking, grads):
+                if grad is not None:  # a loss may not read every output (values)
+                    tensors.append(getattr(out, name))
+                    slices.append(grad[start:stop])
+            if ptx_part is not None:
+                ptx_loss = ptx_part(j)
+                tensors.append(view.ptx_coef * ptx_loss)
+                slices.append(torch.ones_like(ptx_loss))
+                ptx_total += ptx_loss.item()
+            if tensors:
+                torch.autograd.backward(tensors, slices)
+            start = stop
+        if ptx_part is not None:
+            stats["loss/ptx"] = ptx_total
+        return stats, float(mean_entropy.detach())
+
+    def _check_finite(self, loss, step) -> None:
+        """Refuse a non-finite loss before its gradient counts (none of the minibatch's is kept)."""
+        if not torch.isfinite(loss.detach()).all():
+            self.optimizer.zero_grad(set_to_none=True)
+            raise FloatingPointError(
+                f"{self.view.name}: the loss became {loss.item()} at step {step}; lower "
+                "learning_rate or check the data and the reward."
+            )
+
+    def pretraining_parts(self, texts, sizes):
+        """The pretraining loss of ``sum(sizes)`` draws, as terms that add up to it.
+
+        The draws are those of :meth:`pretraining_loss` (one ``randint`` from the
+        run's generator); ``part(j)`` is the next-token cross-entropy summed over
+        the tokens of the ``j``-th ``sizes[j]`` draws, divided by the tokens of
+        all of them, so the terms add up to their mean (one forward pass a part).
+        """
+        view = self.view
+        picks = torch.randint(len(texts), (sum(sizes),), generator=self.generator).tolist()
+        contexts = view.encode([texts[i][0] for i in picks])
+        ids, mask = view.pad_responses([texts[i][1] for i in picks])
+        mask = mask.float()
+        count = mask.sum().clamp(min=1.0)
+        bounds = np.cumsum([0, *sizes]).tolist()
+
+        def part(j: int) -> torch.Tensor:
+            lo, hi = bounds[j], bounds[j + 1]
+            logprobs = response_logprobs(
+                self.model, contexts[lo:hi], ids[lo:hi], mask[lo:hi], temperature=1.0,
+                suppress_ids=view.suppress_ids,
+            )  # fmt: skip
+            return -(logprobs * mask[lo:hi]).sum() / count
+
+        return part
 
     def pretraining_loss(self, texts, n: int) -> torch.Tensor:
         """Next-token cross-entropy of the policy on ``n`` pretraining texts drawn at random.
@@ -156,6 +314,23 @@ class Update:
         return -masked_mean(logprobs, mask, across_ranks=True)
 
 
+def _shares(weights: list) -> list:
+    """Each weight over their sum (all 0 when the sum is: nothing to average over)."""
+    total = sum(weights)
+    return [w / total if total > 0 else 0.0 for w in weights]
+
+
+def _merged(each: list, weights: list, *, summed: bool = False) -> dict:
+    """The parts' stats as one minibatch's: means with ``weights``; ``loss/`` keys summed
+    when ``summed`` (the parts' losses add up to the minibatch's)."""
+    out: dict = {}
+    for stats, weight in zip(each, weights):
+        for key, value in stats.items():
+            scale = 1.0 if summed and key.startswith("loss/") else weight
+            out[key] = out.get(key, 0.0) + scale * float(value)
+    return out
+
+
 # The smallest KL a token policy_change reports (nats): far above float32 rounding, far
 # below any useful target (AdaptiveLR's default is 0.01).
 NO_CHANGE = 1e-9
@@ -165,7 +340,7 @@ def policy_change(view, batch: RolloutBatch) -> float:
     """The update's measured policy change: mean KL(pi_before || pi_after) per response token.
 
     One forward pass without gradients over the step's own responses (in chunks
-    of the update's minibatch size) gives the updated policy's log-probs; the
+    of the update's passes, :meth:`StepView.pass_rows`) gives the updated policy's log-probs; the
     policy before the update gave ``batch.old_logprobs``, on the same tokens at
     the same (sampling) temperature. The tokens were sampled from the policy
     before, so Schulman (2020)'s k3 estimator, ``(r - 1) - log r`` with ``r =
@@ -174,7 +349,7 @@ def policy_change(view, batch: RolloutBatch) -> float:
     (the KL between the policies before and after an update that rsl_rl's and
     rl_games' adaptive schedules read). A change of ``NO_CHANGE`` (1e-9) or less is 0.
     """
-    chunk = max(1, len(batch) // view.n_minibatches)
+    chunk = view.pass_rows(len(batch))
     with torch.no_grad():
         after = torch.cat(
             [

@@ -52,12 +52,14 @@ class StepView:
     after_update: Callable
     kl_penalty: str
     recomputes_old_logprobs: bool
+    loss_reduction: str  # how compute_loss sums over a minibatch's parts
     needs_reference: bool
     resample_tied_groups: int | None  # extra rounds of resampling, or None
     # the parameters the step reads
     batch_size: int
     n_epochs: int
     n_minibatches: int
+    micro_batch_size: int | None
     n_steps: int
     learning_rate: float
     lr_schedule: str
@@ -73,6 +75,12 @@ class StepView:
     min_eos_share: float | None
     checkpoint_every: int
     refit_every: int | None
+
+    def pass_rows(self, n: int) -> int:
+        """Rows per pass over ``n`` rows: ``micro_batch_size``, else a minibatch's."""
+        if self.micro_batch_size is not None:
+            return self.micro_batch_size
+        return max(1, n // self.n_minibatches)
 
     @property
     def models(self) -> tuple:
