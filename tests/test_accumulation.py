@@ -256,3 +256,39 @@ def test_an_engine_rollout_runs_one_forward_pass_of_the_policy(monkeypatch, cls,
     # The old log-probs are the policy's (the engine's are 0.01 lower a token).
     assert row["engine/logprob_gap_mean"] == pytest.approx(0.01, abs=1e-5)
     assert row["engine/is_weight_mean"] == pytest.approx(np.exp(0.01), abs=1e-5)
+
+
+@pytest.mark.parametrize(
+    "cls, extra, whole, parts",
+    [
+        # 2 minibatches of 4, parts of 2: one pass a part.
+        (RLOOPolicy, {"k": 2}, 2, 4),
+        # 1 minibatch of 8, parts of 2, the cached path: a pass without gradients and a
+        # pass with them a part.
+        (RAFTPolicy, {"k": 2, "n_epochs": 1}, 1, 8),
+    ],
+)
+def test_the_update_runs_one_pass_a_part_and_two_on_the_cached_path(
+    monkeypatch, cls, extra, whole, parts
+):
+    calls = []
+    counted, passes = _update.response_logprobs, _update.Update._passes
+    inside = [False]
+
+    def counting(*args, **kwargs):
+        calls.append(inside[0])
+        return counted(*args, **kwargs)
+
+    def updating(self, *args):
+        inside[0] = True
+        try:
+            return passes(self, *args)
+        finally:
+            inside[0] = False
+
+    monkeypatch.setattr(_update, "response_logprobs", counting)
+    monkeypatch.setattr(_update.Update, "_passes", updating)
+    for micro, expected in ((None, whole), (2, parts)):
+        calls.clear()
+        fit(cls, micro, **extra)
+        assert sum(calls) == expected, micro

@@ -392,11 +392,7 @@ def _sample(
     prompt_index=None,
     policy_pass: bool = True,
 ):
-    """``sample``'s work: ``(tokens, policy log-probs or None, engine log-probs or None)``.
-
-    With ``return_logprobs`` and ``policy_pass=False`` the policy's log-probs are
-    ``None`` (the caller runs that pass itself, on its own padding).
-    """
+    """``sample``'s work: ``(tokens, policy log-probs, engine log-probs)``, each None unasked."""
     from ._forward import _id_tensor
     from ._shared_prompts import prompt_groups
 
@@ -459,10 +455,8 @@ def _sample(
                 values = [step[t].logprob for step, t in zip(completion.logprobs, out_ids)]
                 logprobs[row, : len(values)] = torch.as_tensor(values)
     tokens = tokens.to(device)
-    if not return_logprobs:
-        return tokens, None, None
-    if not policy_pass:
-        return tokens, None, logprobs.to(device)
+    if not (return_logprobs and policy_pass):  # policy_pass=False: the caller runs it
+        return tokens, None, logprobs.to(device) if return_logprobs else None
     # The caller reads these as the sampling pass's log-probs (the KL's old log-probs):
     # the policy's own, from a forward pass, never the engine's; those are kept for the gap.
     from .generation import response_logprobs, truncate_after_eos

@@ -167,6 +167,8 @@ class Update:
         ``"minibatch"``, through :meth:`_cached`).
         """
         view = self.view
+        # One process (a distributed fit refuses micro_batch_size): the counts and means
+        # here are over this process's parts.
         parts = micro_batches(rows, view.micro_batch_size)
         tokens = _shares([float(batch.response_mask[part].sum()) for part in parts])
         ptx_part = None if ptx is None else self.pretraining_parts(ptx, [len(p) for p in parts])
@@ -193,7 +195,7 @@ class Update:
         for j, part in enumerate(parts):
             minibatch = self._forward(batch, part)
             loss, stats = self._loss(batch, minibatch)
-            part_entropy = masked_mean(minibatch.entropy, minibatch.mask)
+            part_entropy = masked_mean(minibatch.entropy, minibatch.mask, across_ranks=False)
             total = shares[j] * loss
             if view.entropy_coef > 0:
                 total = total - tokens[j] * view.entropy_coef * part_entropy
@@ -233,7 +235,7 @@ class Update:
             batch, rows, leaves["logprobs"], leaves["entropy"], leaves.get("values")
         )
         loss, stats = self._loss(batch, minibatch)
-        mean_entropy = masked_mean(leaves["entropy"], minibatch.mask)
+        mean_entropy = masked_mean(leaves["entropy"], minibatch.mask, across_ranks=False)
         if view.entropy_coef > 0:
             loss = loss - view.entropy_coef * mean_entropy
         self._check_finite(loss, step)
