@@ -1,14 +1,15 @@
 """Activation memory of an RL policy's update with and without gradient accumulation.
 
 One step (``n_steps=1``) of a policy on the benchmark's word task
-(``_throughput_task.py``: its 36 prompts, its lexicon reward) with a causal LM built
-from a config (GPT-2's architecture; ``--layers``, ``--width``, ``--vocab``; random
-weights, nothing downloaded), once per ``micro_batch_size`` (``None``, then each of
+(``_throughput_task.py``: its 36 prompts, its lexicon reward plus 0.01 a character,
+``missing_eos_reward=None``: random weights seldom stop) with a causal LM built from a
+config (GPT-2's architecture; ``--layers``, ``--width``, ``--vocab``; random weights,
+nothing downloaded), once per ``micro_batch_size`` (``None``, then each of
 ``--micro``), every fit with the same seed. Per algorithm and setting it prints:
 
 * **saved activations**: the most bytes autograd keeps for one backward pass, over
   the step's backward passes (``torch.autograd.graph.saved_tensors_hooks`` over the
-  forward passes, each storage once, the weights left out; the count restarts at each
+  forward passes, each storage once, the trained weights left out; the count restarts at each
   ``torch.autograd.backward``, after which the graph is freed). Deterministic, on any
   device; its ratio to ``None``'s is the column ``x saved``;
 * **peak update memory** (CUDA only): ``torch.cuda.max_memory_allocated`` during the
@@ -17,7 +18,8 @@ weights, nothing downloaded), once per ``micro_batch_size`` (``None``, then each
   ratio from below;
 * **update seconds** (``time/update`` of the step's ``history_`` row), for information;
 * **max |grad difference|** to ``None``'s gradient after the step (the last
-  minibatch's), which accumulation leaves equal up to float rounding.
+  minibatch's), which accumulation leaves equal up to float rounding, beside the
+  gradient's largest entry.
 
 RAFT's loss (a mean over the kept responses' tokens) declares ``loss_reduction =
 "minibatch"``: its parts are accumulated through the cached gradients, one more
@@ -37,6 +39,7 @@ import argparse
 import os
 import sys
 
+import numpy as np
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -51,6 +54,12 @@ ALGORITHMS = {
     "ppo": (prefopt.PPOPolicy, {"n_epochs": 1, "n_minibatches": 1}),
     "raft": (prefopt.RAFTPolicy, {"k": 4, "n_epochs": 1}),
 }
+
+
+def reward(prompts, completions):
+    """The lexicon reward plus 0.01 a character: random weights' completions seldom tie on it."""
+    characters = np.array([len(c) for c in completions], dtype=float)
+    return lexicon_reward(prompts, completions) + 0.01 * characters
 
 
 def build(args, tokenizer):
@@ -75,8 +84,8 @@ class SavedBytes:
         self.policy, self.held, self.peak = policy, {}, 0
 
     def pack(self, t):
-        model = getattr(self.policy, "model_", None)
-        weights = {p.untyped_storage().data_ptr() for p in model.parameters()} if model else ()
+        modules = [getattr(self.policy, name, None) for name in ("model_", "value_model_")]
+        weights = {p.untyped_storage().data_ptr() for m in modules if m for p in m.parameters()}
         key = t.untyped_storage().data_ptr()
         if key not in weights:
             self.held[key] = t.untyped_storage().nbytes()
@@ -140,10 +149,11 @@ def run(args, name, micro, world, tokenizer):
         micro_batch_size=micro,
         random_state=0,
         on_unhealthy="ignore",
+        missing_eos_reward=None,  # a response that does not end keeps its score
         **extra,
     )
     with UpdatePeak(args.device) as update, SavedBytes(policy) as saved:
-        policy.fit(world.prompts, lexicon_reward)
+        policy.fit(world.prompts, reward)
     grads = {n: p.grad.detach().cpu() for n, p in policy.model_.named_parameters()}
     return {
         "saved": saved.peak,
@@ -177,7 +187,7 @@ def main(argv=None) -> None:
     )
     print(
         f"{'algorithm':<9} {'micro':>5} {'saved MB':>9} {'x saved':>7} {'peak MB':>8} "
-        f"{'x peak':>6} {'update s':>8} {'max |grad diff|':>15}"
+        f"{'x peak':>6} {'update s':>8} {'max |grad diff|':>15} {'max |grad|':>10}"
     )
     with prefopt.config_context(device=args.device, show_progress_bar=False):
         for name in args.algorithms.split(","):
@@ -188,12 +198,13 @@ def main(argv=None) -> None:
                 diff = max(
                     float((out["grads"][n] - base["grads"][n]).abs().max()) for n in out["grads"]
                 )
+                scale = max(float(g.abs().max()) for g in out["grads"].values())
                 peak = "-" if out["peak"] is None else f"{out['peak'] / 2**20:.1f}"
                 ratio = "-" if out["peak"] is None else f"{out['peak'] / base['peak']:.2f}"
                 print(
                     f"{name:<9} {str(micro):>5} {out['saved'] / 2**20:>9.2f} "
                     f"{out['saved'] / base['saved']:>7.3f} {peak:>8} {ratio:>6} "
-                    f"{out['seconds']:>8.3f} {diff:>15.2e}"
+                    f"{out['seconds']:>8.3f} {diff:>15.2e} {scale:>10.2e}"
                 )
 
 
