@@ -88,7 +88,7 @@ def test_ready_decode_mask_gives_the_same_samples_and_log_probs(monkeypatch):
         max_new_tokens=8, temperature=1.0, suppress_ids=(tok.pad_token_id,), return_logprobs=True
     )
     ids, logp = sample(model, enc, generator=make_generator(3), **kwargs)
-    assert generation._READY_MASK_OK[model] is True  # GPT-2 with SDPA reads the 4D mask
+    assert generation.ready_mask_verdict(model) is True  # GPT-2 with SDPA reads the 4D mask
     monkeypatch.setattr(generation, "_may_take_ready_mask", lambda model: False)
     ids_2d, logp_2d = sample(model, enc, generator=make_generator(3), **kwargs)
     assert torch.equal(ids, ids_2d)
@@ -113,7 +113,7 @@ def test_a_model_that_misreads_the_ready_mask_keeps_the_2d_one():
     enc = encode_prompts(tok, PROMPTS)
     kwargs = dict(max_new_tokens=6, temperature=1.0, suppress_ids=(tok.pad_token_id,))
     ids = sample(model, enc, generator=make_generator(3), **kwargs)
-    assert generation._READY_MASK_OK[model] is False
+    assert generation.ready_mask_verdict(model) is False
     base.eval()
     assert torch.equal(ids, sample(base, enc, generator=make_generator(3), **kwargs))
 

@@ -24,15 +24,15 @@ from prefopt.policies import Algorithm, BasePolicy
 
 PACKAGE = Path(__file__).resolve().parents[1] / "prefopt"
 LOOP = sorted((PACKAGE / "policies" / "loop").glob("*.py"))
-# The sampling engine (native), the reductions, the rollout and the step's pieces: no
-# module-level state (the distributed means say across_ranks at their call sites).
+# The torch layer (sampling engines, forward passes, the data-parallel engines and the
+# reductions) and every module of the step: no module-level state (the distributed means
+# say across_ranks at their call sites; a DDP wrapper is held by the fit that made it).
+# The one exception, named: vLLM's engine, one a process (its KV cache holds GPU memory
+# for good), shared by every fit and sampling call of the process.
+PROCESS_WIDE = {"vllm_engine.py"}
 STATELESS = [
-    PACKAGE / "backend" / name for name in ("samplers.py", "generation.py", "distributed.py")
-] + [
-    p
-    for p in LOOP
-    if p.name not in ("_health.py",)  # thresholds only, checked below too
-]
+    p for p in sorted((PACKAGE / "backend").glob("*.py")) if p.name not in PROCESS_WIDE
+] + LOOP
 HEALTH_AND_PERSISTENCE = [
     PACKAGE / "lm" / name
     for name in ("_health.py", "_persist.py", "_loadable.py", "_checkpoint.py", "_identity.py")

@@ -1,22 +1,17 @@
 """The data-parallel engines: DistributedDataParallel beside a module, or FSDP's fully_shard.
 
-Part of :mod:`prefopt.backend.distributed` (re-exported there). This module keeps
-which modules it wrapped and sharded; who this process is comes from
+Part of :mod:`prefopt.backend.distributed` (re-exported there). This module keeps no
+state: :func:`prepare` returns the module a training pass goes through (the DDP wrapper),
+which the fit that asked for it holds, and a module sharded in place says so by its class
+(``fully_shard`` makes it an ``FSDPModule``). Who this process is comes from
 :mod:`._process_group`, and the shares and reductions are ``distributed``'s.
 """
 
 from __future__ import annotations
 
-import weakref
-
 import torch
 
 from ._process_group import is_main, sharded, world_size
-
-# The DistributedDataParallel wrapper of each trained module (weakly keyed: it goes with it).
-_WRAPPED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-# Modules that fully_shard has sharded in place.
-_SHARDED: weakref.WeakSet = weakref.WeakSet()
 
 
 def prepare(
@@ -24,12 +19,13 @@ def prepare(
 ) -> torch.nn.Module | None:
     """Put ``module`` under the data-parallel engine the configuration selects.
 
-    ``distributed="ddp"`` (default): a ``DistributedDataParallel`` wrapper is kept
+    ``distributed="ddp"`` (default): a ``DistributedDataParallel`` wrapper is made
     beside the module (the module itself, its ``state_dict`` and its
-    ``save_pretrained`` stay as they are) and :func:`wrapper` gives it to the
-    training passes; its constructor broadcasts rank 0's weights. ``"fsdp"``:
-    ``fully_shard`` shards the module in place (every transformer block, then the
-    whole model). Outside a process group nothing changes.
+    ``save_pretrained`` stay as they are) and returned: the caller's training
+    passes go through it, so that their backward averages the gradients; its
+    constructor broadcasts rank 0's weights. ``"fsdp"``: ``fully_shard`` shards
+    the module in place (every transformer block, then the whole model), once.
+    Outside a process group nothing changes.
 
     Parameters
     ----------
@@ -41,23 +37,28 @@ def prepare(
 
     Returns
     -------
-    module : torch.nn.Module or None
-        The same module.
+    trained : torch.nn.Module or None
+        What a training pass of ``module`` goes through: its DDP wrapper, or the
+        module itself (sharded in place, or outside a process group).
+
+    Examples
+    --------
+    >>> import torch
+    >>> layer = torch.nn.Linear(2, 1)
+    >>> prepare(layer, torch.device("cpu")) is layer  # no process group: itself
+    True
     """
     if module is None or world_size() == 1:
         return module
     if sharded() and shard:
-        if module not in _SHARDED:
+        if not is_sharded(module):
             _fully_shard(module)
-            _SHARDED.add(module)
         return module
-    if module not in _WRAPPED:
-        from torch.nn.parallel import DistributedDataParallel
+    from torch.nn.parallel import DistributedDataParallel
 
-        cuda = device is not None and device.type == "cuda"
-        ids = [device.index if device.index is not None else 0] if cuda else None
-        _WRAPPED[module] = DistributedDataParallel(module, device_ids=ids)
-    return module
+    cuda = device is not None and device.type == "cuda"
+    ids = [device.index if device.index is not None else 0] if cuda else None
+    return DistributedDataParallel(module, device_ids=ids)
 
 
 def _fully_shard(module: torch.nn.Module) -> None:
@@ -73,21 +74,16 @@ def _fully_shard(module: torch.nn.Module) -> None:
     fully_shard(module)
 
 
-def wrapper(module):
-    """The module a training pass of ``module`` goes through: its DDP wrapper, or itself.
-
-    A training pass must go through DistributedDataParallel's ``forward`` for its
-    backward to average the gradients; the policy loop's update holds the wrappers
-    of the modules it trains. ``None`` stays ``None``.
-    """
-    if module is None or world_size() == 1:
-        return module
-    return _WRAPPED.get(module, module)
-
-
 def is_sharded(module) -> bool:
-    """Whether ``module`` was sharded in place by :func:`prepare`."""
-    return module is not None and module in _SHARDED
+    """Whether ``module`` was sharded in place by :func:`prepare` (``fully_shard``).
+
+    ``fully_shard`` gives the module a subclass of ``FSDPModule``: its class says it.
+    """
+    if module is None or not torch.distributed.is_available():
+        return False
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(module, FSDPModule)
 
 
 def full_state_dict(module: torch.nn.Module) -> dict | None:

@@ -9,13 +9,17 @@ mask").
 from __future__ import annotations
 
 import copy
-import weakref
 
 import torch
 
-# Models checked to read a ready 4D mask at a decode step as they read the 2D padding
-# mask (weakly keyed: an entry goes with its model).
-_READY_MASK_OK: weakref.WeakKeyDictionary[torch.nn.Module, bool] = weakref.WeakKeyDictionary()
+# The attribute in which a model keeps the verdict of its one check (a plain attribute,
+# not a parameter or buffer: no state_dict or saved config holds it; a copy keeps it).
+_VERDICT = "_prefopt_ready_mask_ok"
+
+
+def ready_mask_verdict(model) -> bool | None:
+    """Whether ``model`` was checked to read a ready 4D decode mask; ``None``: not checked."""
+    return getattr(model, _VERDICT, None)
 
 
 def _may_take_ready_mask(model) -> bool:
@@ -38,7 +42,9 @@ def _may_take_ready_mask(model) -> bool:
     if any(getattr(config, key, None) for key in ("sliding_window", "attention_chunk_size")):
         return False
     layer_types = getattr(config, "layer_types", None) or ()
-    return _READY_MASK_OK.get(model, True) and all(t == "full_attention" for t in layer_types)
+    return ready_mask_verdict(model) is not False and all(
+        t == "full_attention" for t in layer_types
+    )
 
 
 def _ready_mask(model, mask: torch.Tensor) -> torch.Tensor:
@@ -69,5 +75,5 @@ def _check_ready_mask(model, args: dict, cache_arg: str, past, mask, ready):
         ok = bool(torch.allclose(out.logits.float(), trial.logits.float(), atol=1e-4, rtol=1e-4))
     except Exception:  # noqa: BLE001 - any failure means "keep the 2D mask"
         ok = False
-    _READY_MASK_OK[model] = ok
+    setattr(model, _VERDICT, ok)
     return out

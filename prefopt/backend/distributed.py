@@ -29,14 +29,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-# The engines, re-exported (distributed.prepare, distributed.wrapper, ...).
+# The engines, re-exported (distributed.prepare, distributed.is_sharded, ...).
 from ._engines import (  # noqa: F401
     full_optimizer_state,
     full_state_dict,
     is_sharded,
     load_full_optimizer_state,
     prepare,
-    wrapper,
 )
 from ._process_group import init_from_env, is_main, local_rank, rank, sharded, world_size
 

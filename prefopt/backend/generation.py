@@ -27,7 +27,7 @@ from ._forward import (  # noqa: F401 - position_ids_from_mask and the helpers a
     _valid_ids,
     position_ids_from_mask,
 )
-from ._masks import _READY_MASK_OK, _check_ready_mask, _may_take_ready_mask, _ready_mask
+from ._masks import _check_ready_mask, _may_take_ready_mask, _ready_mask, ready_mask_verdict
 from ._shared_prompts import fast_response_logprobs, is_transformers_model, prompt_groups
 from ._torch import autocast
 
@@ -330,9 +330,9 @@ def sample(
             # Sampled ids are real tokens (mask 1): no pad replacement needed here.
             args = dict(input_ids=token, position_ids=next_position + step, use_cache=True, **keep)
             with autocast(device):
-                if ready is not None and model not in _READY_MASK_OK:
+                if ready is not None and ready_mask_verdict(model) is None:
                     out = _check_ready_mask(model, args, cache_arg, past, mask, ready)
-                    ready = ready if _READY_MASK_OK[model] else None
+                    ready = ready if ready_mask_verdict(model) else None
                 else:
                     step_mask = mask if ready is None else ready[..., : mask.shape[1]]
                     out = model(attention_mask=step_mask, **args, **{cache_arg: past})

@@ -325,6 +325,43 @@ def check_texts(
     return rows
 
 
+def check_pairs(prompts, completions, what: str, *, token_ids: bool = False) -> tuple:
+    """Prompts and completions checked as :func:`check_texts` does, one prompt a completion.
+
+    A prompt may be a conversation (kept), a completion one assistant message (its
+    text) or, with ``token_ids``, a list of token ids.
+
+    Parameters
+    ----------
+    prompts, completions : list
+    what : str
+        What is being checked, named in errors (``"RewardModel.predict"``).
+    token_ids : bool, default=False
+        Also accept completions that are lists of token ids.
+
+    Returns
+    -------
+    prompts, completions : list
+
+    Examples
+    --------
+    >>> check_pairs(["a"], ["b", "c"], "predict")
+    Traceback (most recent call last):
+    ...
+    ValueError: Got 1 prompts and 2 completions; pass one prompt per completion.
+    """
+    prompts = check_texts(prompts, "prompt", what, messages="keep")
+    completions = check_texts(
+        completions, "completion", what, token_ids=token_ids, messages="content"
+    )
+    if len(prompts) != len(completions):
+        raise ValueError(
+            f"Got {len(prompts)} prompts and {len(completions)} completions; "
+            "pass one prompt per completion."
+        )
+    return prompts, completions
+
+
 def _check_text(
     values, column: str, what: str, allow_empty: bool = False, messages: str | None = None
 ) -> list:

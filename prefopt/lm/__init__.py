@@ -18,10 +18,11 @@ from ._base import (
 from ._generative import GenerativeEstimator, GenerativeStep
 from ._persist import load, save
 from ._run import RunState
-from ._supervised import schedule_scale, train_minibatches
+from ._supervised import SUPERVISED_CONSTRAINTS, schedule_scale, train_minibatches, warn_y_ignored
 from ._truncation import check_lengths, too_long_error, truncate_rows
 
 __all__ = [
+    "SUPERVISED_CONSTRAINTS",
     "DEFAULT_MAX_NEW_TOKENS",
     "DEFAULT_TEMPERATURE",
     "GenerativeEstimator",
@@ -36,6 +37,7 @@ __all__ = [
     "schedule_scale",
     "too_long_error",
     "train_minibatches",
+    "warn_y_ignored",
     "truncate_rows",
     "with_lora",
 ]

@@ -17,7 +17,7 @@ from sklearn.utils.validation import check_is_fitted
 from .._config import get_config
 from ..backend import local_seed, make_generator, response_logprobs
 from ..backend.progress import verbose_log
-from ..data import PreferenceData, check_prompts, check_texts
+from ..data import PreferenceData, check_pairs, check_prompts
 from ..validation import validate_parameter_constraints
 from ._base import LanguageModelEstimator
 from ._encoding import context_length
@@ -230,15 +230,7 @@ class GenerativeEstimator(LanguageModelEstimator):
         """
         check_is_fitted(self)
         what = f"{type(self).__name__}.log_prob"
-        prompts = check_texts(prompts, "prompt", what, messages="keep")
-        completions = check_texts(
-            completions, "completion", what, token_ids=True, messages="content"
-        )
-        if len(prompts) != len(completions):
-            raise ValueError(
-                f"Got {len(prompts)} prompts and {len(completions)} completions; "
-                "pass one prompt per completion."
-            )
+        prompts, completions = check_pairs(prompts, completions, what, token_ids=True)
         temperature = self.temperature_ if temperature is None else temperature
         if (
             isinstance(temperature, bool)

@@ -7,8 +7,12 @@ everything else (order, learning-rate schedule, the guarded optimiser step,
 
 from __future__ import annotations
 
+import functools
 import math
+import os
 import time
+import warnings
+from numbers import Integral, Real
 
 import torch
 
@@ -21,9 +25,53 @@ from ..backend.memory import (
 )
 from ..backend.progress import progress_shown, tqdm
 from ..tracking import open_run
+from ..validation import Interval, StrOptions
 from ._health import supervised_monitor
 
-__all__ = ["schedule_scale", "train_minibatches"]
+__all__ = ["SUPERVISED_CONSTRAINTS", "schedule_scale", "train_minibatches", "warn_y_ignored"]
+
+# Why a comparison estimator's score needs no y.
+COMPARISONS_SAY = "the comparisons say which response is chosen"
+
+# The constraints of the parameters every supervised estimator (SFT, the reward model,
+# DPO) shares: each declares only its own beside them.
+SUPERVISED_CONSTRAINTS = {
+    "model": "no_validation",
+    "tokenizer": "no_validation",
+    "learning_rate": [Interval(Real, 0, None, closed="neither"), None],
+    "n_epochs": [Interval(Integral, 1, None, closed="left")],
+    "batch_size": [Interval(Integral, 1, None, closed="left")],
+    "temperature": [Interval(Real, 0, None, closed="neither"), None],
+    "max_new_tokens": [Interval(Integral, 1, None, closed="left"), None],
+    "stop_token_ids": ["array-like", Interval(Integral, 0, None, closed="left"), None],
+    "max_length": [Interval(Integral, 2, None, closed="left"), None],
+    "max_prompt_length": [Interval(Integral, 1, None, closed="left"), None],
+    "random_state": ["random_state"],
+    "verbose": ["verbose"],
+    "checkpoint_dir": [str, os.PathLike, None],
+    "checkpoint_every": [Interval(Integral, 1, None, closed="left")],
+    "on_unhealthy": [StrOptions({"warn", "raise", "stop", "ignore"})],
+    "lora": "no_validation",
+    "gradient_checkpointing": ["boolean"],
+    "micro_batch_size": [Interval(Integral, 1, None, closed="left"), None],
+}
+
+
+def warn_y_ignored(y, method: str, why: str = COMPARISONS_SAY) -> None:
+    """Warn that ``method`` (a ``score`` or ``partial_fit``) ignores the ``y`` it was given.
+
+    ``why`` says where the targets come from instead; the warning points at the caller.
+
+    Examples
+    --------
+    >>> warn_y_ignored(None, "RewardModel.score")  # no y: nothing to say
+    """
+    if y is not None:
+        warnings.warn(
+            f"{method} ignores y (got {type(y).__name__}): {why}; call score(X) without y.",
+            UserWarning,
+            stacklevel=3,
+        )
 
 
 def schedule_scale(schedule: str, progress: float) -> float:
@@ -100,7 +148,9 @@ def train_minibatches(
     n_rows : int
         Rows of training data.
     batch_loss : callable
-        ``batch_loss(rows) -> (loss tensor, dict of floats)``; the dict joins the
+        ``batch_loss(model, rows) -> (loss tensor, dict of floats)``: ``model`` is
+        what the training passes go through (``estimator.model_``, or its
+        DistributedDataParallel wrapper in a distributed fit); the dict joins the
         history row.
     parameters : iterable of torch.nn.Parameter
         What the optimiser trains.
@@ -134,7 +184,7 @@ def train_minibatches(
     >>> from types import SimpleNamespace
     >>> w = torch.nn.Parameter(torch.zeros(1))
     >>> est = SimpleNamespace(n_epochs=2, batch_size=2, learning_rate_=0.1, n_iter_=0, history_=[])
-    >>> loss = lambda rows: (((w - 1.0) ** 2).sum(), {"loss/toy": 0.0})
+    >>> loss = lambda model, rows: (((w - 1.0) ** 2).sum(), {"loss/toy": 0.0})
     >>> _ = train_minibatches(est, 4, loss, parameters=[w], generator=torch.Generator(),
     ...                       schedule="constant", name="toy")
     >>> est.n_iter_, len(est.history_)
@@ -152,8 +202,9 @@ def train_minibatches(
         )
     if getattr(estimator, "gradient_checkpointing", False):
         enable_gradient_checkpointing(estimator.model_, f"{name}'s model")
-    # DDP (also under distributed="fsdp": FSDP shards the RL policy only).
-    distributed.prepare(
+    # DDP (also under distributed="fsdp": FSDP shards the RL policy only): the training
+    # passes go through the wrapper, which batch_loss is given.
+    trained = distributed.prepare(
         getattr(estimator, "model_", None), getattr(estimator, "device_", None), shard=False
     )
     parameters = [p for p in parameters if p.requires_grad]  # a LoRA adapter: its own only
@@ -188,14 +239,14 @@ def train_minibatches(
                     group["lr"] = lr
                 began = time.perf_counter()
                 # This rank's share; a loss goes through the DDP wrapper and means over the
-                # ranks where batch_loss says so (distributed.wrapper, across_ranks=True).
+                # ranks where batch_loss says so (across_ranks=True).
                 parts = micro_batches(distributed.shard(rows), micro)
                 weights = [float(weight(p) if weight else len(p)) for p in parts]
                 with training_passes(getattr(estimator, "model_", None)):
                     loss, stats = accumulated_step(
                         optimizer,
                         parts,
-                        batch_loss,
+                        functools.partial(batch_loss, trained),
                         weights,
                         who=name,
                         step=estimator.n_iter_ + 1,

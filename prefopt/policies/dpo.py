@@ -10,9 +10,7 @@ et al. 2023) regresses that margin on 1/(2 beta) instead.
 
 from __future__ import annotations
 
-import os
-import warnings
-from numbers import Integral, Real
+from numbers import Real
 
 import numpy as np
 import torch
@@ -33,7 +31,15 @@ from ..backend import (
     response_logprobs,
 )
 from ..data import PreferenceData, check_comparisons
-from ..lm import GenerativeStep, check_lengths, too_long_error, train_minibatches, truncate_rows
+from ..lm import (
+    SUPERVISED_CONSTRAINTS,
+    GenerativeStep,
+    check_lengths,
+    too_long_error,
+    train_minibatches,
+    truncate_rows,
+    warn_y_ignored,
+)
 from ..lm import checkpoint as ckpt
 from ..tracking import check_callback
 from ..validation import Interval, StrOptions, validate_params
@@ -214,27 +220,10 @@ class DPOPolicy(GenerativeStep):
 
     tiny_model_learning_rate = 1e-3  # learning_rate=None on a tiny model (LR_SWEEP.md)
     _parameter_constraints = {
-        "model": "no_validation",
-        "tokenizer": "no_validation",
+        **SUPERVISED_CONSTRAINTS,
         "beta": [Interval(Real, 0, None, closed="neither")],
         "loss": [StrOptions({"sigmoid", "ipo"})],
-        "learning_rate": [Interval(Real, 0, None, closed="neither"), None],
-        "n_epochs": [Interval(Integral, 1, None, closed="left")],
-        "batch_size": [Interval(Integral, 1, None, closed="left")],
         "lr_schedule": [StrOptions({"cosine", "linear", "constant"})],
-        "temperature": [Interval(Real, 0, None, closed="neither"), None],
-        "max_new_tokens": [Interval(Integral, 1, None, closed="left"), None],
-        "stop_token_ids": ["array-like", Interval(Integral, 0, None, closed="left"), None],
-        "max_length": [Interval(Integral, 2, None, closed="left"), None],
-        "max_prompt_length": [Interval(Integral, 1, None, closed="left"), None],
-        "lora": "no_validation",
-        "gradient_checkpointing": ["boolean"],
-        "micro_batch_size": [Interval(Integral, 1, None, closed="left"), None],
-        "random_state": ["random_state"],
-        "verbose": ["verbose"],
-        "checkpoint_dir": [str, os.PathLike, None],
-        "checkpoint_every": [Interval(Integral, 1, None, closed="left")],
-        "on_unhealthy": [StrOptions({"warn", "raise", "stop", "ignore"})],
     }
 
     def __init__(
@@ -346,10 +335,9 @@ class DPOPolicy(GenerativeStep):
         with torch.no_grad(), self._reference() as ref:  # once, before training
             ref_logps = self._logps(ref, prompt_rows, response_rows, torch.arange(n))
 
-        def batch_loss(rows):
+        def batch_loss(model, rows):  # model: what training passes go through (DDP's wrapper)
             # Chosen and rejected go through one forward pass together.
             rows = torch.as_tensor(rows)
-            model = distributed.wrapper(self.model_)  # distributed: through DDP's forward
             logps = self._logps(model, prompt_rows, response_rows, rows)
             logp_c, logp_r = logps[: len(rows)], logps[len(rows) :]
             rows = rows.to(ref_logps.device)
@@ -474,13 +462,7 @@ class DPOPolicy(GenerativeStep):
         accuracy : float
         """
         check_is_fitted(self)
-        if y is not None:
-            warnings.warn(
-                f"DPOPolicy.score ignores y (got {type(y).__name__}): the comparisons say "
-                "which response is chosen; call score(X) without y.",
-                UserWarning,
-                stacklevel=2,
-            )
+        warn_y_ignored(y, "DPOPolicy.score")
         if isinstance(X, PreferenceData):
             X = X.require("comparisons", "DPOPolicy.score")
         data = check_comparisons(X)

@@ -7,22 +7,26 @@ and the model learns to stop (Huang et al. 2024).
 
 from __future__ import annotations
 
-import os
-import warnings
-from numbers import Integral, Real
-
 import numpy as np
 import torch
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 
 from .._config import get_config
-from ..backend import default_learning_rate, distributed, make_generator, response_logprobs
+from ..backend import default_learning_rate, make_generator, response_logprobs
 from ..data import PreferenceData, check_demonstrations
-from ..lm import GenerativeStep, check_lengths, too_long_error, train_minibatches, truncate_rows
+from ..lm import (
+    SUPERVISED_CONSTRAINTS,
+    GenerativeStep,
+    check_lengths,
+    too_long_error,
+    train_minibatches,
+    truncate_rows,
+    warn_y_ignored,
+)
 from ..lm import checkpoint as ckpt
 from ..tracking import check_callback
-from ..validation import Interval, StrOptions, validate_params
+from ..validation import StrOptions, validate_params
 from .loop import masked_mean
 
 __all__ = ["SFTPolicy"]
@@ -164,26 +168,9 @@ class SFTPolicy(GenerativeStep):
     """
 
     _parameter_constraints = {
-        "model": "no_validation",
-        "tokenizer": "no_validation",
-        "learning_rate": [Interval(Real, 0, None, closed="neither"), None],
-        "n_epochs": [Interval(Integral, 1, None, closed="left")],
-        "batch_size": [Interval(Integral, 1, None, closed="left")],
+        **SUPERVISED_CONSTRAINTS,
         "lr_schedule": [StrOptions({"cosine", "linear", "constant"})],
-        "temperature": [Interval(Real, 0, None, closed="neither"), None],
-        "max_new_tokens": [Interval(Integral, 1, None, closed="left"), None],
-        "stop_token_ids": ["array-like", Interval(Integral, 0, None, closed="left"), None],
-        "max_length": [Interval(Integral, 2, None, closed="left"), None],
-        "max_prompt_length": [Interval(Integral, 1, None, closed="left"), None],
-        "random_state": ["random_state"],
-        "verbose": ["verbose"],
         "warm_start": ["boolean"],
-        "checkpoint_dir": [str, os.PathLike, None],
-        "checkpoint_every": [Interval(Integral, 1, None, closed="left")],
-        "on_unhealthy": [StrOptions({"warn", "raise", "stop", "ignore"})],
-        "lora": "no_validation",
-        "gradient_checkpointing": ["boolean"],
-        "micro_batch_size": [Interval(Integral, 1, None, closed="left"), None],
         "pad_token": [StrOptions({"distinct", "eos"})],
     }
 
@@ -309,9 +296,9 @@ class SFTPolicy(GenerativeStep):
         return ptoks, ctoks
 
     def _train(self, ptoks, ctoks, generator, resume=None, model_key=None, callback=None) -> None:
-        def batch_loss(rows):
+        def batch_loss(model, rows):  # model: what training passes go through (DDP's wrapper)
             loss, n_tokens = self._batch_loss(
-                distributed.wrapper(self.model_),  # a distributed fit: through DDP's forward
+                model,
                 [ptoks[i] for i in rows],
                 [ctoks[i] for i in rows],
             )
@@ -364,13 +351,8 @@ class SFTPolicy(GenerativeStep):
         score : float
         """
         check_is_fitted(self)
-        if y is not None:
-            warnings.warn(
-                f"SFTPolicy.score ignores y (got {type(y).__name__}): the score is the "
-                "log-likelihood of the demonstrations' completions; call score(X) without y.",
-                UserWarning,
-                stacklevel=2,
-            )
+        why = "the score is the log-likelihood of the demonstrations' completions"
+        warn_y_ignored(y, "SFTPolicy.score", why)
         prompts, completions = check_demonstrations(X)
         ptoks, ctoks = self._demonstration_tokens(prompts, completions)
         total, count = 0.0, 0

@@ -7,12 +7,10 @@ import os
 import warnings
 
 import torch
-from sklearn.utils.validation import check_is_fitted
 
 from ..backend.progress import quiet_transformers
-from ..lm._checkpoint import check_folder
 
-__all__ = ["SCORING_HELPER", "SequenceClassifierExport", "to_sequence_classifier"]
+__all__ = ["SCORING_HELPER", "save_sequence_classifier", "to_sequence_classifier"]
 
 # The file save_pretrained writes beside the weights: scoring with transformers alone.
 SCORING_HELPER = "score_reward.py"
@@ -172,70 +170,30 @@ def to_sequence_classifier(rm, stop_ids):
     return model.eval()
 
 
-class SequenceClassifierExport:
-    """:class:`~prefopt.rewards.RewardModel`'s export to a transformers classifier (a mixin)."""
+def save_sequence_classifier(model, tokenizer, directory, end_id: int, owner: str) -> None:
+    """Write ``model`` (:func:`to_sequence_classifier`'s), ``tokenizer`` and the scoring helper.
 
-    def save_pretrained(self, directory) -> None:
-        """Write the fitted reward as a transformers sequence-classification model.
-
-        ``AutoModelForSequenceClassification.from_pretrained(directory)`` (with
-        ``num_labels=1``) and ``AutoTokenizer.from_pretrained(directory)`` read it
-        back, and the classifier's logit is this reward's score: the normalisation
-        (gain, bias and the reference shift) is folded into the head's weights and
-        the final norm's bias, and ``pad_token_id`` is set so that the classifier
-        reads the last real token (the EOS) as prefopt does. Score right-padded
-        rows of prompt + completion + EOS tokens, as :meth:`predict` builds them
-        (a causal model's positions then match prefopt's); the tokenizer's pad token
-        must differ from the EOS. The folder's ``score_reward.py`` does this with
-        transformers alone (``score(folder, prompts, completions)`` gives
-        :meth:`predict`'s numbers); a warning says when the tokenizer can merge
-        tokens across the prompt/completion boundary, so that tokenizing
-        ``prompt + completion`` as one string would score other tokens.
-
-        Parameters
-        ----------
-        directory : str or path
-            The folder to write (safetensors weights, config and tokenizer).
-
-        Examples
-        --------
-        >>> import tempfile
-        >>> from transformers import AutoModelForSequenceClassification
-        >>> from prefopt import RewardModel
-        >>> from prefopt.worlds.tiny_lm import TinyLMWorld
-        >>> world = TinyLMWorld(random_state=0)
-        >>> prompt, (a, b) = world.prompts[0], world.responses[1:3]
-        >>> rm = RewardModel(model=world.policy_model(), normalize=False, random_state=0)
-        >>> rm = rm.fit([(prompt, a, b)] * 8)
-        >>> folder = tempfile.mkdtemp()
-        >>> rm.save_pretrained(folder)
-        >>> AutoModelForSequenceClassification.from_pretrained(folder).config.num_labels
-        1
-        """
-        check_is_fitted(self)
-        if hasattr(self, "coef_"):
-            raise TypeError(
-                "save_pretrained writes a language-model reward; this one is linear in "
-                "features (model=None). Use save(folder) for it instead."
-            )
-        directory = check_folder(directory, "save_pretrained's folder")
-        model = to_sequence_classifier(self, set(self._stop_ids()))
-        with quiet_transformers():  # no "Writing model shards" bar where prefopt shows none
-            model.save_pretrained(directory, safe_serialization=True)
-        self.tokenizer_.save_pretrained(directory)
-        with open(os.path.join(directory, SCORING_HELPER), "w") as f:
-            f.write(_HELPER_SOURCE.format(end=int(self._text_end_id())))
-        merged = _joint_merge(self.tokenizer_)
-        if merged is not None:
-            warnings.warn(
-                f"{type(self).__name__}.save_pretrained: this tokenizer can merge tokens across "
-                f"the prompt/completion boundary ({merged}), so tokenizing prompt + completion "
-                "as one string scores other tokens than this reward model does (it tokenizes "
-                f"them apart). Score the export with {SCORING_HELPER} (written in the folder), "
-                "which tokenizes them apart.",
-                UserWarning,
-                stacklevel=2,
-            )
+    ``directory`` is a checked folder (``lm._checkpoint.check_folder``).
+    Warns (naming ``owner``) when the tokenizer can merge tokens across the
+    prompt/completion boundary, so that scoring ``prompt + completion`` as one string
+    would score other tokens than the reward model does.
+    """
+    with quiet_transformers():  # no "Writing model shards" bar where prefopt shows none
+        model.save_pretrained(directory, safe_serialization=True)
+    tokenizer.save_pretrained(directory)
+    with open(os.path.join(directory, SCORING_HELPER), "w") as f:
+        f.write(_HELPER_SOURCE.format(end=int(end_id)))
+    merged = _joint_merge(tokenizer)
+    if merged is not None:
+        warnings.warn(
+            f"{owner}.save_pretrained: this tokenizer can merge tokens across "
+            f"the prompt/completion boundary ({merged}), so tokenizing prompt + completion "
+            "as one string scores other tokens than this reward model does (it tokenizes "
+            f"them apart). Score the export with {SCORING_HELPER} (written in the folder), "
+            "which tokenizes them apart.",
+            UserWarning,
+            stacklevel=3,
+        )
 
 
 def _joint_merge(tokenizer, n_words: int = 12) -> str | None:

@@ -112,13 +112,13 @@ def train_bradley_terry(
         if error is not None:
             raise error
 
-    def batch_loss(rows):
+    def batch_loss(model, rows):  # model: what training passes go through (DDP's wrapper)
         # Chosen and rejected go through one forward pass together.
         both = _raw(
             rm,
             [prompts[i] for i in rows] * 2,
             [chosen[i] for i in rows] + [rejected[i] for i in rows],
-            model=distributed.wrapper(rm.model_),  # a distributed fit: through DDP's forward
+            model=model,
         )
         margin = both[: len(rows)] - both[len(rows) :]
         # Means over every rank's rows in a distributed fit (rows may split unequally).

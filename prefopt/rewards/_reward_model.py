@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import warnings
 from numbers import Integral, Real
 
 import numpy as np
@@ -11,28 +9,20 @@ from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 
 from ..backend import unpad
-from ..data import PreferenceData, check_comparisons, check_texts
-from ..lm import LanguageModelEstimator, check_lengths
+from ..data import PreferenceData, check_comparisons, check_pairs
+from ..lm import SUPERVISED_CONSTRAINTS, LanguageModelEstimator, check_lengths, warn_y_ignored
+from ..lm._checkpoint import check_folder
 from ..lm._run import one_fit_at_a_time
 from ..tracking import check_callback, open_run
-from ..validation import Interval, StrOptions, validate_params
-from ._export import SequenceClassifierExport
-from ._linear import LinearBradleyTerry
-from ._lm import (
-    as_text_scores_them,
-    fit_lm_reward,
-    predict_text,
-    refit_lm_reward,
-    score_token_rows,
-)
-from ._sampling import BradleyTerrySampling
+from ..validation import Interval, validate_params
+from . import _linear, _lm
+from ._export import save_sequence_classifier, to_sequence_classifier
+from ._sampling import preference_labels
 
 __all__ = ["RewardModel"]
 
 
-class RewardModel(
-    BradleyTerrySampling, LinearBradleyTerry, SequenceClassifierExport, LanguageModelEstimator
-):
+class RewardModel(LanguageModelEstimator):
     """A reward model fitted on pairwise comparisons with the Bradley-Terry loss.
 
     ``P(chosen > rejected) = sigmoid(r(x, chosen) - r(x, rejected))``.
@@ -80,19 +70,10 @@ class RewardModel(
         a text completion ends with one before it is scored (the EOS, or the
         chat template's end of turn after a conversation). ``None`` takes the
         model's ``generation_config.eos_token_id`` and the tokenizer's EOS.
-    max_length : int, default=None
-        Language-model reward only: most tokens of a prompt and response
-        together (TRL's ``max_length``), in training and scoring alike: a
-        longer response is cut from the right, keeping its start, after the
-        prompt is cut to ``max_prompt_length``; the score is then read at the
-        last token kept (a cut response has lost its stop token). ``None``
-        cuts nothing, and a sequence longer than the model's context is an
-        error.
-    max_prompt_length : int, default=None
-        Language-model reward only: most tokens of a prompt (TRL's
-        ``max_prompt_length``): a longer one is cut from the left, keeping its
-        end (next to the response) and the tokenizer's BOS in front. ``None``
-        keeps whole prompts.
+    max_length, max_prompt_length : int, default=None
+        Language-model reward only: as :class:`~prefopt.SFTPolicy`'s (TRL's), in
+        training and scoring alike; a cut response is scored at its last token kept
+        (it has lost its stop token).
     head_std : float, default=None
         Std of the head's initial weights; ``None`` means 1/sqrt(d_model + 1).
     random_state : int, RandomState instance or None, default=None
@@ -179,29 +160,12 @@ class RewardModel(
     """
 
     _parameter_constraints = {
-        "model": "no_validation",
-        "tokenizer": "no_validation",
+        **SUPERVISED_CONSTRAINTS,
         "features": [callable, None],
         "alpha": [Interval(Real, 0, None, closed="left")],
-        "learning_rate": [Interval(Real, 0, None, closed="neither"), None],
-        "n_epochs": [Interval(Integral, 1, None, closed="left")],
-        "batch_size": [Interval(Integral, 1, None, closed="left")],
         "normalize": ["boolean"],
         "normalize_samples": [Interval(Integral, 2, None, closed="left")],
-        "temperature": [Interval(Real, 0, None, closed="neither"), None],
-        "max_new_tokens": [Interval(Integral, 1, None, closed="left"), None],
-        "stop_token_ids": ["array-like", Interval(Integral, 0, None, closed="left"), None],
-        "max_length": [Interval(Integral, 2, None, closed="left"), None],
-        "max_prompt_length": [Interval(Integral, 1, None, closed="left"), None],
         "head_std": [Interval(Real, 0, None, closed="left"), None],
-        "random_state": ["random_state"],
-        "verbose": ["verbose"],
-        "checkpoint_dir": [str, os.PathLike, None],
-        "checkpoint_every": [Interval(Integral, 1, None, closed="left")],
-        "on_unhealthy": [StrOptions({"warn", "raise", "stop", "ignore"})],
-        "lora": "no_validation",
-        "gradient_checkpointing": ["boolean"],
-        "micro_batch_size": [Interval(Integral, 1, None, closed="left"), None],
     }
 
     def __init__(
@@ -261,13 +225,10 @@ class RewardModel(
         Parameters
         ----------
         X : Comparisons, DataFrame, datasets.Dataset or rows
-            Comparisons with ``prompt``, ``chosen`` and ``rejected``, in TRL's
-            standard or conversational format (a prompt is a list of messages,
-            rendered with the tokenizer's chat template; a response one
-            assistant message, or several that the template renders after the
-            prompt). Without a ``prompt`` column, ``chosen`` and ``rejected``
-            are whole texts or conversations and the start they share is the
-            prompt (TRL's implicit prompt).
+            Comparisons with ``prompt``, ``chosen`` and ``rejected``, in any format
+            :func:`~prefopt.data.check_comparisons` reads (TRL's standard or
+            conversational one, a conversation rendered with the tokenizer's chat
+            template; or TRL's implicit prompt, the start chosen and rejected share).
         y : None
             Ignored.
         references : demonstrations, default=None
@@ -311,33 +272,26 @@ class RewardModel(
         # start from the SFT model).
         self.starting_policy_ = model if model is not None else data.policy
         if model is None:
-            lm_only = {"lora": None, "gradient_checkpointing": False, "micro_batch_size": None}
-            given = [k for k, v in lm_only.items() if getattr(self, k) != v]
-            if given:
-                raise ValueError(
-                    f"RewardModel: {', '.join(given)} set, but model=None fits the linear "
-                    "feature reward (no language model to adapt or checkpoint); give a "
-                    "model= or leave them at their defaults."
-                )
+            _linear.check_no_lm_settings(self.get_params(deep=False))
             with open_run(self, callback):  # parameters only: no gradient steps
-                self._fit_linear(data)
+                self.featurizer_ = _linear.featurizer_for(self.features, data)
+                self.comparison_features_ = _linear.feature_differences(self.featurizer_, data)
+                self.coef_ = _linear.bradley_terry_coef(self.comparison_features_, self.alpha)
+                self.gain_, self.bias_ = 1.0, 0.0
         else:
-            fit_lm_reward(self, model, data, references, callback=callback)
+            _lm.fit_lm_reward(self, model, data, references, callback=callback)
         self.n_comparisons_ = len(data)
 
     def partial_fit(self, X, y=None, *, random_state=None):
         """Train the fitted reward further on new comparisons (a warm start).
 
-        What online reward learning calls after labelling the policy's own
-        samples (``refit_every`` of the policies; Ziegler et al. 2019). A
-        language-model reward takes ``n_epochs`` more passes of the
-        Bradley-Terry loss over ``X`` from its current weights (a fresh AdamW,
-        the learning rate decayed linearly to 0 over these passes), then is
-        normalised again to mean 0, std 1 on the same samples of the starting
-        policy as ``fit`` drew (and shifted to its references, if ``fit`` had
-        them), so that beta keeps its meaning. A linear reward is refitted by
-        maximum likelihood on every comparison it has seen, ``fit``'s and each
-        ``partial_fit``'s.
+        What online reward learning calls after labelling the policy's own samples
+        (``refit_every`` of the policies; Ziegler et al. 2019). A language-model reward
+        takes ``n_epochs`` more passes of the Bradley-Terry loss over ``X`` from its
+        current weights (a fresh AdamW, the learning rate decayed linearly to 0), then
+        is normalised again on ``fit``'s samples of the starting policy (and shifted to
+        its references), so that beta keeps its meaning. A linear reward is refitted
+        by maximum likelihood on every comparison it has seen.
 
         Parameters
         ----------
@@ -362,18 +316,18 @@ class RewardModel(
         200
         """
         check_is_fitted(self)
-        _warn_y_ignored(y, "RewardModel.partial_fit")
+        warn_y_ignored(y, "RewardModel.partial_fit")
         data = check_comparisons(X)
         with one_fit_at_a_time(self):
             if hasattr(self, "coef_"):
-                new = self._feature_differences(data)
+                new = _linear.feature_differences(self.featurizer_, data)
                 self.comparison_features_ = np.vstack([self.comparison_features_, new])
-                self._fit_coef()
+                self.coef_ = _linear.bradley_terry_coef(self.comparison_features_, self.alpha)
             else:
                 rng = check_random_state(
                     self.random_state if random_state is None else random_state
                 )
-                refit_lm_reward(self, data, int(rng.randint(np.iinfo(np.int32).max)))
+                _lm.refit_lm_reward(self, data, int(rng.randint(np.iinfo(np.int32).max)))
             self.n_comparisons_ += len(data)
         return self
 
@@ -394,20 +348,12 @@ class RewardModel(
         rewards : ndarray of shape (n,)
         """
         check_is_fitted(self)
-        prompts = check_texts(prompts, "prompt", "RewardModel.predict", messages="keep")
-        completions = check_texts(
-            completions, "completion", "RewardModel.predict", messages="content"
-        )
-        if len(prompts) != len(completions):
-            raise ValueError(
-                f"Got {len(prompts)} prompts and {len(completions)} completions; "
-                "pass one prompt per completion."
-            )
+        prompts, completions = check_pairs(prompts, completions, "RewardModel.predict")
         if not prompts:
             return np.zeros(0)
         if hasattr(self, "coef_"):
-            return self._features(self.featurizer_, prompts, completions) @ self.coef_
-        return predict_text(self, prompts, completions)
+            return _linear.feature_matrix(self.featurizer_, prompts, completions) @ self.coef_
+        return _lm.predict_text(self, prompts, completions)
 
     def score_tokens(self, prompts, response_ids, response_mask):
         """Rewards of token-id responses, without decoding (what the RL loop calls).
@@ -428,8 +374,8 @@ class RewardModel(
         rewards : torch.Tensor of shape (n,)
         """
         check_is_fitted(self)
-        rows = as_text_scores_them(self, *unpad(prompts, response_ids, response_mask))
-        return score_token_rows(self, *rows)
+        rows = _lm.as_text_scores_them(self, *unpad(prompts, response_ids, response_mask))
+        return _lm.score_token_rows(self, *rows)
 
     def __call__(self, prompts, completions) -> np.ndarray:
         return self.predict(prompts, completions)
@@ -462,21 +408,90 @@ class RewardModel(
         -------
         accuracy : float
         """
-        _warn_y_ignored(y, "RewardModel.score")
+        warn_y_ignored(y, "RewardModel.score")
         data = check_comparisons(X)
         r_chosen = self.predict(data.prompt, data.chosen)
         r_rejected = self.predict(data.prompt, data.rejected)
         return float(np.mean(r_chosen > r_rejected))
 
+    def sample(self, prompts, completions_a, completions_b, random_state=None) -> np.ndarray:
+        """Draw which of two completions is preferred, from the Bradley-Terry model.
+
+        Row ``i`` is 0 (``a`` preferred) with probability
+        ``sigmoid(r(x_i, a_i) - r(x_i, b_i))``, else 1 (``b`` preferred): the index of the
+        preferred completion, as a labeller of comparisons returns it.
+
+        Parameters
+        ----------
+        prompts, completions_a, completions_b : list of str
+            Equal-length lists: one prompt and two completions per row.
+        random_state : int, RandomState instance or None, default=None
+            ``None`` uses the model's ``random_state``, as the worlds' raters use the
+            world's; same state, same labels. With an integer there, pass a fresh
+            ``random_state`` for each batch when labelling several, or their draws repeat.
+
+        Returns
+        -------
+        labels : ndarray of shape (n,), dtype int
+            0 where ``a`` is preferred, 1 where ``b`` is.
+
+        Examples
+        --------
+        >>> from prefopt import RewardModel
+        >>> from prefopt.worlds import PreferenceWorld
+        >>> world = PreferenceWorld(random_state=0)
+        >>> rm = RewardModel().fit(world.comparisons(500, random_state=0))
+        >>> a, b = world.responses[0], world.responses[1]
+        >>> rm.sample([world.prompts[0]] * 4, [a] * 4, [b] * 4, random_state=0).shape
+        (4,)
+        """
+        check_is_fitted(self)
+        rng = check_random_state(self.random_state if random_state is None else random_state)
+        return preference_labels(self.predict, prompts, completions_a, completions_b, rng)
+
+    def save_pretrained(self, directory) -> None:
+        """Write the fitted reward as a transformers sequence-classification model.
+
+        ``AutoModelForSequenceClassification`` (``num_labels=1``) and ``AutoTokenizer``
+        read the folder back; the classifier's logit is this reward's score (gain, bias
+        and reference shift folded into the head and the final norm's bias;
+        ``pad_token_id`` set so that it reads the last real token, the EOS). Score
+        right-padded rows of prompt + completion + EOS tokens, tokenized apart, as
+        :meth:`predict` does (the pad token must differ from the EOS): the folder's
+        ``score_reward.py`` does it with transformers alone, and a warning says when
+        the tokenizer can merge tokens across the prompt/completion boundary.
+
+        Parameters
+        ----------
+        directory : str or path
+            The folder to write (safetensors weights, config and tokenizer).
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> from transformers import AutoModelForSequenceClassification
+        >>> from prefopt import RewardModel
+        >>> from prefopt.worlds.tiny_lm import TinyLMWorld
+        >>> world = TinyLMWorld(random_state=0)
+        >>> prompt, (a, b) = world.prompts[0], world.responses[1:3]
+        >>> rm = RewardModel(model=world.policy_model(), normalize=False, random_state=0)
+        >>> rm = rm.fit([(prompt, a, b)] * 8)
+        >>> folder = tempfile.mkdtemp()
+        >>> rm.save_pretrained(folder)
+        >>> AutoModelForSequenceClassification.from_pretrained(folder).config.num_labels
+        1
+        """
+        check_is_fitted(self)
+        if hasattr(self, "coef_"):
+            raise TypeError(
+                "save_pretrained writes a language-model reward; this one is linear in "
+                "features (model=None). Use save(folder) for it instead."
+            )
+        directory = check_folder(directory, "save_pretrained's folder")
+        model = to_sequence_classifier(self, set(self._stop_ids()))
+        save_sequence_classifier(
+            model, self.tokenizer_, directory, self._text_end_id(), type(self).__name__
+        )
+
     def __sklearn_is_fitted__(self) -> bool:
         return hasattr(self, "coef_") or hasattr(self, "model_")
-
-
-def _warn_y_ignored(y, method: str) -> None:
-    if y is not None:
-        warnings.warn(
-            f"{method} ignores y (got {type(y).__name__}): the comparisons say which "
-            "response is chosen; call score(X) without y.",
-            UserWarning,
-            stacklevel=3,
-        )

@@ -401,15 +401,14 @@ class PolicyLoop:
         view = self.view
         trained = view.trained
         before = [id(p) for p in trainable_parameters(trained)]
-        for module in trained.values():
-            distributed.prepare(module, view.device)
+        # What each trained module's training passes go through: its DDP wrapper, or itself.
+        passes = {id(m): distributed.prepare(m, view.device) for m in trained.values()}
         if distributed.sharded() and get_config()["fsdp_frozen"] == "shard":
             with view.reference() as reference:
                 if reference is not view.model:
                     distributed.prepare(reference, view.device)
-        self.updates.model, self.updates.value_model = (
-            distributed.wrapper(view.model), distributed.wrapper(view.value_model)
-        )  # fmt: skip
+        self.updates.model = passes.get(id(view.model), view.model)
+        self.updates.value_model = passes.get(id(view.value_model), view.value_model)
         if [id(p) for p in trainable_parameters(trained)] != before:  # fully_shard's new ones
             old = self.run.optimizer
             self.run.optimizer = make_optimizer(trained, _kind(old), view.learning_rate)
