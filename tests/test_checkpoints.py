@@ -157,7 +157,7 @@ class _Interrupt(Exception):
 
 def _interrupt_at(monkeypatch, step):
     """Make the supervised loop die at ``step``, as a killed run would."""
-    from prefopt.lm import _supervised
+    from prefopt.lm.supervised import _step as _supervised
 
     real = _supervised.accumulated_step
 

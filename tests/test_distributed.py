@@ -29,7 +29,7 @@ from prefopt import (
 )
 from prefopt.backend import EncodedPrompts, distributed
 from prefopt.kl import AdaptiveKLController
-from prefopt.policies.loop._batch import RolloutBatch
+from prefopt.policies.loop import RolloutBatch
 
 N_PROMPTS = 6
 WORLD_KW = dict(n_prompts=N_PROMPTS, random_state=0)

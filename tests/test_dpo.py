@@ -311,7 +311,7 @@ class _Interrupt(Exception):
 
 
 def test_checkpoint_resume_ends_as_the_uninterrupted_fit(monkeypatch, tmp_path):
-    from prefopt.lm import _supervised
+    from prefopt.lm.supervised import _step as _supervised
 
     data = WORLD.comparisons(200, random_state=0)
     kw = dict(model=WORLD.policy_model(), beta=BETA, n_epochs=3, batch_size=50, random_state=0)

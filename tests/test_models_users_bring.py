@@ -169,7 +169,7 @@ def _starts_with_one_bos(rows, bos):
 @pytest.mark.parametrize("append_eos", [False, True], ids=["bos", "bos-and-eos"])
 def test_prompts_get_bos_once_completions_none(monkeypatch, append_eos):
     import prefopt.rewards._lm as lm_reward
-    from prefopt.lm._base import LanguageModelEstimator
+    from prefopt.lm import LanguageModelEstimator
 
     tok = bos_tokenizer(append_eos)
     bos, eos = tok.bos_token_id, tok.eos_token_id

@@ -2,7 +2,7 @@
 
 :class:`LanguageModelEstimator` loads the model and tokenizer, tokenises,
 samples, keeps the frozen reference and persists; :class:`GenerativeEstimator`
-adds ``sample``/``predict``/``log_prob``; :func:`train_minibatches` is the one
+adds ``sample``/``predict``/``log_prob``; :mod:`prefopt.lm.supervised` is the one
 supervised loop (SFT, the reward model, DPO); :class:`RunState` is a run's
 state apart from the fitted model. Both ``rewards`` and ``policies`` import it.
 """
@@ -18,11 +18,9 @@ from ._base import (
 from ._generative import GenerativeEstimator, GenerativeStep
 from ._persist import load, save
 from ._run import RunState
-from ._supervised import SUPERVISED_CONSTRAINTS, schedule_scale, train_minibatches, warn_y_ignored
 from ._truncation import check_lengths, too_long_error, truncate_rows
 
 __all__ = [
-    "SUPERVISED_CONSTRAINTS",
     "DEFAULT_MAX_NEW_TOKENS",
     "DEFAULT_TEMPERATURE",
     "GenerativeEstimator",
@@ -34,10 +32,7 @@ __all__ = [
     "context_length",
     "load",
     "save",
-    "schedule_scale",
     "too_long_error",
-    "train_minibatches",
-    "warn_y_ignored",
     "truncate_rows",
     "with_lora",
 ]

@@ -294,6 +294,11 @@ class LanguageModelEstimator(TokenEncoding, BaseEstimator):
             out.extend(r[m.bool()].tolist() for r, m in zip(ids.cpu(), mask.cpu()))
         return out
 
+    def _record_supervised(self, result) -> None:
+        """Write one step of the supervised loop (a ``SupervisedResult``) into the fit."""
+        self.n_iter_ += 1
+        self.history_.append(result.row)
+
     def __sklearn_is_fitted__(self) -> bool:
         return hasattr(self, "model_")
 

@@ -31,16 +31,14 @@ from ..backend import (
     response_logprobs,
 )
 from ..data import PreferenceData, check_comparisons
-from ..lm import (
+from ..lm import GenerativeStep, check_lengths, too_long_error, truncate_rows
+from ..lm import checkpoint as ckpt
+from ..lm.supervised import (
     SUPERVISED_CONSTRAINTS,
-    GenerativeStep,
-    check_lengths,
-    too_long_error,
-    train_minibatches,
-    truncate_rows,
+    SupervisedLoop,
+    SupervisedView,
     warn_y_ignored,
 )
-from ..lm import checkpoint as ckpt
 from ..tracking import check_callback
 from ..validation import Interval, StrOptions, validate_params
 
@@ -361,18 +359,12 @@ class DPOPolicy(GenerativeStep):
 
         data_key = ckpt.fingerprint([data.prompt, data.chosen, data.rejected])
         with ckpt.resumable(self, data_key) as resume:
-            train_minibatches(
-                self,
-                len(data),
-                batch_loss,
-                parameters=[p for p in self.model_.parameters() if p.requires_grad],
-                generator=make_generator(int(seeds[2])),
-                schedule=self.lr_schedule,
-                name="DPOPolicy",
-                resume=resume,
-                model_key=model_key,
-                callback=callback,
-            )
+            view = SupervisedView.of(self, name="DPOPolicy", schedule=self.lr_schedule)
+            loop = SupervisedLoop(self, view, len(data), batch_loss,
+                                  parameters=self.model_.parameters(),
+                                  generator=make_generator(int(seeds[2])), resume=resume,
+                                  model_key=model_key)  # fmt: skip
+            loop.train(callback, record=self._record_supervised)
         return self
 
     def _check_rows(self, data, prompts, chosen, rejected) -> None:

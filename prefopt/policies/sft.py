@@ -15,16 +15,14 @@ from sklearn.utils.validation import check_is_fitted
 from .._config import get_config
 from ..backend import default_learning_rate, make_generator, response_logprobs
 from ..data import PreferenceData, check_demonstrations
-from ..lm import (
+from ..lm import GenerativeStep, check_lengths, too_long_error, truncate_rows
+from ..lm import checkpoint as ckpt
+from ..lm.supervised import (
     SUPERVISED_CONSTRAINTS,
-    GenerativeStep,
-    check_lengths,
-    too_long_error,
-    train_minibatches,
-    truncate_rows,
+    SupervisedLoop,
+    SupervisedView,
     warn_y_ignored,
 )
-from ..lm import checkpoint as ckpt
 from ..tracking import check_callback
 from ..validation import StrOptions, validate_params
 from .loop import masked_mean
@@ -309,19 +307,11 @@ class SFTPolicy(GenerativeStep):
         def n_targets(rows):  # the tokens the loss is a mean over (EOS dropped with "eos")
             return sum(len(ctoks[i]) - sum(t in stops for t in ctoks[i]) for i in rows)
 
-        train_minibatches(
-            self,
-            len(ptoks),
-            batch_loss,
-            parameters=self.model_.parameters(),
-            generator=generator,
-            schedule=self.lr_schedule,
-            name="SFTPolicy",
-            resume=resume,
-            model_key=model_key,
-            callback=callback,
-            weight=n_targets,
-        )
+        view = SupervisedView.of(self, name="SFTPolicy", schedule=self.lr_schedule)
+        loop = SupervisedLoop(self, view, len(ptoks), batch_loss,
+                              parameters=self.model_.parameters(), generator=generator,
+                              resume=resume, model_key=model_key, weight=n_targets)  # fmt: skip
+        loop.train(callback, record=self._record_supervised)
 
     def _batch_loss(self, model, ptoks, ctoks):
         ids, mask = self._pad_responses(ctoks)

@@ -22,7 +22,8 @@ from ..backend import (
 )
 from ..data import check_demonstrations
 from ..lm import checkpoint as ckpt
-from ..lm import context_length, too_long_error, train_minibatches, truncate_rows, with_lora
+from ..lm import context_length, too_long_error, truncate_rows, with_lora
+from ..lm.supervised import SupervisedLoop, SupervisedView
 
 
 def fit_lm_reward(rm, model, data, references, callback=None) -> None:
@@ -149,18 +150,10 @@ def _with_head(lora):
 
 
 def _train(rm, prompts, batch_loss, generator, resume, model_key, callback) -> None:
-    train_minibatches(
-        rm,
-        len(prompts),
-        batch_loss,
-        parameters=rm.model_.parameters(),
-        generator=generator,
-        schedule="linear",
-        name="RewardModel",
-        resume=resume,
-        model_key=model_key,
-        callback=callback,
-    )
+    view = SupervisedView.of(rm, name="RewardModel", schedule="linear")
+    loop = SupervisedLoop(rm, view, len(prompts), batch_loss, parameters=rm.model_.parameters(),
+                          generator=generator, resume=resume, model_key=model_key)  # fmt: skip
+    loop.train(callback, record=rm._record_supervised)
 
 
 def _raw(rm, prompt_rows, response_rows, model=None) -> torch.Tensor:

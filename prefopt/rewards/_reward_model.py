@@ -10,9 +10,10 @@ from sklearn.utils.validation import check_is_fitted
 
 from ..backend import unpad
 from ..data import PreferenceData, check_comparisons, check_pairs
-from ..lm import SUPERVISED_CONSTRAINTS, LanguageModelEstimator, check_lengths, warn_y_ignored
+from ..lm import LanguageModelEstimator, check_lengths
 from ..lm._checkpoint import check_folder
 from ..lm._run import one_fit_at_a_time
+from ..lm.supervised import SUPERVISED_CONSTRAINTS, warn_y_ignored
 from ..tracking import check_callback, open_run
 from ..validation import Interval, validate_params
 from . import _linear, _lm
