@@ -49,3 +49,17 @@ def tiny_lm(seed=0, **overrides):
         model = GPT2LMHeadModel(tiny_config(tok, **overrides))
     model.tokenizer = tok
     return model
+
+
+def small_policy(world, cls=None, **params):
+    """The tests' one builder of a small policy: ``cls`` on ``world``'s tiny policy model.
+
+    ``cls`` defaults to :class:`~prefopt.RLOOPolicy`; ``params`` go to its constructor
+    as given, with ``optimizer="sgd"`` unless they name another (the exact worlds'
+    tests train by plain gradient steps). Nothing else is set for the caller, so a
+    test states every number its result depends on.
+    """
+    from prefopt import RLOOPolicy
+
+    cls = RLOOPolicy if cls is None else cls
+    return cls(model=world.policy_model(), **{"optimizer": "sgd", **params})

@@ -8,6 +8,7 @@ completions and scores 0 everywhere, with no warning.
 import numpy as np
 import pandas as pd
 import pytest
+from _tiny import small_policy
 
 import prefopt
 from prefopt import NoisyReward, RLOOPolicy, WeightedRewards
@@ -24,14 +25,8 @@ def quiet():
 
 
 def fit(reward, X=None, **params):
-    est = RLOOPolicy(
-        model=WORLD.policy_model(),
-        k=2,
-        batch_size=4,
-        n_steps=1,
-        learning_rate=0.1,
-        optimizer="sgd",
-        random_state=0,
+    est = small_policy(
+        WORLD, RLOOPolicy, k=2, batch_size=4, n_steps=1, learning_rate=0.1, random_state=0
     )
     return est.set_params(**params).fit(PROMPTS if X is None else X, reward)
 

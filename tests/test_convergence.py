@@ -23,6 +23,7 @@ algorithm stops converging, not by chance.
 import numpy as np
 import pytest
 import torch
+from _tiny import small_policy
 
 from prefopt import PPOPolicy, RAFTPolicy, ReinforcePolicy, RLOOPolicy
 
@@ -37,11 +38,11 @@ BATCH = 64
 
 def _ppo(world, **kw):
     # The worked example: step size 0.3, 4 epochs (default), clip 0.2 (default).
-    return PPOPolicy(
-        model=world.policy_model(),
+    return small_policy(
+        world,
+        PPOPolicy,
         beta=BETA,
         learning_rate=0.3,
-        optimizer="sgd",
         n_steps=N_STEPS,
         batch_size=BATCH,
         clip_coef=0.2,
@@ -177,12 +178,12 @@ def test_raft_ignores_beta_and_sharpens_towards_the_argmax(world, rm):
             if row["step"] % 20 == 0:
                 path.append(world.policy_probs(policy)[rows, best].mean())
 
-        raft = RAFTPolicy(
-            model=world.policy_model(),
+        raft = small_policy(
+            world,
+            RAFTPolicy,
             beta=beta,
             k=4,
             learning_rate=0.3,
-            optimizer="sgd",
             lr_schedule="constant",
             n_steps=N_STEPS,
             batch_size=BATCH,

@@ -17,9 +17,10 @@ import weakref
 import numpy as np
 import pandas as pd
 import pytest
+from _tiny import small_policy
 
 import prefopt
-from prefopt import NoisyReward, RewardModel, RLOOPolicy, WeightedRewards
+from prefopt import NoisyReward, RewardModel, WeightedRewards
 from prefopt.lm._describe import describe, fingerprint
 from prefopt.lm._identity import needs_probe
 from prefopt.lm._object_state import kept_random_states
@@ -37,16 +38,8 @@ def told_apart(a, b) -> bool:
 
 
 def small_rloo(folder, **params):
-    return RLOOPolicy(
-        model=WORLD.policy_model(),
-        beta=0.3,
-        learning_rate=2.0,
-        optimizer="sgd",
-        n_steps=1,
-        batch_size=16,
-        random_state=0,
-        checkpoint_dir=str(folder),
-    ).set_params(**params)
+    settings = dict(beta=0.3, learning_rate=2.0, n_steps=1, batch_size=16, random_state=0)
+    return small_policy(WORLD, **settings, checkpoint_dir=str(folder)).set_params(**params)
 
 
 def lengths(prompts, completions):

@@ -75,13 +75,13 @@ def world():
 
 
 def _policy(world):
-    return GRPOPolicy(
-        model=world.policy_model(),
+    return small_policy(
+        world,
+        GRPOPolicy,
         k=2,
         batch_size=4,
         n_steps=1,
         learning_rate=0.1,
-        optimizer="sgd",
         random_state=0,
         on_unhealthy="ignore",
     )
@@ -119,7 +119,7 @@ def test_policy_score_and_scorers_in_compare_and_search_get_each_rows_answer(wor
 
 
 # ----- max_length and max_prompt_length ------------------------------------------------
-from _tiny import WORDS, tiny_lm  # noqa: E402
+from _tiny import WORDS, small_policy, tiny_lm  # noqa: E402
 
 from prefopt import DPOPolicy, RewardModel, SFTPolicy  # noqa: E402
 from prefopt.lm._identity import defining_params  # noqa: E402

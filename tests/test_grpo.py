@@ -10,6 +10,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from _tiny import small_policy
 from scipy.optimize import brentq
 
 import prefopt
@@ -202,16 +203,8 @@ def test_declarations_and_defaults():
 
 
 def test_fit_logs_grpo_statistics_and_the_ratio_is_one(world):
-    policy = GRPOPolicy(
-        model=world.policy_model(),
-        beta=0.3,
-        k=4,
-        learning_rate=0.3,
-        optimizer="sgd",
-        n_steps=3,
-        batch_size=16,
-        random_state=0,
-    ).fit(world.prompts, world.true_quality)
+    settings = dict(beta=0.3, k=4, learning_rate=0.3, n_steps=3, batch_size=16, random_state=0)
+    policy = small_policy(world, GRPOPolicy, **settings).fit(world.prompts, world.true_quality)
     row = policy.history_[-1]
     for key in (
         "loss/policy",

@@ -11,7 +11,7 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
-from _tiny import tiny_lm
+from _tiny import small_policy, tiny_lm
 
 import prefopt
 from prefopt import GRPOPolicy
@@ -173,13 +173,13 @@ def test_dynamic_sampling_drops_tied_groups_and_tops_up(world):
             [float(len(c)) if p == first else 1.0 for p, c in zip(prompts, completions)]
         )
 
-    policy = Recording(
-        model=world.policy_model(),
+    policy = small_policy(
+        world,
+        Recording,
         k=2,
         batch_size=4,
         n_steps=3,
         learning_rate=0.1,
-        optimizer="sgd",
         dynamic_sampling=True,
         max_resamples=6,
         random_state=0,
@@ -263,14 +263,14 @@ def test_reinforce_pp_whitens_token_returns_over_the_batch(k, returns):
 
 
 def test_reinforce_pp_fits_with_groups(world):
-    policy = prefopt.ReinforcePlusPlusPolicy(
-        model=world.policy_model(),
+    policy = small_policy(
+        world,
+        prefopt.ReinforcePlusPlusPolicy,
         k=2,
         batch_size=4,
         n_steps=2,
         n_minibatches=2,
         learning_rate=0.1,
-        optimizer="sgd",
         random_state=0,
     ).fit(world.prompts, world.true_quality)
     assert [row["step"] for row in policy.history_] == [1, 2]

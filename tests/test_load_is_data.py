@@ -11,6 +11,7 @@ import sys
 
 import numpy as np
 import pytest
+from _tiny import small_policy
 
 import prefopt
 from prefopt import AdaptiveKLController, ReinforcePolicy, RewardModel, RLOOPolicy, SFTPolicy
@@ -339,11 +340,11 @@ def test_disk_full_during_a_checkpoint_keeps_the_last_one(tmp_path, monkeypatch)
     folder = str(tmp_path / "run")
 
     def policy(n_steps):
-        return RLOOPolicy(
-            model=WORLD.policy_model(),
+        return small_policy(
+            WORLD,
+            RLOOPolicy,
             n_steps=n_steps,
             batch_size=16,
-            optimizer="sgd",
             learning_rate=1.0,
             random_state=0,
             checkpoint_dir=folder,

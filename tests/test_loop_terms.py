@@ -4,6 +4,7 @@ the pretraining mix (PPO-ptx) and rewards paid per token."""
 import numpy as np
 import pytest
 import torch
+from _tiny import small_policy
 
 import prefopt
 from prefopt import GRPOPolicy, PPOPolicy, RAFTPolicy, ReinforcePolicy, RLOOPolicy
@@ -83,12 +84,12 @@ def test_entropy_bonus_gradient_is_the_analytic_one(pref):
 
 def test_a_large_entropy_coef_keeps_the_policy_spread(pref):
     def entropy(coef):
-        policy = RLOOPolicy(
-            model=pref.policy_model(),
+        policy = small_policy(
+            pref,
+            RLOOPolicy,
             beta=0.05,
             k=4,
             learning_rate=0.3,
-            optimizer="sgd",
             n_steps=20,
             entropy_coef=coef,
             random_state=0,

@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+from _tiny import small_policy
 
 import prefopt
 from prefopt import RLOOPolicy
@@ -177,13 +178,8 @@ WORLD = PreferenceWorld(rater_bias=1.0, random_state=0)
 
 @pytest.fixture(scope="module")
 def policy(rm):
-    return RLOOPolicy(
-        model=WORLD.policy_model(),
-        beta=0.3,
-        learning_rate=2.0,
-        optimizer="sgd",
-        n_steps=20,
-        random_state=0,
+    return small_policy(
+        WORLD, RLOOPolicy, beta=0.3, learning_rate=2.0, n_steps=20, random_state=0
     ).fit(WORLD.prompts, rm)
 
 

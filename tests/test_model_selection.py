@@ -3,6 +3,7 @@
 import joblib
 import numpy as np
 import pytest
+from _tiny import small_policy
 from scipy import stats
 from sklearn.base import clone
 from sklearn.model_selection import KFold
@@ -19,14 +20,7 @@ WORLD = PreferenceWorld(rater_bias=1.0, random_state=0)
 
 
 def small_rloo(**params):
-    est = RLOOPolicy(
-        model=WORLD.policy_model(),
-        beta=0.3,
-        learning_rate=2.0,
-        optimizer="sgd",
-        n_steps=3,
-        batch_size=16,
-    )
+    est = small_policy(WORLD, RLOOPolicy, beta=0.3, learning_rate=2.0, n_steps=3, batch_size=16)
     return est.set_params(**params)
 
 

@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+from _tiny import small_policy
 
 import prefopt
 from prefopt import AdaptiveKLController, RAFTPolicy, RLOOPolicy, SFTPolicy
@@ -17,14 +18,8 @@ def quiet():
 
 def test_an_update_that_leaves_non_finite_weights_stops_at_that_step():
     world = TinyLMWorld(random_state=0)
-    policy = RLOOPolicy(
-        model=world.policy_model(),
-        k=2,
-        batch_size=8,
-        learning_rate=1e38,
-        optimizer="sgd",
-        n_steps=5,
-        random_state=0,
+    policy = small_policy(
+        world, RLOOPolicy, k=2, batch_size=8, learning_rate=1e38, n_steps=5, random_state=0
     )
     with pytest.raises(FloatingPointError, match="update at step 1 left NaN or infinite"):
         policy.fit(world.prompts, lambda p, c: np.arange(len(c), dtype=float))
@@ -45,14 +40,7 @@ def test_sft_with_a_huge_learning_rate_stops_at_the_first_bad_step():
 
 def test_a_reward_finite_in_float64_but_not_in_float32_is_refused():
     # 1e39 passes a float64 check and becomes inf in float32; RAFT used to record inf.
-    policy = RAFTPolicy(
-        model=WORLD.policy_model(),
-        k=2,
-        learning_rate=0.3,
-        optimizer="sgd",
-        n_steps=2,
-        random_state=0,
-    )
+    policy = small_policy(WORLD, RAFTPolicy, k=2, learning_rate=0.3, n_steps=2, random_state=0)
     with pytest.raises(
         ValueError, match=r"1e\+39 for completion 0, which is not finite in float32"
     ):

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 import torch
-from _tiny import tiny_lm
+from _tiny import small_policy, tiny_lm
 
 import prefopt
 from prefopt import ReinforcePolicy, RewardModel, RLOOPolicy
@@ -22,17 +22,8 @@ def _world_and_reward():
 
 
 def _rloo(world, **params):
-    settings = dict(
-        model=world.policy_model(),
-        beta=0.3,
-        k=4,
-        learning_rate=0.3,
-        optimizer="sgd",
-        n_steps=6,
-        batch_size=32,
-        random_state=0,
-    )
-    return RLOOPolicy(**{**settings, **params})
+    settings = dict(beta=0.3, k=4, learning_rate=0.3, n_steps=6, batch_size=32, random_state=0)
+    return small_policy(world, RLOOPolicy, **{**settings, **params})
 
 
 def test_refits_a_copy_every_few_steps_and_records_them():
@@ -66,11 +57,11 @@ def test_online_and_offline_sample_the_same_prompts_until_the_first_refit():
 
 def test_k_equal_one_draws_a_second_sample_to_pair():
     world, rm = _world_and_reward()
-    policy = ReinforcePolicy(
-        model=world.policy_model(),
+    policy = small_policy(
+        world,
+        ReinforcePolicy,
         beta=0.3,
         learning_rate=0.3,
-        optimizer="sgd",
         n_steps=2,
         batch_size=16,
         refit_every=1,

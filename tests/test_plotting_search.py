@@ -8,6 +8,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import pytest
+from _tiny import small_policy
 
 from prefopt import RewardModel, RLOOPolicy
 from prefopt.model_selection import Comparison, SeedSearchCV, compare
@@ -29,13 +30,8 @@ def rm():
 
 
 def small_rloo(**params):
-    return RLOOPolicy(
-        model=WORLD.policy_model(),
-        beta=0.3,
-        learning_rate=2.0,
-        optimizer="sgd",
-        n_steps=3,
-        batch_size=16,
+    return small_policy(
+        WORLD, RLOOPolicy, beta=0.3, learning_rate=2.0, n_steps=3, batch_size=16
     ).set_params(**params)
 
 

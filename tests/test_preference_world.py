@@ -10,6 +10,7 @@ random_state=0.
 import numpy as np
 import pytest
 import torch
+from _tiny import small_policy
 
 from prefopt import PPOPolicy, RewardModel
 from prefopt.backend import encode_prompts, response_logprobs
@@ -137,14 +138,8 @@ def test_fresh_policy_model_is_the_reference(world):
 
 def test_policy_probs_of_an_unmoved_policy_is_the_reference(world, rm):
     # One step at a negligible learning rate: theta stays ~0, so pi = pi_ref.
-    ppo = PPOPolicy(
-        model=world.policy_model(),
-        beta=BETA,
-        learning_rate=1e-12,
-        optimizer="sgd",
-        n_steps=1,
-        batch_size=8,
-        random_state=0,
+    ppo = small_policy(
+        world, PPOPolicy, beta=BETA, learning_rate=1e-12, n_steps=1, batch_size=8, random_state=0
     ).fit(world.prompts, rm)
     ref = world.reference_probs()
     np.testing.assert_allclose(world.policy_probs(ppo), ref, rtol=1e-6, atol=0)
@@ -154,13 +149,8 @@ def test_policy_probs_of_an_unmoved_policy_is_the_reference(world, rm):
 
 
 def test_evaluate_a_fitted_policy_equals_its_table(world, rm):
-    ppo = PPOPolicy(
-        model=world.policy_model(),
-        beta=BETA,
-        learning_rate=0.3,
-        optimizer="sgd",
-        n_steps=5,
-        random_state=0,
+    ppo = small_policy(
+        world, PPOPolicy, beta=BETA, learning_rate=0.3, n_steps=5, random_state=0
     ).fit(world.prompts, rm)
     probs = world.policy_probs(ppo)
     assert world.evaluate(probs, rm, BETA) == world.evaluate(ppo, rm, BETA)
@@ -282,13 +272,8 @@ def test_unknown_prompts_and_responses(world, rm):
         world.features([p], ["maybe"])
     with pytest.raises(ValueError, match="not one of this world's responses"):
         rm.predict([p], ["maybe"])
-    ppo = PPOPolicy(
-        model=world.policy_model(),
-        n_steps=1,
-        batch_size=4,
-        optimizer="sgd",
-        learning_rate=1e-3,
-        random_state=0,
+    ppo = small_policy(
+        world, PPOPolicy, n_steps=1, batch_size=4, learning_rate=1e-3, random_state=0
     )
     with pytest.raises(ValueError, match="not one of this world's questions"):
         ppo.fit(["Who is there?"], rm)

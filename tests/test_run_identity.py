@@ -5,6 +5,7 @@ import os
 
 import numpy as np
 import pytest
+from _tiny import small_policy
 from sklearn.base import clone
 from sklearn.model_selection import GridSearchCV
 
@@ -25,15 +26,7 @@ def quiet():
 
 
 def small_rloo(**params):
-    est = RLOOPolicy(
-        model=WORLD.policy_model(),
-        beta=0.3,
-        learning_rate=2.0,
-        optimizer="sgd",
-        n_steps=2,
-        batch_size=16,
-        random_state=0,
-    )
+    est = small_policy(WORLD, beta=0.3, learning_rate=2.0, n_steps=2, batch_size=16, random_state=0)
     return est.set_params(**params)
 
 

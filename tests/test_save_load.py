@@ -7,6 +7,7 @@ import pickle
 import numpy as np
 import pytest
 import torch
+from _tiny import small_policy
 
 import prefopt
 from prefopt import PPOPolicy, RewardModel, RLOOPolicy, SFTPolicy
@@ -28,13 +29,8 @@ def _no_pickle_in(folder):
 def test_world_policy_round_trip_takes_the_custom_module_again(tmp_path):
     world = PreferenceWorld(random_state=0)
     rm = RewardModel().fit(world.comparisons(300, random_state=0))
-    policy = RLOOPolicy(
-        model=world.policy_model(),
-        beta=0.3,
-        learning_rate=0.3,
-        optimizer="sgd",
-        n_steps=3,
-        random_state=0,
+    policy = small_policy(
+        world, RLOOPolicy, beta=0.3, learning_rate=0.3, n_steps=3, random_state=0
     ).fit(world.prompts, rm)
     folder = policy.save(tmp_path / "rloo")
     _no_pickle_in(folder)

@@ -16,7 +16,7 @@ import time
 import warnings
 
 import pytest
-from _tiny import tiny_lm
+from _tiny import small_policy, tiny_lm
 
 import prefopt
 from prefopt import DPOPolicy, RewardModel, SFTPolicy
@@ -415,14 +415,9 @@ def test_policy_callback_hook_logs_objective_reward_per_step(tmp_path):
 
     rm = RewardModel().fit(WORLD.comparisons(200, random_state=0))
     logger = TensorBoardLogger(tmp_path)
-    rloo = RLOOPolicy(
-        model=WORLD.policy_model(),
-        k=2,
-        learning_rate=0.3,
-        optimizer="sgd",
-        n_steps=4,
-        random_state=0,
-    ).fit(WORLD.prompts, rm, callback=logger)
+    rloo = small_policy(WORLD, RLOOPolicy, k=2, learning_rate=0.3, n_steps=4, random_state=0).fit(
+        WORLD.prompts, rm, callback=logger
+    )
     logger.close()
     points, acc = _scalars(tmp_path, "objective/reward")
     assert _same_points(points, rloo.history_, "objective/reward")
@@ -434,18 +429,8 @@ def test_policy_callback_hook_logs_objective_reward_per_step(tmp_path):
 
 
 def _rloo(**params):
-    from prefopt import RLOOPolicy
-
-    settings = dict(
-        model=WORLD.policy_model(),
-        k=2,
-        learning_rate=0.3,
-        optimizer="sgd",
-        n_steps=4,
-        batch_size=8,
-        random_state=0,
-    )
-    return RLOOPolicy(**{**settings, **params})
+    settings = dict(k=2, learning_rate=0.3, n_steps=4, batch_size=8, random_state=0)
+    return small_policy(WORLD, **{**settings, **params})
 
 
 def _world_reward():

@@ -33,6 +33,7 @@ from ..backend import (
 from ..backend.models import clone_keeping_models
 from ..backend.progress import quiet_transformers
 from ..backend.serialization import dump_state, restore_state
+from ..data import PreferenceData
 from . import _persist
 from ._checkpoint import check_folder
 from ._encoding import TokenEncoding, context_length
@@ -84,6 +85,9 @@ class LanguageModelEstimator(TokenEncoding, BaseEstimator):
     Subclasses read these parameters when they have them: ``temperature``,
     ``max_new_tokens``, ``stop_token_ids``, ``truncate_prompts`` and ``lora``.
     """
+
+    # The field of a Pipeline's PreferenceData that ``transform`` fills with this estimator.
+    _pipeline_field = "policy"
 
     def __sklearn_clone__(self):
         # Starting models (a fitted SFTPolicy, a torch module) are kept, not copied.
@@ -293,6 +297,26 @@ class LanguageModelEstimator(TokenEncoding, BaseEstimator):
             )
             out.extend(r[m.bool()].tolist() for r, m in zip(ids.cpu(), mask.cpu()))
         return out
+
+    def transform(self, X):
+        """Pass data along a ``Pipeline``: a PreferenceData gets this fitted estimator.
+
+        A policy is handed on as the data's ``policy``, a reward model as its
+        ``reward_model`` (the class's ``_pipeline_field``).
+
+        Parameters
+        ----------
+        X : PreferenceData or any data
+            What the next step fits on; anything else passes unchanged.
+
+        Returns
+        -------
+        X_out : PreferenceData or the input
+        """
+        check_is_fitted(self)
+        if not isinstance(X, PreferenceData):
+            return X
+        return X.with_(**{self._pipeline_field: self})
 
     def _record_supervised(self, result) -> None:
         """Write one step of the supervised loop (a ``SupervisedResult``) into the fit."""

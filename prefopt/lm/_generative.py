@@ -17,7 +17,7 @@ from sklearn.utils.validation import check_is_fitted
 from .._config import get_config
 from ..backend import local_seed, make_generator, response_logprobs
 from ..backend.progress import verbose_log
-from ..data import PreferenceData, check_pairs, check_prompts
+from ..data import check_pairs, check_prompts
 from ..validation import validate_parameter_constraints
 from ._base import LanguageModelEstimator
 from ._encoding import context_length
@@ -290,21 +290,6 @@ class GenerativeStep(GenerativeEstimator):
         fit = cls.__dict__.get("fit")
         if fit is not None and not getattr(fit, "_one_fit_at_a_time", False):
             cls.fit = _one_fit_at_a_time(fit)
-
-    def transform(self, X):
-        """Pass data along a ``Pipeline``: a PreferenceData gets this fitted policy.
-
-        Parameters
-        ----------
-        X : PreferenceData or any data
-            What the next step fits on; anything else passes unchanged.
-
-        Returns
-        -------
-        X_out : PreferenceData or the input
-        """
-        check_is_fitted(self)
-        return X.with_(policy=self) if isinstance(X, PreferenceData) else X
 
 
 def _one_fit_at_a_time(fit):

@@ -160,6 +160,7 @@ class RewardModel(LanguageModelEstimator):
     True
     """
 
+    _pipeline_field = "reward_model"  # what transform hands the next step of a Pipeline
     _parameter_constraints = {
         **SUPERVISED_CONSTRAINTS,
         "features": [callable, None],
@@ -380,21 +381,6 @@ class RewardModel(LanguageModelEstimator):
 
     def __call__(self, prompts, completions) -> np.ndarray:
         return self.predict(prompts, completions)
-
-    def transform(self, X):
-        """Pass data along a ``Pipeline``: a PreferenceData gets this fitted reward model.
-
-        Parameters
-        ----------
-        X : PreferenceData or any data
-            What the next step fits on; anything else passes unchanged.
-
-        Returns
-        -------
-        X_out : PreferenceData or the input
-        """
-        check_is_fitted(self)
-        return X.with_(reward_model=self) if isinstance(X, PreferenceData) else X
 
     def score(self, X, y=None) -> float:
         """Pairwise accuracy: the share of comparisons whose chosen response scores higher.

@@ -69,6 +69,18 @@ class SupervisedView:
 
         The memory knobs, the checkpoint interval and the model are read where the
         estimator has them (a toy estimator of the examples has none).
+
+        Parameters
+        ----------
+        estimator : estimator
+            Has ``n_epochs``, ``batch_size`` and ``learning_rate_``.
+        name : str
+            Shown on the progress bar and in errors.
+        schedule : {"cosine", "linear", "constant"}
+
+        Returns
+        -------
+        view : SupervisedView
         """
         return cls(
             name=name,
@@ -202,7 +214,17 @@ class SupervisedLoop:
         stops the fit there); the trackers of ``set_config(report_to=...)`` and the
         loggers among ``callback`` open (and log the parameters) before the first
         step. With ``verbose`` the rows are printed every 10 steps (every step from
-        ``verbose=2``). Returns the optimiser.
+        ``verbose=2``).
+
+        Parameters
+        ----------
+        callback : callable, Logger or list of them, default=None
+        record : callable
+            ``record(result)``: writes a step's result into the fitted attributes.
+
+        Returns
+        -------
+        optimizer : torch.optim.Optimizer
         """
         estimator, view, generator = self.estimator, self.view, self.generator
         batch_size, per_epoch = view.batch_size, self.per_epoch
@@ -246,7 +268,13 @@ class SupervisedLoop:
         return self.optimizer
 
     def save_checkpoint(self, epoch: int) -> None:
-        """Write the estimator's fitted state and this run's state to the checkpoint folder."""
+        """Write the estimator's fitted state and this run's state to the checkpoint folder.
+
+        Parameters
+        ----------
+        epoch : int
+            The epoch the run is in (a resume draws its order again).
+        """
         run_state = {
             "optimizer": self.optimizer.state_dict(),
             "start_iter": self.start_iter,
