@@ -30,9 +30,13 @@ LOOP = sorted((PACKAGE / "policies" / "loop").glob("*.py"))
 # The one exception, named: vLLM's engine, one a process (its KV cache holds GPU memory
 # for good), shared by every fit and sampling call of the process.
 PROCESS_WIDE = {"vllm_engine.py"}
-STATELESS = [
-    p for p in sorted((PACKAGE / "backend").glob("*.py")) if p.name not in PROCESS_WIDE
-] + LOOP
+# The supervised loop's modules too (its shared constraint table is a constant elsewhere).
+SUPERVISED = [PACKAGE / "lm" / "supervised" / name for name in ("_loop.py", "_step.py")]
+STATELESS = (
+    [p for p in sorted((PACKAGE / "backend").glob("*.py")) if p.name not in PROCESS_WIDE]
+    + LOOP
+    + SUPERVISED
+)
 HEALTH_AND_PERSISTENCE = [
     PACKAGE / "lm" / name
     for name in ("_health.py", "_persist.py", "_loadable.py", "_checkpoint.py", "_identity.py")
