@@ -23,8 +23,8 @@ from torch import nn
 from transformers import GenerationConfig
 
 from ..data import Comparisons
+from ..rewards._sampling import bradley_terry_labels, check_label_rows
 from ._exact import ExactWorld, _index_of
-from ._raters import bradley_terry_labels, check_pairs
 from ._tokenizer import word_level_tokenizer
 
 __all__ = ["PreferenceWorld"]
@@ -373,7 +373,7 @@ class PreferenceWorld(ExactWorld):
         >>> float(world.labeler([world.prompts[0]] * 200, [best] * 200, [worst] * 200).mean()) < 0.2
         True
         """
-        prompts, a, b = check_pairs(prompts, completions_a, completions_b, "labeler")
+        prompts, a, b = check_label_rows(prompts, completions_a, completions_b, "labeler")
         _index_of(prompts, self._prompt_index, "prompts")
         utility = self.rater_utility()
         ia = _index_of(a, self._response_index, "responses")

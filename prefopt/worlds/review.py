@@ -26,7 +26,7 @@ import pandas as pd
 from sklearn.utils import check_random_state
 
 from ..data import Comparisons
-from ._raters import bradley_terry_labels, check_pairs
+from ..rewards._sampling import bradley_terry_labels, check_label_rows
 from ._review_grammar import generate_review
 from ._review_text import _check_texts, _compound, _conversational
 from ._tiny_model import tiny_config
@@ -361,7 +361,7 @@ class ReviewWorld:
         ...               random_state=0).tolist()
         [0, 0, 0]
         """
-        prompts, a, b = check_pairs(prompts, completions_a, completions_b, "labeler")
+        prompts, a, b = check_label_rows(prompts, completions_a, completions_b, "labeler")
         rng = check_random_state(self.random_state if random_state is None else random_state)
         extra_words = np.array(
             [len(x.split()) - len(y.split()) for x, y in zip(a, b)], dtype=np.float64

@@ -33,9 +33,9 @@ from transformers import (
 )
 
 from ..backend import response_logprobs
+from ..rewards._sampling import bradley_terry_labels, check_label_rows
 from ._exact import ExactWorld, _tilt
 from ._per_token import PerTokenMethods
-from ._raters import bradley_terry_labels, check_pairs
 from ._tiny_model import ARCHITECTURES, prompt_words, tiny_lm_model, tree_target
 from ._tokenizer import EOS, PAD, word_level_tokenizer
 
@@ -329,7 +329,7 @@ class TinyLMWorld(ExactWorld, PerTokenMethods):
         >>> bool(0.1 < labels.mean() < 0.5)  # P(a preferred) = sigmoid(0.5) = 0.62
         True
         """
-        prompts, a, b = check_pairs(prompts, completions_a, completions_b, "labeler")
+        prompts, a, b = check_label_rows(prompts, completions_a, completions_b, "labeler")
         seed = self.random_state if random_state is None else random_state
         return bradley_terry_labels(self.reward(prompts, a) - self.reward(prompts, b), seed)
 
