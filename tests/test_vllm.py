@@ -368,6 +368,43 @@ def test_a_fit_with_the_engine_logs_a_small_gap_and_weights_near_one(one_head_ti
     assert not [key for key in native.history_[0] if key.startswith("engine/")]
 
 
+@needs_vllm
+def test_a_ppo_fit_with_the_engine_runs_one_policy_pass_a_rollout_and_accumulates(
+    one_head_tiny_lm_world, monkeypatch
+):
+    # PPO's old log-probs (a ratio policy) are the sampler's own pass of the policy: one
+    # pass a rollout; micro-batches give the same step (issue 39, point 9).
+    from prefopt import PPOPolicy
+    from prefopt.backend import samplers
+    from prefopt.policies.loop import _rollout
+
+    world = one_head_tiny_lm_world
+    calls = []
+    for module in (_rollout, samplers):
+        counted = module.response_logprobs
+
+        def counting(model, *args, counted=counted, **kwargs):
+            calls.append(model)
+            return counted(model, *args, **kwargs)
+
+        monkeypatch.setattr(module, "response_logprobs", counting)
+    fits = {}
+    for micro in (None, 4):
+        calls.clear()
+        policy = PPOPolicy(model=world.policy_model(), n_steps=1, batch_size=16, n_epochs=1,
+                           n_minibatches=1, micro_batch_size=micro,
+                           vllm_importance_sampling_cap=2.0, random_state=0)  # fmt: skip
+        with prefopt.config_context(generation="vllm", show_progress_bar=False):
+            policy.fit(world.prompts, world.reward)
+        assert sum(model is policy.model_ for model in calls) == 1
+        # The first epoch's ratio is 1 up to float rounding (the sampler's pass over the
+        # whole batch, the training pass over a minibatch or its parts).
+        assert policy.history_[0]["policy/ratio_mean"] == pytest.approx(1.0, abs=1e-5)
+        fits[micro] = policy
+    for p, q in zip(fits[None].model_.parameters(), fits[4].model_.parameters()):
+        torch.testing.assert_close(p, q, rtol=0, atol=1e-5)
+
+
 class _Interrupt(Exception):
     pass
 
