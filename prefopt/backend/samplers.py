@@ -44,6 +44,12 @@ class Samples:
         the pass a policy's update takes), rather than from the sampling pass's
         cache: a rollout that needs such a pass for its old log-probs then runs
         no second one.
+    behaviour_logprobs : torch.Tensor of shape (n, max_new_tokens) or None
+        With overlapped rollouts (``max_staleness``): the log-probs of the
+        policy that sampled, whose weights may be older than the current ones;
+        ``None`` when the current weights sampled.
+    staleness : int
+        Updates between the weights that sampled and the current ones.
     """
 
     response_ids: torch.Tensor
@@ -52,6 +58,8 @@ class Samples:
     logprobs: torch.Tensor
     engine_logprobs: torch.Tensor | None = None
     full_pass: bool = False
+    behaviour_logprobs: torch.Tensor | None = None
+    staleness: int = 0
 
 
 class NativeSampler:

@@ -259,10 +259,12 @@ class BasePolicy(Algorithm, GenerativeEstimator):
                 online_log = None if previous.online is None else previous.online.log
                 run.start_step = self.n_iter_
                 run.stream = np.zeros(0, dtype=np.int64)
+            overlap_state = None
             if resume is not None:
                 saved_run = resume.restore(self, start_key)
                 if saved_run is not None:
                     online_log = saved_run.pop("online", None)
+                    overlap_state = saved_run.pop("overlap", None)
                     run.load_state_dict(saved_run)
             if online_state is not None:  # the refits so far, redone exactly
                 reward = online_state.replay(reward, online_log)
@@ -278,6 +280,7 @@ class BasePolicy(Algorithm, GenerativeEstimator):
                 checkpoint=resume,
                 online=online_state,
                 start_key=start_key,
+                overlap=overlap_state,
             )
             check_temperature(self)
             self._tell_sampling(start_model)
@@ -285,7 +288,12 @@ class BasePolicy(Algorithm, GenerativeEstimator):
                 maybe_compile(module)  # set_config(compile=...); off by default
             maybe_compile(self.ref_model_)
             loop.prepare_distributed()  # DDP or fully_shard under a launcher; else nothing
-            loop.train(run.start_step + self.n_steps - self.n_iter_, callback, record=self._record)
+            try:
+                loop.train(
+                    run.start_step + self.n_steps - self.n_iter_, callback, record=self._record
+                )
+            finally:
+                loop.close()  # the sampler process of overlapped rollouts, if any
             loop.checkpoint = None  # the folder's lock ends with this block
         return self
 

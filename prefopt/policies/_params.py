@@ -2,7 +2,7 @@
 
 Every reinforcement-learning policy (PPO, RLOO, GRPO, REINFORCE, REINFORCE++,
 RAFT and a user's algorithm on :class:`~prefopt.policies.BasePolicy`) takes the
-same 35 parameters besides its own. :data:`COMMON_PARAMETERS` holds, for each,
+same 37 parameters besides its own. :data:`COMMON_PARAMETERS` holds, for each,
 its default, its constraints (:mod:`prefopt.validation`) and its documentation;
 everything else is read from it:
 
@@ -379,6 +379,43 @@ COMMON_PARAMETERS: dict[str, Parameter] = {
         parameter then changes nothing. ``None`` applies no correction; the
         gap (``engine/logprob_gap_mean``, ``engine/logprob_gap_max``,
         ``engine/kl``) is logged under the engine either way.""",
+    ),
+    "max_staleness": Parameter(
+        None,
+        [Interval(Integral, 0, None, closed="left"), None],
+        "int or None",
+        """Overlapped rollouts (docs/guide/overlap.rst): the native sampler runs in
+        a process of its own and samples the next batches while this one
+        trains, with weights pushed to it through shared memory after each
+        update; a batch is then up to this many updates older than the policy
+        it trains, and the loss corrects for it (``off_policy_cap``). 1 is one
+        step off-policy (the usual setting); 0 samples in the other process
+        with the current weights and the run's own random stream, no overlap:
+        the fit equals the synchronous one exactly. ``history_`` adds
+        ``overlap/staleness``, ``overlap/is_weight_mean``,
+        ``overlap/is_truncated_share``, ``overlap/kl`` (KL(sampling || current)
+        per response token) and ``time/sampling_process``; the
+        ``runaway_importance_weights`` detector watches the truncated share. A
+        script that fits with it needs ``if __name__ == "__main__":`` (the
+        process is spawned); CPU, one process, native sampler only. ``None``:
+        synchronous, in the training process.""",
+    ),
+    "off_policy_cap": Parameter(
+        2.0,
+        [Interval(Real, 0, None, closed="neither"), None],
+        "float or None",
+        """With ``max_staleness`` >= 1: each response token's gradient through
+        the current log-probs is multiplied by ``min(pi_prox / mu, cap)``,
+        detached, with mu the policy that sampled and pi_prox the current one
+        before this step's update. For a loss without a ratio (RLOO,
+        REINFORCE, RAFT, GRPO at one epoch) this is truncated importance
+        sampling (Yao et al. 2025); for a clipped one (PPO; GRPO and
+        REINFORCE++ over several epochs), whose ratio and clip are then
+        against pi_prox, it is AReaL's decoupled PPO objective (Fu et al.
+        2025, eq. 5: ``E_mu[w min(r A, clip(r) A)]``, ``r = pi / pi_prox``).
+        ``float("inf")`` leaves the weights untruncated (AReaL's form);
+        ``None`` applies none (stale samples treated as on-policy: the
+        ablation).""",
     ),
 }
 

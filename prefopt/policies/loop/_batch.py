@@ -175,6 +175,14 @@ class RolloutBatch:
         What the rollout measured besides the tensors, for the step's
         ``history_`` row: each reward's mean and std when there are several
         (``rewards/<name>/mean``), and the resampling counts (``sampling/...``).
+    behaviour_logprobs : torch.Tensor of shape (n, max_new_tokens) or None
+        Overlapped rollouts (``max_staleness``): the log-probs of the policy that
+        sampled (the behaviour policy, up to ``staleness`` updates old), 0
+        outside the mask; ``old_logprobs`` are then the current (proximal)
+        policy's, and the loss weighs each token by their ratio
+        (``policies/loop/_overlap.py``). ``None`` in a synchronous fit.
+    staleness : int
+        Updates between the weights that sampled the batch and those it trains.
     """
 
     prompts: EncodedPrompts
@@ -195,6 +203,8 @@ class RolloutBatch:
     timings: dict = field(default_factory=dict)
     engine_logprobs: torch.Tensor | None = None
     stats: dict = field(default_factory=dict)
+    behaviour_logprobs: torch.Tensor | None = None
+    staleness: int = 0
 
     def __len__(self) -> int:
         return self.response_ids.shape[0]

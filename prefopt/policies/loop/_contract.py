@@ -293,6 +293,8 @@ class Algorithm:
             min_eos_share=self.min_eos_share,
             checkpoint_every=self.checkpoint_every,
             refit_every=self.refit_every,
+            max_staleness=self.max_staleness,
+            off_policy_cap=self.off_policy_cap,
         )
 
 

@@ -21,6 +21,7 @@ from ...lm._health import (
     count_non_finite,
     smoothed,
 )
+from ._overlap import overlap_detectors
 
 # Below this sampling temperature nothing is learned: log pi = log softmax(z / T), so at
 # T = 0.05 a 1-nat gap between the two likeliest tokens becomes 20 nats and the runner-up
@@ -306,6 +307,7 @@ def policy_monitor(policy, view, *, first_row: int) -> HealthMonitor:
         ),
         _no_learning(view),
     ]
+    detectors += overlap_detectors(view)  # overlapped rollouts: runaway importance weights
     return HealthMonitor(policy, detectors, first_row=first_row)
 
 

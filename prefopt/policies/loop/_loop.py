@@ -28,6 +28,7 @@ from ...lm import RunState
 from ...tracking import open_run
 from ._batch import RolloutBatch
 from ._health import check_health, health_statistics, policy_monitor
+from ._overlap import overlap_statistics, overlapped
 from ._rollout import Rollout
 from ._update import Update, policy_change
 
@@ -141,6 +142,8 @@ class PolicyLoop:
         The online refits, or ``None`` for an offline fit.
     start_key : str, default=None
         The starting model's fingerprint, which the checkpoint records.
+    overlap : dict, default=None
+        The overlapped rollouts' saved state (batches in flight), for a resumed run.
     """
 
     def __init__(
@@ -156,6 +159,7 @@ class PolicyLoop:
         checkpoint=None,
         online=None,
         start_key=None,
+        overlap=None,
     ):
         self.policy = policy
         self.view = view
@@ -180,9 +184,11 @@ class PolicyLoop:
         self.n_episodes = policy.n_episodes_
         self.totals = _budget_totals(policy.history_[-1] if policy.history_ else {})
         self.kl = policy.kl_  # the fit's KL controller
+        # max_staleness: the sampler process and its queue of batches (_overlap.py), or None
+        self.overlap = overlapped(view, run, prompt_tokens=self.prompt_tokens, state=overlap)
         self.rollouts = Rollout(
             view,
-            sampler_for(view.model),
+            self.overlap or sampler_for(view.model),
             run=run,
             prompts=prompts,
             prompt_tokens=self.prompt_tokens,
@@ -248,7 +254,10 @@ class PolicyLoop:
         start = time.perf_counter()
         k = view.k
         # Distributed fits: every rank draws the same global rows and takes its share.
-        rows = distributed.shard(run.next_rows(view.batch_size // k, len(self.prompts)))
+        def draw():
+            return distributed.shard(run.next_rows(view.batch_size // k, len(self.prompts)))
+
+        rows = draw() if self.overlap is None else self.overlap.next_rows(draw, self.n_iter)
         batch = self.rollout(rows)
         advantages = view.compute_advantages(batch)
         if isinstance(advantages, tuple):
@@ -282,6 +291,7 @@ class PolicyLoop:
             **stats,
             **batch.stats,
             **engine_gap(batch),
+            **overlap_statistics(view, batch, self.overlap),
             "response/length": float(batch.response_mask.sum(1).float().mean()),
             "response/eos_share": float(batch.ended.float().mean()),
             "charts/learning_rate": run.optimizer.param_groups[0]["lr"],
@@ -387,7 +397,14 @@ class PolicyLoop:
             )
         if self.online is not None:
             state["online"] = self.online.state_dict()
+        if self.overlap is not None:  # the batches in flight, waited for
+            state["overlap"] = self.overlap.state_dict()
         self.checkpoint.save(self.policy, state)
+
+    def close(self) -> None:
+        """End the fit's sampler process, if any (overlapped rollouts)."""
+        if self.overlap is not None:
+            self.overlap.close()
 
     # ----- distributed fits ---------------------------------------------------------------
     def prepare_distributed(self) -> None:

@@ -102,9 +102,14 @@ class Rollout:
         # micro-batch): its peak memory (logits over the whole vocabulary) is then no more
         # than a training pass's, and on a CPU the smaller chunks stay in cache.
         chunk = view.pass_rows(len(rows))
-        if not sampled.full_pass and (
-            (view.recomputes_old_logprobs and view.training_temperature == view.temperature)
-            or uses_bf16(view.device)
+        behaviour = getattr(sampled, "behaviour_logprobs", None)
+        if (
+            not sampled.full_pass
+            and (
+                (view.recomputes_old_logprobs and view.training_temperature == view.temperature)
+                or uses_bf16(view.device)
+            )
+        ) or behaviour is not None:  # older weights sampled: the current ones' (proximal)
         ):
             # Old log-probs from a full forward pass identical to the training pass, so the
             # ratio is exactly 1 at the first epoch (Huang et al. 2024); in bf16 the cached
@@ -197,6 +202,8 @@ class Rollout:
             values=values,
             timings=dict(zip(_PHASES, np.diff(clock).tolist())),
             engine_logprobs=engine,
+            behaviour_logprobs=None if behaviour is None else behaviour.float() * response_mask,
+            staleness=getattr(sampled, "staleness", 0),
         )
         return batch, parts
 

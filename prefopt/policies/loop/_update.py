@@ -20,6 +20,7 @@ from ...backend._shared_prompts import is_transformers_model
 from ...backend.memory import micro_batches, training_passes
 from ...kl import kl_estimate
 from ._batch import Minibatch, RolloutBatch, masked_mean, minibatch_order
+from ._overlap import off_policy_weights
 from ._rollout import _now
 
 
@@ -129,13 +130,15 @@ class Update:
         """The algorithm's loss on ``minibatch``, importance-weighted, and its stats."""
         view = self.view
         cap = view.importance_sampling_cap
-        weights = importance_weights(minibatch, cap)
+        engine_weights = importance_weights(minibatch, cap)
+        # overlapped rollouts: times the behaviour policy's weights (_overlap.py)
+        weights = off_policy_weights(minibatch, view.off_policy_cap, engine_weights)
         if weights is not None:  # each token's gradient times its weight, values same
             minibatch.logprobs = scale_gradient(minibatch.logprobs, weights)
         loss, stats = view.compute_loss(batch, minibatch)
         stats = dict(stats)
-        if weights is not None:
-            stats.update(weight_statistics(weights, minibatch.mask, cap))
+        if engine_weights is not None:
+            stats.update(weight_statistics(engine_weights, minibatch.mask, cap))
         return loss, stats
 
     def _whole(self, batch, rows, step, ptx):

@@ -75,6 +75,9 @@ class StepView:
     min_eos_share: float | None
     checkpoint_every: int
     refit_every: int | None
+    # overlapped rollouts (policies/loop/_overlap.py): None is a synchronous fit
+    max_staleness: int | None = None
+    off_policy_cap: float | None = None
 
     def pass_rows(self, n: int) -> int:
         """Rows per pass over ``n`` rows: ``micro_batch_size``, else a minibatch's."""

@@ -1,0 +1,240 @@
+"""The native sampler in its own process: sampling runs while the training process updates.
+
+A :class:`SamplerProcess` starts one process (``torch.multiprocessing``, spawn:
+a fork would copy a process whose threads hold locks) that holds a private copy
+of the policy and answers sampling requests in order. The weights travel
+through shared memory: the parent writes a whole ``state_dict`` into one of a
+ring of shared buffers (:meth:`SamplerProcess.push`, a copy per tensor, no
+pickling) and names the buffer in its request; the child loads it before it
+samples. With ``n_buffers`` = (requests in flight) + 1 the parent never writes
+a buffer the child may still read, so no lock is needed.
+
+A request may carry a generator state (the child samples from it and returns
+the state after: the caller's random stream, as if it had sampled itself) or
+none (the child's own stream, seeded when it starts). A child that dies, or a
+request that fails, raises :class:`SamplerProcessError` in the parent within
+``poll`` seconds of it, never a hang.
+"""
+
+from __future__ import annotations
+
+import copy
+import queue
+import time
+import traceback
+
+import torch
+import torch.multiprocessing as mp
+
+from .._config import get_config, set_config
+from .samplers import NativeSampler, Samples
+
+__all__ = ["SamplerProcess", "SamplerProcessError"]
+
+
+class SamplerProcessError(RuntimeError):
+    """The sampler process died, or a sampling request failed in it.
+
+    Examples
+    --------
+    >>> issubclass(SamplerProcessError, RuntimeError)
+    True
+    """
+
+
+def _serve(model, buffers, requests, replies, threads, config, generator_device):
+    """The child's loop: load the named weights, sample, reply; ``None`` ends it."""
+    torch.set_num_threads(threads)
+    set_config(**config)
+    sampler = NativeSampler()
+    generator = torch.Generator(device=generator_device)
+    while True:
+        request = requests.get()
+        if request is None:
+            return
+        number = request["number"]
+        try:
+            start = time.perf_counter()
+            model.load_state_dict(buffers[request["slot"]])
+            if request["generator_state"] is not None:
+                generator.set_state(request["generator_state"])
+            elif request.get("seed") is not None:
+                generator.manual_seed(request["seed"])
+            with torch.inference_mode():
+                out = sampler.sample(model, request["prompts"], generator=generator,
+                                     **request["options"])  # fmt: skip
+            tensors = (out.response_ids, out.response_mask, out.ended, out.logprobs)
+            replies.put(
+                {
+                    "number": number,
+                    "samples": tuple(t.to("cpu").clone() for t in tensors),
+                    "generator_state": generator.get_state(),
+                    "seconds": time.perf_counter() - start,
+                }
+            )
+        except BaseException:  # noqa: BLE001 - every failure goes back to the parent, said
+            replies.put({"number": number, "error": traceback.format_exc()})
+
+
+class SamplerProcess:
+    """prefopt's native sampler in a separate process, fed weights through shared memory.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The policy; a copy of it (its weights in shared memory) goes to the child,
+        which loads pushed weights into that copy before each request.
+    n_buffers : int, default=2
+        Weight buffers in the ring: at least the requests in flight plus one.
+    threads : int, default=None
+        The child's torch threads; ``None``: the parent's ``torch.get_num_threads()``.
+    poll : float, default=0.5
+        Seconds between the parent's checks that the child is alive while it waits.
+    generator_device : str, default="cpu"
+        The device of the child's random generator (the run's generator's).
+
+    Examples
+    --------
+    >>> SamplerProcess.receive.__doc__.split(chr(10))[0]
+    'Wait for request ``number``: ``(Samples, generator state after, seconds)``.'
+    """
+
+    def __init__(self, model, *, n_buffers: int = 2, threads=None, poll: float = 0.5,
+                 generator_device: str = "cpu"):  # fmt: skip
+        self.poll = float(poll)
+        self.n_buffers = int(n_buffers)
+        state = model.state_dict()
+        self.buffers = [
+            {name: t.detach().to("cpu").clone().share_memory_() for name, t in state.items()}
+            for _ in range(self.n_buffers)
+        ]
+        shadow = copy.deepcopy(model).eval()
+        for p in shadow.parameters():
+            p.requires_grad_(False)
+        context = mp.get_context("spawn")
+        self.requests = context.Queue()
+        self.replies = context.Queue()
+        threads = torch.get_num_threads() if threads is None else int(threads)
+        self.process = context.Process(
+            target=_serve,
+            args=(shadow, self.buffers, self.requests, self.replies, threads, get_config(),
+                  str(generator_device)),  # fmt: skip
+            daemon=True,  # never outlives the parent
+            name="prefopt-sampler",
+        )
+        self.process.start()
+        self.device = next((p.device for p in model.parameters()), torch.device("cpu"))
+        self.submitted = 0
+        self.received: dict = {}
+        self.slots: dict = {}  # request number -> the buffer holding its weights
+
+    def _push(self, model, number: int) -> int:
+        """Copy ``model``'s weights into a free buffer, held by request ``number``."""
+        used = set(self.slots.values())
+        slot = next((i for i in range(self.n_buffers) if i not in used), None)
+        if slot is None:  # a caller's bug: more requests in flight than buffers
+            raise RuntimeError(
+                f"{self.n_buffers} sampling requests are in flight, one per weight buffer; "
+                "receive one before submitting another."
+            )
+        self.slots[number] = slot
+        with torch.no_grad():
+            for name, tensor in model.state_dict().items():
+                self.buffers[slot][name].copy_(tensor)
+        return slot
+
+    def submit(self, model, prompts, *, generator_state=None, seed=None, **options) -> int:
+        """Queue one sampling request with ``model``'s current weights; returns its number.
+
+        The weights are copied into a free buffer of the ring now, so the caller
+        may update ``model`` at once. ``generator_state`` (the caller's stream) or
+        ``seed`` (the child's own stream, reseeded) set the child's generator
+        first; neither: it draws on. ``options`` are
+        :meth:`NativeSampler.sample`'s (``max_new_tokens``, ``temperature``, ...).
+        """
+        self._check_alive()
+        number = self.submitted
+        self.submitted += 1
+        slot = self._push(model, number)
+        options = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in options.items()}
+        self.requests.put(
+            {
+                "number": number,
+                "slot": slot,
+                "prompts": type(prompts)(prompts.input_ids.cpu(), prompts.attention_mask.cpu()),
+                "generator_state": generator_state,
+                "seed": seed,
+                "options": options,
+            }
+        )
+        return number
+
+    def receive(self, number: int):
+        """Wait for request ``number``: ``(Samples, generator state after, seconds)``.
+
+        Raises :class:`SamplerProcessError` when the child died or the request
+        failed in it; the wait is bounded by how soon a dead child is noticed
+        (``poll`` seconds).
+        """
+        while number not in self.received:
+            try:
+                reply = self.replies.get(timeout=self.poll)
+            except queue.Empty:
+                self._check_alive()
+                continue
+            if "error" in reply:
+                self.close()
+                raise SamplerProcessError(
+                    f"Sampling request {reply['number']} failed in the sampler process "
+                    f"(max_staleness): its traceback follows.\n{reply['error']}"
+                )
+            self.received[reply["number"]] = reply
+        reply = self.received.pop(number)
+        self.slots.pop(number, None)  # its buffer is free again
+        ids, mask, ended, logprobs = (t.to(self.device) for t in reply["samples"])
+        samples = Samples(ids, mask, ended, logprobs)
+        return samples, reply["generator_state"], reply["seconds"]
+
+    def _check_alive(self) -> None:
+        if self.process is None:
+            raise SamplerProcessError("The sampler process of this fit was closed.")
+        if not self.process.is_alive():
+            code = self.process.exitcode
+            self.close()
+            raise SamplerProcessError(
+                f"The sampler process of this fit (max_staleness) ended with exit code {code} "
+                "while the fit waited for its samples (killed, out of memory, or crashed); the "
+                "fit stops here. Its checkpoint, if any, is intact: fit again to resume, or "
+                "set max_staleness=None to sample in the training process."
+            )
+
+    def close(self) -> None:
+        """End the child (a clean stop, else terminate it); safe to call twice."""
+        process = getattr(self, "process", None)
+        if process is None:
+            return
+        if process.is_alive():
+            try:
+                self.requests.put(None)
+            except (OSError, ValueError):
+                pass
+            process.join(timeout=5 * self.poll)
+            if process.is_alive():
+                process.terminate()
+                process.join(timeout=5 * self.poll)
+        for q in (self.requests, self.replies):
+            q.cancel_join_thread()
+            q.close()
+        self.process = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - at interpreter exit the queues may be gone
+            pass
