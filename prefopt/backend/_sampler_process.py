@@ -19,7 +19,6 @@ request that fails, raises :class:`SamplerProcessError` in the parent within
 from __future__ import annotations
 
 import copy
-import queue
 import time
 import traceback
 
@@ -64,16 +63,18 @@ def _serve(model, buffers, requests, replies, threads, config, generator_device)
                 out = sampler.sample(model, request["prompts"], generator=generator,
                                      **request["options"])  # fmt: skip
             tensors = (out.response_ids, out.response_mask, out.ended, out.logprobs)
-            replies.put(
+            # By value (numpy), not through shared memory: a reply must not need this
+            # process alive to be read.
+            replies.send(
                 {
                     "number": number,
-                    "samples": tuple(t.to("cpu").clone() for t in tensors),
-                    "generator_state": generator.get_state(),
+                    "samples": tuple(t.to("cpu").numpy().copy() for t in tensors),
+                    "generator_state": generator.get_state().numpy().copy(),
                     "seconds": time.perf_counter() - start,
                 }
             )
         except BaseException:  # noqa: BLE001 - every failure goes back to the parent, said
-            replies.put({"number": number, "error": traceback.format_exc()})
+            replies.send({"number": number, "error": traceback.format_exc()})
 
 
 def _context(model):
@@ -129,16 +130,19 @@ class SamplerProcess:
             p.requires_grad_(False)
         context = _context(model)
         self.requests = context.Queue()
-        self.replies = context.Queue()
+        # Replies through a one-way pipe whose writing end only the child holds: when it
+        # dies, even mid-reply, reading ends with EOFError instead of waiting forever.
+        self.replies, writer = context.Pipe(duplex=False)
         threads = torch.get_num_threads() if threads is None else int(threads)
         self.process = context.Process(
             target=_serve,
-            args=(shadow, self.buffers, self.requests, self.replies, threads, get_config(),
+            args=(shadow, self.buffers, self.requests, writer, threads, get_config(),
                   str(generator_device)),  # fmt: skip
             daemon=True,  # never outlives the parent
             name="prefopt-sampler",
         )
         self.process.start()
+        writer.close()
         self.device = next((p.device for p in model.parameters()), torch.device("cpu"))
         self.submitted = 0
         self.received: dict = {}
@@ -194,10 +198,13 @@ class SamplerProcess:
         """
         while number not in self.received:
             try:
-                reply = self.replies.get(timeout=self.poll)
-            except queue.Empty:
-                self._check_alive()
-                continue
+                if not self.replies.poll(self.poll):
+                    self._check_alive()
+                    continue
+                reply = self.replies.recv()
+            except (EOFError, OSError):  # the child died, perhaps mid-reply
+                self._check_alive(wait=True)
+                raise
             if "error" in reply:
                 self.close()
                 raise SamplerProcessError(
@@ -207,13 +214,15 @@ class SamplerProcess:
             self.received[reply["number"]] = reply
         reply = self.received.pop(number)
         self.slots.pop(number, None)  # its buffer is free again
-        ids, mask, ended, logprobs = (t.to(self.device) for t in reply["samples"])
-        samples = Samples(ids, mask, ended, logprobs)
-        return samples, reply["generator_state"], reply["seconds"]
+        ids, mask, ended, logprobs = (torch.from_numpy(t).to(self.device) for t in reply["samples"])
+        state = torch.from_numpy(reply["generator_state"])
+        return Samples(ids, mask, ended, logprobs), state, reply["seconds"]
 
-    def _check_alive(self) -> None:
+    def _check_alive(self, wait: bool = False) -> None:
         if self.process is None:
             raise SamplerProcessError("The sampler process of this fit was closed.")
+        if wait:  # its pipe closed: it is ending
+            self.process.join(timeout=5 * self.poll)
         if not self.process.is_alive():
             code = self.process.exitcode
             self.close()
@@ -238,9 +247,9 @@ class SamplerProcess:
             if process.is_alive():
                 process.terminate()  # it holds nothing to clean up: its tensors are shared
                 process.join(timeout=5 * self.poll)
-        for q in (self.requests, self.replies):
-            q.cancel_join_thread()
-            q.close()
+        self.requests.cancel_join_thread()
+        self.requests.close()
+        self.replies.close()
         self.process = None
 
     def __enter__(self):
