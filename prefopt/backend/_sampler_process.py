@@ -136,8 +136,15 @@ class SamplerProcess:
         threads = torch.get_num_threads() if threads is None else int(threads)
         self.process = context.Process(
             target=_serve,
-            args=(shadow, self.buffers, self.requests, writer, threads, get_config(),
-                  str(generator_device)),  # fmt: skip
+            args=(
+                shadow,
+                self.buffers,
+                self.requests,
+                writer,
+                threads,
+                get_config(),
+                str(generator_device),
+            ),  # fmt: skip
             daemon=True,  # never outlives the parent
             name="prefopt-sampler",
         )

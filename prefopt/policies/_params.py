@@ -385,37 +385,28 @@ COMMON_PARAMETERS: dict[str, Parameter] = {
         [Interval(Integral, 0, None, closed="left"), None],
         "int or None",
         """Overlapped rollouts (docs/guide/overlap.rst): the native sampler runs in
-        a process of its own and samples the next batches while this one
-        trains, with weights pushed to it through shared memory after each
-        update; a batch is then up to this many updates older than the policy
-        it trains, and the loss corrects for it (``off_policy_cap``). 1 is one
-        step off-policy (the usual setting); 0 samples in the other process
-        with the current weights and the run's own random stream, no overlap:
-        the fit equals the synchronous one exactly. ``history_`` adds
-        ``overlap/staleness``, ``overlap/is_weight_mean``,
+        a process of its own, sampling the next batches while this one trains
+        (weights pushed through shared memory after each update); a batch is
+        up to this many updates older than the policy it trains, and the loss
+        corrects for it (``off_policy_cap``). 0 samples there with the current
+        weights and the run's random stream: the synchronous fit exactly.
+        ``history_`` adds ``overlap/staleness``, ``overlap/is_weight_mean``,
         ``overlap/is_truncated_share``, ``overlap/kl`` (KL(sampling || current)
-        per response token) and ``time/sampling_process``; the
-        ``runaway_importance_weights`` detector watches the truncated share. A
-        script that fits with it needs ``if __name__ == "__main__":`` (the
-        process is spawned); CPU, one process, native sampler only. ``None``:
-        synchronous, in the training process.""",
+        per token), ``time/sampling_process``; detector
+        ``runaway_importance_weights``. CPU, one process, native sampler; a
+        script needs ``if __name__ == "__main__":``. ``None``: synchronous.""",
     ),
     "off_policy_cap": Parameter(
         2.0,
         [Interval(Real, 0, None, closed="neither"), None],
         "float or None",
-        """With ``max_staleness`` >= 1: each response token's gradient through
-        the current log-probs is multiplied by ``min(pi_prox / mu, cap)``,
-        detached, with mu the policy that sampled and pi_prox the current one
-        before this step's update. For a loss without a ratio (RLOO,
-        REINFORCE, RAFT, GRPO at one epoch) this is truncated importance
-        sampling (Yao et al. 2025); for a clipped one (PPO; GRPO and
-        REINFORCE++ over several epochs), whose ratio and clip are then
-        against pi_prox, it is AReaL's decoupled PPO objective (Fu et al.
-        2025, eq. 5: ``E_mu[w min(r A, clip(r) A)]``, ``r = pi / pi_prox``).
-        ``float("inf")`` leaves the weights untruncated (AReaL's form);
-        ``None`` applies none (stale samples treated as on-policy: the
-        ablation).""",
+        """With ``max_staleness`` >= 1, each response token's gradient is multiplied
+        by ``min(pi_prox / mu, cap)`` (detached; mu sampled, pi_prox is the policy
+        before this update): truncated importance sampling for a loss without a
+        ratio (RLOO, REINFORCE, RAFT, GRPO at one epoch; Yao et al. 2025), AReaL's
+        decoupled PPO objective for a clipped one (PPO, multi-epoch GRPO and
+        REINFORCE++: ``E_mu[w min(r A, clip(r) A)]``, ``r = pi / pi_prox``; Fu et
+        al. 2025, eq. 5). ``inf``: untruncated; ``None``: no correction.""",
     ),
 }
 

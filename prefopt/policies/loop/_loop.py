@@ -253,6 +253,7 @@ class PolicyLoop:
         self.set_learning_rate()
         start = time.perf_counter()
         k = view.k
+
         # Distributed fits: every rank draws the same global rows and takes its share.
         def draw():
             return distributed.shard(run.next_rows(view.batch_size // k, len(self.prompts)))

@@ -198,7 +198,10 @@ class OverlapPipeline:
             if entry["samples"] is None:
                 samples, self.last_state, seconds = self.process.receive(entry["number"])
                 entry["samples"] = (
-                    samples.response_ids, samples.response_mask, samples.ended, samples.logprobs
+                    samples.response_ids,
+                    samples.response_mask,
+                    samples.ended,
+                    samples.logprobs,
                 )
                 entry["seconds"] = seconds
         pending = [
