@@ -384,29 +384,21 @@ COMMON_PARAMETERS: dict[str, Parameter] = {
         None,
         [Interval(Integral, 0, None, closed="left"), None],
         "int or None",
-        """Overlapped rollouts (docs/guide/overlap.rst): the native sampler runs in
-        a process of its own, sampling the next batches while this one trains
-        (weights pushed through shared memory after each update); a batch is
-        up to this many updates older than the policy it trains, and the loss
-        corrects for it (``off_policy_cap``). 0 samples there with the current
-        weights and the run's random stream: the synchronous fit exactly.
-        ``history_`` adds ``overlap/staleness``, ``overlap/is_weight_mean``,
-        ``overlap/is_truncated_share``, ``overlap/kl`` (KL(sampling || current)
-        per token), ``time/sampling_process``; detector
-        ``runaway_importance_weights``. CPU, one process, native sampler; a
-        script needs ``if __name__ == "__main__":``. ``None``: synchronous.""",
+        """Overlapped rollouts (docs/guide/overlap.rst): a process of its own samples
+        the next batches while this one trains, so a batch is up to this many
+        updates old; the loss corrects for it (``off_policy_cap``). 0: the
+        synchronous fit exactly. CPU, one process, native sampler; a script
+        needs ``if __name__ == "__main__":``. ``None``: synchronous.""",
     ),
     "off_policy_cap": Parameter(
         2.0,
         [Interval(Real, 0, None, closed="neither"), None],
         "float or None",
-        """With ``max_staleness`` >= 1, each response token's gradient is multiplied
-        by ``min(pi_prox / mu, cap)`` (detached; mu sampled, pi_prox is the policy
-        before this update): truncated importance sampling for a loss without a
-        ratio (RLOO, REINFORCE, RAFT, GRPO at one epoch; Yao et al. 2025), AReaL's
-        decoupled PPO objective for a clipped one (PPO, multi-epoch GRPO and
-        REINFORCE++: ``E_mu[w min(r A, clip(r) A)]``, ``r = pi / pi_prox``; Fu et
-        al. 2025, eq. 5). ``inf``: untruncated; ``None``: no correction.""",
+        """With ``max_staleness`` >= 1, each token's gradient times ``min(pi_prox /
+        mu, cap)`` (mu sampled, pi_prox before this update): truncated
+        importance sampling without a ratio (Yao et al. 2025), AReaL's decoupled
+        PPO objective with a clipped one (Fu et al. 2025). ``inf``: untruncated;
+        ``None``: no correction.""",
     ),
 }
 

@@ -110,7 +110,6 @@ class Rollout:
                 or uses_bf16(view.device)
             )
         ) or behaviour is not None:  # older weights sampled: the current ones' (proximal)
-        ):
             # Old log-probs from a full forward pass identical to the training pass, so the
             # ratio is exactly 1 at the first epoch (Huang et al. 2024); in bf16 the cached
             # sampling pass differs from a full pass too much. In micro-batches, when the
