@@ -9,6 +9,8 @@
 - ``_rollout.py``: a rollout's passes (sampling, log-probs, values, reward, KL);
   ``_dynamic.py``: DAPO's resampling of tied groups;
 - ``_update.py``: an update's gradient passes;
+- ``_overlap.py``: overlapped rollouts (``max_staleness``), the next batches sampled in
+  another process while this one trains, and the off-policy correction;
 - ``_health.py``: the run-health figures and detectors of a step; ``_online.py``: the
   online refits of the reward; ``_value.py``: building a value model.
 

@@ -106,6 +106,7 @@ class OverlapPipeline:
         self.prompt_tokens = prompt_tokens
         self.pending: deque = deque()
         self.step = 0  # updates the current weights have had (the loop's n_iter)
+        self.due = False  # whether the queued head batch is this step's, not yet handed
         self.seconds = 0.0  # the sampler process's own seconds for the last batch handed
         self.start_state = None  # the first request's generator state (resumed runs)
         self.seed = None
@@ -135,6 +136,7 @@ class OverlapPipeline:
         self.step = step
         if self.staleness == 0:
             return draw()
+        self.due = True  # the step's first sample call takes the queued batch
         while len(self.pending) < self.staleness + 1:
             rows = draw()
             number = self._submit(np.repeat(rows, self.view.k))
@@ -149,9 +151,10 @@ class OverlapPipeline:
             samples, state, self.seconds = self.process.receive(number)
             generator.set_state(state)  # the run's stream, as if sampled here
             return samples
-        head = self.pending[0] if self.pending else None
+        head = self.pending[0] if self.pending and self.due else None
         if head is not None and np.array_equal(np.repeat(head["rows"], self.view.k), index):
             self.pending.popleft()
+            self.due = False
             samples, staleness = self._samples_of(head), self.step - head["version"]
         else:  # rows of a resampling round (dynamic_sampling): drawn now, current weights
             samples, self.last_state, self.seconds = self.process.receive(self._submit(index))
