@@ -307,6 +307,7 @@ def sample(
     # Sampling is faster with it (benchmarks/README.md, "A ready decode mask"), so the
     # one-time probe per model pays.
     ready = _ready_mask(model, full_mask) if _may_take_ready_mask(model) else None
+    unchecked = ready is not None and ready_mask_verdict(model) is None  # its one check ahead
     for step in range(max_new_tokens):
         # A new tensor, safe to edit in place; greedy (temperature 0) takes the logits as they are.
         logits = out.logits[:, -1].float() / (temperature or 1.0)
@@ -330,9 +331,10 @@ def sample(
             # Sampled ids are real tokens (mask 1): no pad replacement needed here.
             args = dict(input_ids=token, position_ids=next_position + step, use_cache=True, **keep)
             with autocast(device):
-                if ready is not None and ready_mask_verdict(model) is None:
+                if unchecked:
                     out = _check_ready_mask(model, args, cache_arg, past, mask, ready)
                     ready = ready if ready_mask_verdict(model) else None
+                    unchecked = False
                 else:
                     step_mask = mask if ready is None else ready[..., : mask.shape[1]]
                     out = model(attention_mask=step_mask, **args, **{cache_arg: past})
