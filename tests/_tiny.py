@@ -1,6 +1,6 @@
 """Tiny language models and tokenizers built in-process for the tests."""
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
 WORDS = ["the", "movie", "was", "good", "bad", "great", "awful", "plot", "."]
@@ -23,6 +23,32 @@ def word_tokenizer(pad=True, eos="</s>"):
     if eos is not None:
         kwargs["eos_token"] = eos
     return PreTrainedTokenizerFast(tokenizer_object=tok, **kwargs)
+
+
+def bos_tokenizer(chat_template, adds_bos=True):
+    """A word-level tokenizer with BOS ``<s>`` (2), EOS ``</s>`` (3), ``<u>``, ``<a>``.
+
+    ``adds_bos``: the post-processor puts BOS before every text (Llama style), or
+    not (GPT-2 style); ``chat_template`` is the tokenizer's template.
+    """
+    vocab = {"[UNK]": 0, "[PAD]": 1, "<s>": 2, "</s>": 3, "<u>": 4, "<a>": 5}
+    for word in WORDS:
+        vocab[word] = len(vocab)
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    backend.decoder = decoders.WordPiece(prefix="##", cleanup=False)
+    if adds_bos:
+        backend.post_processor = processors.TemplateProcessing(
+            single="<s> $A", special_tokens=[("<s>", 2)]
+        )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        unk_token="[UNK]",
+        pad_token="[PAD]",
+        bos_token="<s>",
+        eos_token="</s>",
+        chat_template=chat_template,
+    )
 
 
 def tiny_config(tokenizer, **overrides):

@@ -1,4 +1,10 @@
-"""Shared test setup: no progress bars, tiny models only, CPU."""
+"""Shared test setup: no progress bars, tiny models only, CPU.
+
+The shared builders live beside this file in ``_tiny.py`` (a module the test files
+import; a conftest is not imported by name): ``word_tokenizer`` and ``bos_tokenizer``
+(tokenizers built in-process), ``tiny_lm`` (a seeded tiny GPT-2) and ``small_policy``
+(a policy on an exact world's tiny policy model), so no test file builds its own.
+"""
 
 import pytest
 import torch

@@ -4,9 +4,8 @@ import datasets
 import numpy as np
 import pytest
 import torch
-from _tiny import WORDS, tiny_lm
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
-from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+from _tiny import bos_tokenizer, tiny_lm
+from transformers import GPT2Config, GPT2LMHeadModel
 
 from prefopt import RewardModel, RLOOPolicy, SFTPolicy
 from prefopt.backend import EncodedPrompts, make_generator, sample, truncate_after_eos
@@ -234,31 +233,10 @@ def test_generation_config_ids_join_the_tokenizers_eos_if_the_model_has_them():
 
 
 # ----- BOS ---------------------------------------------------------------------------------
-def bos_chat_tokenizer(template):
-    """Llama-style: BOS before every text by default, and a chat template."""
-    vocab = {"[UNK]": 0, "[PAD]": 1, "<s>": 2, "</s>": 3, "<u>": 4, "<a>": 5}
-    for word in WORDS:
-        vocab[word] = len(vocab)
-    backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    backend.decoder = decoders.WordPiece(prefix="##", cleanup=False)
-    backend.post_processor = processors.TemplateProcessing(
-        single="<s> $A", special_tokens=[("<s>", 2)]
-    )
-    return PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        unk_token="[UNK]",
-        pad_token="[PAD]",
-        bos_token="<s>",
-        eos_token="</s>",
-        chat_template=template,
-    )
-
-
 @pytest.mark.parametrize("writes_bos", [True, False], ids=["template-bos", "no-bos"])
 def test_templated_prompts_get_no_second_bos(writes_bos):
     body = "{% for m in messages %}<u> {{ m['content'] }} {% endfor %}<a>"
-    tok = bos_chat_tokenizer(("{{ bos_token }} " if writes_bos else "") + body)
+    tok = bos_tokenizer(("{{ bos_token }} " if writes_bos else "") + body)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         config = GPT2Config(

@@ -5,7 +5,7 @@ import threading
 import numpy as np
 import pytest
 import torch
-from _tiny import tiny_lm
+from _tiny import bos_tokenizer, tiny_lm
 from sklearn.base import clone
 
 from prefopt import DPOPolicy, GRPOPolicy, PPOPolicy, RewardModel, RLOOPolicy, SFTPolicy
@@ -195,32 +195,6 @@ CHAT = (
 )
 
 
-def _bos_tokenizer(adds_bos):
-    """One vocabulary; the post-processor puts BOS before a text or not (Llama or GPT-2 style)."""
-    from _tiny import WORDS
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {"[UNK]": 0, "[PAD]": 1, "<s>": 2, "</s>": 3, "<u>": 4, "<a>": 5}
-    for word in WORDS:
-        vocab[word] = len(vocab)
-    backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    backend.decoder = decoders.WordPiece(prefix="##", cleanup=False)
-    if adds_bos:
-        backend.post_processor = processors.TemplateProcessing(
-            single="<s> $A", special_tokens=[("<s>", 2)]
-        )
-    return PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        unk_token="[UNK]",
-        pad_token="[PAD]",
-        bos_token="<s>",
-        eos_token="</s>",
-        chat_template=CHAT,
-    )
-
-
 def _lm(tokenizer, seed):
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -238,7 +212,7 @@ def test_loop_reward_equals_predict_across_bos_rules_and_cut_responses(policy_bo
     from prefopt.backend import make_generator
     from prefopt.policies.loop._rollout import score_responses
 
-    rm_tok, policy_tok = _bos_tokenizer(reward_bos), _bos_tokenizer(policy_bos)
+    rm_tok, policy_tok = bos_tokenizer(CHAT, reward_bos), bos_tokenizer(CHAT, policy_bos)
     rm = RewardModel(
         model=_lm(rm_tok, 1),
         tokenizer=rm_tok,
