@@ -333,8 +333,7 @@ def sample(
             with autocast(device):
                 if unchecked:
                     out = _check_ready_mask(model, args, cache_arg, past, mask, ready)
-                    ready = ready if ready_mask_verdict(model) else None
-                    unchecked = False
+                    ready, unchecked = (ready if ready_mask_verdict(model) else None), False
                 else:
                     step_mask = mask if ready is None else ready[..., : mask.shape[1]]
                     out = model(attention_mask=step_mask, **args, **{cache_arg: past})
