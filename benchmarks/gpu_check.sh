@@ -152,7 +152,7 @@ check "5. vLLM on CUDA: the engine's tests, then native against vLLM generation"
 if "$PY" -c "import vllm" 2>/dev/null; then
   # The engine in this process (weights pushed in memory), next to the policy on the GPU.
   VLLM_ENABLE_V1_MULTIPROCESSING=0 timeout 900 "$PY" -m pytest -q -p no:cacheprovider \
-    -m vllm tests/test_vllm.py || fail "the vLLM tests on CUDA"
+    -m vllm tests/test_vllm_engine.py || fail "the vLLM tests on CUDA"
   VLLM_ENABLE_V1_MULTIPROCESSING=0 timeout 900 "$PY" benchmarks/throughput.py --device cuda \
     --dtype bfloat16 --size summarize --algorithms rloo --engine both \
     || fail "native against vLLM generation on CUDA"

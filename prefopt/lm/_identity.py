@@ -21,7 +21,7 @@ from ._describe import (  # noqa: F401 - the description rules, re-exported
 )
 
 # Parameters that set a run's length, how it is watched and saved, or only how much memory
-# its passes take (the same gradients: tests/test_memory_knobs.py); all others define it.
+# its passes take (the same gradients: tests/test_memory.py); all others define it.
 NOT_DEFINING = frozenset(
     {
         "gradient_checkpointing",
