@@ -356,3 +356,54 @@ def test_the_benchmark_script_runs_quick(capsys):
     out = capsys.readouterr().out
     assert "| algorithm | seed | learning_rate |" in out
     assert "GRPO at learning rate 0.0001: held-out pass@1 rose on every seed:" in out
+
+
+# ----- the scratchpad -----------------------------------------------------------------------
+
+
+def test_scratchpad_demonstrations_show_the_column_work_then_the_answer():
+    pad = ArithmeticWorld(scratchpad=True, n_eval=300, random_state=0)
+    plain = ArithmeticWorld(n_eval=300, random_state=0)
+    assert pad.prompts == plain.prompts and pad.eval_prompts == plain.eval_prompts
+    # Worked by hand: 7+8=15 carries 1 into 4+6+1=11, so 115.
+    demos = dict(zip(pad.demonstrations.prompt, pad.demonstrations.completion))
+    assert demos["76+55="] == "6+5=11,7+5+1=13,131"
+    assert demos["40+7="] == "0+7=7,4+0=4,47"
+    for prompt, completion in demos.items():
+        assert completion.rpartition(",")[2] == ArithmeticWorld.solve(prompt)
+    lengths = pad.demonstrations.completion.str.len() + 1  # characters + EOS = tokens
+    assert lengths.min() == 8 and lengths.max() == 20  # "0+0=0,0" ... "9+9=18,9+9+1=19,198"
+    assert 16.0 < lengths.mean() < 18.0  # measured 17.28 (seed 0, 4,000 demonstrations)
+    assert pad.max_new_tokens == 20
+    assert "scratchpad=True" in repr(pad) and "scratchpad" not in repr(plain)
+
+
+def test_scratchpad_rewards_read_the_answer_after_the_last_step():
+    pad = ArithmeticWorld(scratchpad=True, n_eval=300, random_state=0)
+    completions = ["7+8=15,4+6+1=11,115", "115", "1+1=9,115", "7+8=15,4+6+1=11,116", "7+8=15,"]
+    assert pad.correctness_reward(["47+68="] * 5, completions).tolist() == [1, 1, 1, 0, 0]
+    # Format: an integer after a step; the work shown, right or wrong, at any length.
+    assert pad.format_reward(["47+68="] * 5, completions).tolist() == [1, 0, 1, 1, 0]
+    long = "1+1=2," * 10 + "115"  # longer than any demonstration: still read
+    assert pad.correctness_reward(["47+68="], [long]).tolist() == [1.0]
+
+
+def test_scratchpad_tokenizer_adds_one_character_and_keeps_every_other_id():
+    pad = ArithmeticWorld(scratchpad=True, n_eval=300, random_state=0)
+    plain = ArithmeticWorld(random_state=0)
+    assert len(pad.tokenizer) == len(plain.tokenizer) + 1
+    assert {k: pad.tokenizer.get_vocab()[k] for k in plain.tokenizer.get_vocab()} == (
+        plain.tokenizer.get_vocab()
+    )
+    ids = pad.tokenizer("47+68=7+8=15,4+6+1=11,115")["input_ids"]
+    assert len(ids) == 25 and pad.tokenizer.decode(ids) == "47+68=7+8=15,4+6+1=11,115"
+    config = pad.model_config()
+    assert config.vocab_size == len(pad.tokenizer) and config.n_positions == 64
+    assert plain.model_config().n_positions == 32
+
+
+def test_scratchpad_is_for_sums_only():
+    with pytest.raises(ValueError, match="column work of sums only.*operations='\\+'"):
+        ArithmeticWorld(operations="+-", scratchpad=True, random_state=0)
+    with pytest.raises(TypeError, match="scratchpad must be True or False"):
+        ArithmeticWorld(scratchpad="yes", random_state=0)

@@ -16,6 +16,34 @@ OPERATIONS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b
 CHARACTERS = list("0123456789") + list(OPERATIONS) + ["="]
 PROBLEM = re.compile(r"\s*(\d+)\s*([-+*])\s*(\d+)\s*=\s*")
 NUMBER = re.compile(r"0|-?[1-9][0-9]*")  # no leading zeros, no "+" sign, no "-0"
+STEP = ","  # separates the scratchpad's steps, and the last step from the answer
+
+
+def scratchpad(prompt) -> str:
+    """The column-by-column work of a sum ``"a+b="``, least significant column first.
+
+    One step per column, ``"<digit of a>+<digit of b>[+1]=<column sum>"`` (``+1`` where
+    the previous column carried), then the answer after the last :data:`STEP`:
+    ``"47+68="`` gives ``"7+8=15,4+6+1=11,115"``, written as a pupil does it (Nye et al.
+    2021, "Show your work: scratchpads for intermediate computation").
+    """
+    match = PROBLEM.fullmatch(prompt) if isinstance(prompt, str) else None
+    if match is None or match.group(2) != "+":
+        raise ValueError(f"A scratchpad is written for sums 'a+b=' only; got {prompt!r}.")
+    a, _, b = match.groups()
+    width = max(len(a), len(b))
+    a, b = a.zfill(width)[::-1], b.zfill(width)[::-1]
+    steps, carry = [], 0
+    for x, y in zip(a, b):
+        total = int(x) + int(y) + carry
+        steps.append(f"{x}+{y}{'+1' if carry else ''}={total}")
+        carry = total // 10
+    return STEP.join([*steps, solve(prompt)])
+
+
+def final_answer(completion: str) -> str:
+    """The answer of a scratchpad completion: the text after its last :data:`STEP`."""
+    return completion.rpartition(STEP)[2]
 
 
 def solve(prompt) -> str:
@@ -56,13 +84,14 @@ def check_completions(prompts, completions, name: str) -> tuple[list, list[str]]
     return prompts, completions
 
 
-def character_tokenizer():
+def character_tokenizer(scratchpad: bool = False):
     """The word-level tokenizer over single characters (ids of ``ArithmeticWorld.tokenizer``).
 
     Whitespace is split off, then every character is its own token, and
-    decoding fuses the tokens back without spaces.
+    decoding fuses the tokens back without spaces. ``scratchpad`` adds
+    :data:`STEP` after the other characters, so that every other id is unchanged.
     """
-    tok = word_level_tokenizer(CHARACTERS, eos_token=EOS)
+    tok = word_level_tokenizer(CHARACTERS + [STEP] * scratchpad, eos_token=EOS)
     backend = tok.backend_tokenizer
     backend.pre_tokenizer = pre_tokenizers.Sequence(
         [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Split(Regex("."), "isolated")]

@@ -10,7 +10,15 @@ import pandas as pd
 from sklearn.utils import check_random_state
 
 from .._tiny_model import tiny_config
-from ._text import NUMBER, OPERATIONS, canonical, character_tokenizer, check_completions
+from ._text import (
+    NUMBER,
+    OPERATIONS,
+    canonical,
+    character_tokenizer,
+    check_completions,
+    final_answer,
+)
+from ._text import scratchpad as scratchpad_text
 from ._text import solve as solve_problem
 
 __all__ = ["ArithmeticWorld"]
@@ -50,6 +58,14 @@ class ArithmeticWorld:
         demonstration.
     n_demonstrations : int, default=4000
         Training problems (distinct) given with their answers as demonstrations.
+    scratchpad : bool, default=False
+        Demonstrations that show their work before the answer, one step per
+        column of a sum (``"47+68="`` then ``"7+8=15,4+6+1=11,115"``: 7 to 19
+        characters for two-digit sums), and rewards that read the answer after
+        the last ``","``; the scratchpad itself is not checked, as a verifiable
+        reward checks only the final answer. Sums only (``operations="+"``).
+        The tokenizer gets ``","`` as one more character; without a scratchpad
+        the world is as before, id for id.
     cache_dir : str, default=None
         Folder under which :meth:`model_config` saves the tokenizer; ``None``
         is the system's temporary folder.
@@ -70,12 +86,13 @@ class ArithmeticWorld:
         whose ``answer`` column a reward receives as the keyword ``answer``
         where the loop passes dataset columns to rewards.
     demonstrations : pandas.DataFrame
-        Columns ``prompt`` and ``completion`` (the answer, without EOS: supervised
-        fine-tuning appends it).
+        Columns ``prompt`` and ``completion`` (the answer, or with ``scratchpad``
+        the work and the answer, without EOS: supervised fine-tuning appends it).
     tokenizer : transformers.PreTrainedTokenizerFast
         ``[PAD]`` (id 0), ``[UNK]`` (1), ``</s>`` (2, EOS), then one id per character.
     max_new_tokens : int
-        Characters of the longest answer plus one for EOS.
+        Characters of the longest answer (with ``scratchpad``, of the longest
+        worked answer) plus one for EOS.
 
     See Also
     --------
@@ -152,6 +169,7 @@ class ArithmeticWorld:
         operations: str = "+",
         n_eval: int = 200,
         n_demonstrations: int = 4000,
+        scratchpad: bool = False,
         cache_dir: str | None = None,
         random_state=None,
     ):
@@ -181,12 +199,20 @@ class ArithmeticWorld:
                 f"{n_eval + n_demonstrations} distinct problems, but n_digits={n_digits} and "
                 f"operations={operations!r} give only {n_problems}; lower them or raise n_digits."
             )
+        if not isinstance(scratchpad, bool):
+            raise TypeError(f"scratchpad must be True or False; got {scratchpad!r}.")
+        if scratchpad and operations != "+":
+            raise ValueError(
+                f"scratchpad=True writes the column work of sums only; got operations="
+                f"{operations!r}. Use operations='+' or scratchpad=False."
+            )
         if cache_dir is not None and not isinstance(cache_dir, (str, os.PathLike)):
             raise TypeError(f"cache_dir must be a path or None; got {type(cache_dir).__name__}.")
         self.n_digits = int(n_digits)
         self.operations = operations
         self.n_eval = int(n_eval)
         self.n_demonstrations = int(n_demonstrations)
+        self.scratchpad = scratchpad
         self.cache_dir = cache_dir
         self.random_state = random_state
 
@@ -203,20 +229,21 @@ class ArithmeticWorld:
         self.dataset = pd.DataFrame({"prompt": self.prompts, "answer": self.answers})
         self.eval_dataset = pd.DataFrame({"prompt": self.eval_prompts, "answer": self.eval_answers})
         # The training problems are in random order already: the first ones are a draw.
+        shown = self.prompts[:n_demonstrations]
+        completions = [scratchpad_text(p) for p in shown] if scratchpad else self.answers
         self.demonstrations = pd.DataFrame(
-            {
-                "prompt": self.prompts[:n_demonstrations],
-                "completion": self.answers[:n_demonstrations],
-            }
+            {"prompt": shown, "completion": completions[:n_demonstrations]}
         )
-        self.tokenizer = character_tokenizer()
-        self.max_new_tokens = 1 + max(len(a) for a in answers)
+        self.tokenizer = character_tokenizer(scratchpad)
+        written = [scratchpad_text(p) for p in problems] if scratchpad else answers
+        self.max_new_tokens = 1 + max(len(a) for a in written)
 
     def __repr__(self) -> str:
         return (
             f"ArithmeticWorld(n_digits={self.n_digits}, operations={self.operations!r}, "
             f"n_eval={self.n_eval}, n_demonstrations={self.n_demonstrations}, "
-            f"random_state={self.random_state!r})"
+            + (f"scratchpad={self.scratchpad}, " if self.scratchpad else "")
+            + f"random_state={self.random_state!r})"
         )
 
     # ----- answers and rewards -----------------------------------------------------
@@ -260,7 +287,9 @@ class ArithmeticWorld:
         """1 where the completion is the exact answer, else 0: the verifiable reward.
 
         The completion, stripped of surrounding whitespace, must be the answer's
-        canonical decimal string (``"82"``, not ``"082"`` or ``"82.0"``).
+        canonical decimal string (``"82"``, not ``"082"`` or ``"82.0"``); with
+        ``scratchpad``, the text after its last ``","`` must be (the work before
+        it is not checked, and a response of any length can be right).
 
         Parameters
         ----------
@@ -289,6 +318,8 @@ class ArithmeticWorld:
         """
         prompts, completions = check_completions(prompts, completions, "correctness_reward")
         truth = self._answers(prompts, answer, len(completions), "correctness_reward")
+        if self.scratchpad:
+            completions = [final_answer(c) for c in completions]
         return np.array([c.strip() == t for c, t in zip(completions, truth)], dtype=np.float64)
 
     def format_reward(self, prompts, completions, **kwargs) -> np.ndarray:
@@ -297,8 +328,9 @@ class ArithmeticWorld:
         Well formed: an optional minus sign and digits without leading zeros
         (``"0"``, ``"82"``, ``"-3"``), whitespace around it allowed, and at most
         ``max_new_tokens - 1`` characters, so that sampling stopped at an EOS
-        rather than at the length limit. Whether the answer is right is not
-        checked.
+        rather than at the length limit. With ``scratchpad``, the text after the
+        last ``","`` is the integer, and a ``","`` must be there (work shown),
+        at any length. Whether the answer is right is not checked.
 
         Parameters
         ----------
@@ -321,6 +353,11 @@ class ArithmeticWorld:
         array([1., 0., 0., 0.])
         """
         _, completions = check_completions(prompts, completions, "format_reward")
+        if self.scratchpad:
+            return np.array(
+                [bool(NUMBER.fullmatch(final_answer(c).strip())) and "," in c for c in completions],
+                dtype=np.float64,
+            )
         longest = self.max_new_tokens - 1
         return np.array(
             [bool(NUMBER.fullmatch(c.strip())) and len(c.strip()) <= longest for c in completions],
@@ -343,7 +380,8 @@ class ArithmeticWorld:
             Qwen2-shaped model (rotary positions, SwiGLU, RMSNorm, grouped
             key/value heads; Qwen2 adds biases to the query, key and value).
             Each has 2 layers of width 64 and 4 heads (2 key/value heads for
-            Llama and Qwen2), no dropout, 32 positions.
+            Llama and Qwen2), no dropout, 32 positions (64 with ``scratchpad``,
+            room for a response to grow to twice the longest worked answer).
         **overrides
             Parameters of the architecture's config replacing the defaults.
 
@@ -365,7 +403,7 @@ class ArithmeticWorld:
             self.tokenizer,
             architecture,
             need=need,
-            positions=32,
+            positions=64 if self.scratchpad else 32,
             cache_dir=self.cache_dir,
             overrides=overrides,
             name="prefopt-arithmetic-world",
