@@ -210,9 +210,13 @@ def _fit_one(task: dict, prompts, measure) -> dict:
 
     from prefopt.model_selection import RandomReward
 
+    def resolve(reward):
+        if isinstance(reward, str) and reward == "random":
+            return RandomReward(p=0.5, random_state=task["seed"])
+        return reward
+
     reward = task["reward"]
-    if isinstance(reward, str) and reward == "random":
-        reward = RandomReward(p=0.5, random_state=task["seed"])
+    reward = [resolve(r) for r in reward] if isinstance(reward, list) else resolve(reward)
     policy = clone(task["estimator"]).set_params(random_state=task["seed"])
     policy.fit(prompts, reward_model=reward)
     healthy, fired = health(policy)
@@ -223,8 +227,8 @@ def _fit_one(task: dict, prompts, measure) -> dict:
 def run_fits(tasks: list[dict], prompts, measure, jobs: int) -> list[dict]:
     """Every task's fit and measurement, ``jobs`` at a time (joblib), rows in task order.
 
-    A task is a dict with ``estimator``, ``reward`` (a callable, a list of them, or
-    ``"random"``), ``seed`` and any labels (``phase``, ``arm``, ``reward_name``),
+    A task is a dict with ``estimator``, ``reward`` (a callable, ``"random"``, or a
+    list of these), ``seed`` and any labels (``phase``, ``arm``, ``reward_name``),
     which its row keeps; ``measure(policy) -> dict`` adds the measurements.
     """
     from joblib import Parallel, delayed
