@@ -9,47 +9,49 @@ performance." The mechanism: GRPO divides each response's token losses by its ow
 |o_i|, so a long incorrect response (negative advantage) is pushed down less per token
 than a short one; Dr. GRPO divides by a constant (``max_new_tokens``).
 
-Setting: the arithmetic world (two-digit sums, SFT start as ``benchmarks/verifiable_world.py``),
-``GRPOPolicy`` with ``loss_type="grpo"`` against ``loss_type="dr_grpo"``, everything else
-the same: k = 8, beta 0 (Liu et al.'s and TRL's setting; ``log_kl=True`` so the KL is still
-measured for the health detectors), ``max_new_tokens=8`` (twice the longest answer and
-its EOS, so that a response has room to grow), ``missing_eos_reward=None`` (a cut
-response scores 0 from the correctness reward alone, as in the paper, rather than a
-penalty that would itself punish length), rewarded by ``world.correctness_reward``.
-A second reward of weight 0, ``incorrect_length`` (a response's characters where it is
-wrong, else 0), only logs ``rewards/incorrect_length/mean`` per step; divided by the
-share of wrong responses it is the mean length of the incorrect responses of that step.
+Issue 36, point 6 (rule committed before any full run of this version). The first run
+could not decide the claim: the answers were 2-3 characters long, 80 steps, and the two
+loss types were tuned to rates 3x apart. This run gives length room to move and one rate:
 
-Each loss type is tuned on its own (its normaliser sets its gradient's scale: Dr. GRPO's
-is |o_i| / max_new_tokens of GRPO's): learning rates 1e-4, 3e-4, 1e-3 on tuning seeds
-100 and 101 with ``compare(tune=...)``, ranked by the mean training reward of the last 10
-steps, a candidate with an unhealthy tuning run ranking after every healthy one. The
-selected rate then runs on evaluation seeds 0-7. The measured quantity, per run: the
-growth of the incorrect responses' mean length, the mean over the last 10 steps minus the
-mean over the first 5 (characters; a cut response counts its 8).
+Setting: the scratchpad world (``_rlvr.py``: two-digit sums whose demonstrations show
+their column work, 8-20 tokens with EOS, 17.3 on average; the answer after the last step
+is rewarded). GRPO as :data:`_rlvr.GRPO_SETTINGS` but ``loss_type="grpo"`` against
+``loss_type="dr_grpo"``, everything else the same: k = 8, beta 0 (Liu et al.'s and TRL's
+setting; ``log_kl=True`` keeps the KL measured for the health detectors),
+``max_new_tokens=40`` (twice the longest worked answer and its EOS: room to grow), no
+missing-EOS reward (a cut response scores what the correctness reward gives it), one
+shared rate for both loss types (:func:`_rlvr.rlvr_rate`, an AdaptiveLR), 1,000 steps
+of 64 episodes (8 prompts a step: at 4 prompts, probes lost held-out pass@1 at every
+rate tried, the updates' noise outweighing the reward's signal). A second reward of
+weight 0, ``incorrect_length`` (a response's
+characters where it is wrong, else 0), logs ``rewards/incorrect_length/mean``; divided
+by the share of wrong responses it is the mean length of the step's incorrect responses.
+The measured quantity, per run: their growth, the mean over the last 50 steps minus the
+mean over the first 50 (characters).
 
-Verdict rule, fixed before the first full run. Margin 0.25 characters: SFT's wrong
-answers are 2-3 characters and can grow by at most 5 here, so 0.25 is a quarter of the
-wrong answers gaining one character, 5% of the room to grow; a smaller change is called
-no change. With 95% t-intervals over the evaluation seeds and
-:func:`prefopt.model_selection.verdict` at that margin, three parts: (A) GRPO's growth is
-above 0 ("better"); (B) Dr. GRPO's growth is not ("equivalent" or "worse"); (C) the
-paired difference GRPO - Dr. GRPO is above 0 ("better"). A part whose interval is
-"inconclusive" is undecided, and one that contradicts it is refuted. "reproduced" if all
-three hold, "not reproduced" if all are refuted, "partly reproduced" for a mix, and
-"inconclusive" if any is undecided. Unhealthy runs (any detector of ``health_`` fired)
-are failures, counted and reported with their detectors. (Issue 36 changed the rule after
-this run, and the verdict was regenerated from the committed CSV: every seed counts, an
-unhealthy run with the growth it ended with, where a seed with an unhealthy run in either
-arm left the comparison and under 6 of 8 such seeds gave "inconclusive"; the parts are
-read by the monotone margin rule.) With 8 seeds the
-minimum detectable difference at 80% power is about 1.15 standard deviations of the
-per-seed differences, reported beside each interval.
+The gate, on tuning seeds 100 and 101 (:func:`_rlvr.gate`), for each loss type: every
+tuning run healthy and its held-out pass@1 (300 problems x 16 samples) at least 0.10
+above the start's; and the regime of the claim: demonstrations of 10-20 tokens on
+average, at least 1,000 steps. If the gate fails the claim is not decided
+("inconclusive", the reason names the failed condition with its numbers).
+
+Verdict rule, when the gate passes. Evaluation seeds 0-3, every seed counted (an
+unhealthy run keeps the growth it ended with). Margin 1 character (a token; 6% of the
+mean worked answer): a smaller change is called no change. With 95% t-intervals over the
+seeds and the monotone margin rule (:func:`_common.part_status`), three parts: (A) GRPO's
+growth is above 0, "better"; (B) Dr. GRPO's is not, "equivalent" or "worse"; (C) the
+paired difference GRPO - Dr. GRPO, "better". "reproduced" if all three hold, "not
+reproduced" if all are refuted, "partly reproduced" for a mix, "inconclusive" if any is
+undecided.
+
+Controls (issue 36, point 4): the GRPO loss type, same rate and budget, against a random
+reward and the world's format reward on evaluation seed 0; their pass@1 gains
+and incorrect-length growths are reported beside the real reward's.
 
 Run::
 
-    python benchmarks/reproduce/claim19_dr_grpo_length.py          # ~8 min on 2 cores (est.)
-    python benchmarks/reproduce/claim19_dr_grpo_length.py --quick  # under a minute
+    python benchmarks/reproduce/claim19_dr_grpo_length.py --jobs 7   # ~4 min on 7 free cores (est.)
+    python benchmarks/reproduce/claim19_dr_grpo_length.py --quick    # under a minute
 """
 
 from __future__ import annotations
@@ -57,214 +59,255 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 from _common import (
-    ARITHMETIC_FULL,
-    ARITHMETIC_QUICK,
-    HistoryMean,
-    arithmetic_sft,
     environ_threads,
     finish,
-    fired_detectors,
+    fmt,
     fmt_mdd,
     interval_with_mdd,
+    mean_ci,
     new_figure,
     parse_args,
     part_status,
     parts_verdict,
 )
 from _common import settings as choose
-
-from prefopt import GRPOPolicy
-from prefopt.model_selection import compare
+from _rlvr import (
+    SCRATCHPAD_FULL,
+    SCRATCHPAD_QUICK,
+    TUNING_SEEDS,
+    control_rewards,
+    control_summary,
+    correct_counts,
+    gate,
+    grpo,
+    run_fits,
+    scratchpad_sft,
+)
+from sklearn.base import clone
 
 FULL = dict(
-    **ARITHMETIC_FULL,
-    steps=80,
+    **SCRATCHPAD_FULL,
+    steps=1000,
     batch_size=64,
-    seeds=8,
-    learning_rates=(1e-4, 3e-4, 1e-3),
-    tuning_seeds=(100, 101),
-    first=5,
-    last=10,
-    jobs=2,
+    seeds=4,
+    control_seeds=1,
+    tuning_seeds=TUNING_SEEDS,
+    first=50,
+    last=50,
+    eval_problems=300,
+    samples=16,
+    jobs=7,
 )
 QUICK = dict(
-    **ARITHMETIC_QUICK,
-    steps=3,
+    **SCRATCHPAD_QUICK,
+    steps=2,
     batch_size=16,
     seeds=2,
-    learning_rates=(1e-4, 1e-3),
+    control_seeds=1,
     tuning_seeds=(100,),
     first=1,
     last=1,
+    eval_problems=8,
+    samples=2,
     jobs=1,
 )
 ARMS = {"GRPO": "grpo", "Dr. GRPO": "dr_grpo"}
-MAX_NEW_TOKENS = 8
-MARGIN = 0.25  # characters of the incorrect responses' mean length (see the docstring)
+MAX_NEW_TOKENS = 40
+MIN_STEPS = 1000  # issue 36: at least 1,000 steps for length to move
+DEMO_TOKENS = (10, 20)  # issue 36: scratchpad demonstrations of 10-20 tokens
+MARGIN = 1.0  # characters of the incorrect responses' mean length (see the docstring)
 COLUMNS = [
     "phase",
     "arm",
-    "learning_rate",
+    "reward_name",
     "seed",
     "healthy",
     "fired",
-    "n_unhealthy",
-    "selected",
+    "pass1",
     "train_reward",
     "incorrect_length_start",
     "incorrect_length_end",
     "incorrect_length_growth",
-    "correct_length_end",
     "length_end",
 ]
-# Verdict rule (see the docstring), margin 0.25 characters, 8 evaluation seeds: A GRPO's
-# growth "better"; B Dr. GRPO's growth "equivalent" or "worse"; C GRPO - Dr. GRPO "better";
-# any part undecided: "inconclusive" (every seed counts, issue 36).
+# Rule (see the docstring): gate on tuning seeds 100, 101 per loss type (gain >= 0.10,
+# healthy), demonstrations of 10-20 tokens, >= 1,000 steps; then margin 1 character, 4
+# evaluation seeds: A GRPO's growth "better"; B Dr. GRPO's "equivalent" or "worse"; C GRPO -
+# Dr. GRPO "better"; any part undecided: "inconclusive".
 
 
-def make_incorrect_length(world):
+class IncorrectLength:
     """The weight-0 reward that logs the wrong responses' lengths (0 for a right one)."""
 
-    def incorrect_length(prompts, completions, **columns):
-        right = world.correctness_reward(prompts, completions)
-        return np.array([0.0 if r else float(len(c)) for r, c in zip(right, completions)])
+    __name__ = "incorrect_length"
 
-    return incorrect_length
+    def __init__(self, world):
+        self.world = world
+
+    def __call__(self, prompts, completions, **columns):
+        right = self.world.correctness_reward(prompts, completions)
+        return np.array([0.0 if r else float(len(c)) for r, c in zip(right, completions)])
 
 
 def incorrect_lengths(history) -> np.ndarray:
-    """Per step: the mean length of the incorrect responses (NaN where all were right)."""
-    wrong = np.array([1.0 - r["rewards/correctness_reward/mean"] for r in history])
+    """Per step: the mean length of the incorrect responses (NaN where all were right).
+
+    The first reward's mean is the share of right responses under the real reward only;
+    under a control the wrong share is counted from the logged lengths' own reward.
+    """
+    right = np.array([r["rewards/correctness_reward/mean"] for r in history])
     total = np.array([r["rewards/incorrect_length/mean"] for r in history])
+    wrong = 1.0 - right
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(wrong > 0, total / np.where(wrong > 0, wrong, 1.0), np.nan)
 
 
-def correct_lengths(history) -> np.ndarray:
-    """Per step: the mean length of the correct responses, in characters (NaN: none right).
+class Measure:
+    """Held-out pass@1 and the incorrect responses' length growth of a fit (a worker)."""
 
-    ``response/length`` counts tokens with the EOS; a character is a token here.
-    """
-    right = np.array([r["rewards/correctness_reward/mean"] for r in history])
-    tokens = np.array([r["response/length"] for r in history])
-    ended = np.array([r["response/eos_share"] for r in history])
-    chars = tokens - ended  # the EOS tokens are not characters of the text
-    wrong_total = (1.0 - right) * np.nan_to_num(incorrect_lengths(history))
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(right > 0, (chars - wrong_total) / np.where(right > 0, right, 1.0), np.nan)
+    def __init__(self, world, prompts, samples: int, first: int, last: int):
+        self.world, self.prompts, self.samples = world, prompts, samples
+        self.first, self.last = first, last
+
+    def __call__(self, policy) -> dict:
+        counts = correct_counts(policy, self.world, self.prompts, self.samples)
+        wrong = incorrect_lengths(policy.history_)
+        start = float(np.nanmean(wrong[: self.first]))
+        end = float(np.nanmean(wrong[-self.last :]))
+        chars = [r["response/length"] - r["response/eos_share"] for r in policy.history_]
+        return {
+            "pass1": float(counts.mean() / self.samples),
+            "train_reward": float(np.mean([r["objective/reward"] for r in policy.history_][-50:])),
+            "incorrect_length_start": start,
+            "incorrect_length_end": end,
+            "incorrect_length_growth": end - start,
+            "length_end": float(np.mean(chars[-self.last :])),
+            "curve": wrong,
+        }
 
 
 def decide(ev: pd.DataFrame) -> tuple:
-    """The rule on the evaluation rows: ``(grpo, dr, diff, parts, verdict)``.
-
-    Issue 36: every evaluation seed counts (an unhealthy run keeps the growth it ended
-    with; the first rule used only seeds healthy in both arms and called too few
-    inconclusive), and each part is read by :func:`_common.part_status` (the monotone
-    margin rule).
-    """
+    """The rule on the evaluation rows: ``(grpo, dr, diff, parts, verdict)``."""
     wide = ev.pivot(index="seed", columns="arm", values="incorrect_length_growth")
-    grpo = interval_with_mdd(wide["GRPO"], MARGIN)
+    grpo_stat = interval_with_mdd(wide["GRPO"], MARGIN)
     dr = interval_with_mdd(wide["Dr. GRPO"], MARGIN)
     diff = interval_with_mdd(wide["GRPO"] - wide["Dr. GRPO"], MARGIN)
     parts = {
-        "A GRPO's incorrect responses grow": part_status(grpo, ("better",)),
+        "A GRPO's incorrect responses grow": part_status(grpo_stat, ("better",)),
         "B Dr. GRPO's do not": part_status(dr, ("equivalent", "worse")),
         "C GRPO grows them more than Dr. GRPO": part_status(diff, ("better",)),
     }
-    return grpo, dr, diff, parts, parts_verdict(parts)
+    return grpo_stat, dr, diff, parts, parts_verdict(parts)
 
 
 def main(argv=None):
     environ_threads()
-    args = parse_args(__doc__, argv, jobs=(int, None, "parallel fits (default: 2, 1 quick)"))
+    args = parse_args(__doc__, argv, jobs=(int, None, "parallel fits (default: 7, 1 quick)"))
     s = choose(args, FULL, QUICK)
     s["jobs"] = args.jobs or s["jobs"]
-    world, sft = arithmetic_sft(s["n_demonstrations"], s["sft_epochs"])
-    rewards = [world.correctness_reward, make_incorrect_length(world)]
+    world, sft = scratchpad_sft(s["n_demonstrations"], s["sft_epochs"])
+    prompts = world.eval_prompts[: s["eval_problems"]]
+    start_pass1 = float(correct_counts(sft, world, prompts, s["samples"]).mean() / s["samples"])
+    logger = IncorrectLength(world)
     estimators = {
-        arm: GRPOPolicy(
-            model=sft,
-            k=8,
+        arm: grpo(
+            sft,
             beta=0.0,
-            log_kl=True,
             loss_type=loss_type,
             max_new_tokens=MAX_NEW_TOKENS,
-            missing_eos_reward=None,
             reward_weights=[1.0, 0.0],
-            on_unhealthy="ignore",  # health_ still records every detector
             n_steps=s["steps"],
             batch_size=s["batch_size"],
         )
         for arm, loss_type in ARMS.items()
     }
-    result = compare(
-        estimators,
+    seeds = list(range(s["seeds"]))
+    real = [world.correctness_reward, logger]
+    tasks = [
+        {"phase": phase, "arm": arm, "reward_name": "correctness", "seed": seed, "reward": real}
+        for phase, phase_seeds in (("tuning", s["tuning_seeds"]), ("evaluation", seeds))
+        for arm in ARMS
+        for seed in phase_seeds
+    ]
+    # A control keeps the correctness reward's column at weight 0 so its length is logged
+    # the same way: the control pays, correctness and the lengths are only recorded.
+    tasks += [
+        {
+            "phase": "control",
+            "arm": "GRPO",
+            "reward_name": name,
+            "seed": seed,
+            "reward": [control, world.correctness_reward, logger],
+        }
+        for name, control in control_rewards(world).items()
+        for seed in seeds[: s["control_seeds"]]
+    ]
+    for task in tasks:
+        base = estimators[task["arm"]]
+        if task["phase"] == "control":
+            base = clone(base).set_params(reward_weights=[1.0, 0.0, 0.0])
+        task["estimator"] = base
+    rows = run_fits(
+        tasks,
         world.prompts,
-        reward_model=rewards,
-        seeds=list(range(s["seeds"])),
-        tune={arm: {"learning_rate": list(s["learning_rates"])} for arm in ARMS},
-        tuning_seeds=list(s["tuning_seeds"]),
-        scoring={"train_reward": HistoryMean("objective/reward", s["last"])},
-        matched_budget="episodes",
-        return_estimators=True,
-        n_jobs=s["jobs"],
+        Measure(world, prompts, s["samples"], s["first"], s["last"]),
+        s["jobs"],
     )
-    rows, curves = [], {}
-    for t in result.tuning.itertuples():
-        rows.append(
-            {
-                "phase": "tuning",
-                "arm": t.algorithm,
-                "learning_rate": t.param_learning_rate,
-                "n_unhealthy": t.n_unhealthy,
-                "selected": t.selected,
-                "train_reward": t.mean,
-            }
-        )
-    for arm in ARMS:
-        lr = result.tuned_params[arm]["learning_rate"]
-        for seed, policy in zip(result.seeds, result.estimators[arm]):
-            wrong = incorrect_lengths(policy.history_)
-            curves[arm, seed] = wrong
-            start = float(np.nanmean(wrong[: s["first"]]))
-            end = float(np.nanmean(wrong[-s["last"] :]))
-            chars = np.array(
-                [r["response/length"] - r["response/eos_share"] for r in policy.history_]
-            )
-            rows.append(
-                {
-                    "phase": "evaluation",
-                    "arm": arm,
-                    "learning_rate": lr,
-                    "seed": seed,
-                    "healthy": policy.health_["healthy"],
-                    "fired": fired_detectors(policy),
-                    "train_reward": HistoryMean("objective/reward", s["last"])(policy, None),
-                    "incorrect_length_start": start,
-                    "incorrect_length_end": end,
-                    "incorrect_length_growth": end - start,
-                    "correct_length_end": float(
-                        np.nanmean(correct_lengths(policy.history_)[-s["last"] :])
-                    ),
-                    "length_end": float(np.mean(chars[-s["last"] :])),
-                }
-            )
+    by_phase = {
+        p: [r for r in rows if r["phase"] == p] for p in ("tuning", "evaluation", "control")
+    }
+    demo_tokens = float(world.demonstrations.completion.str.len().mean() + 1)
+    passed, gate_text = gate(
+        by_phase["tuning"],
+        start_pass1,
+        {
+            f"demonstrations of {DEMO_TOKENS[0]}-{DEMO_TOKENS[1]} tokens": (
+                DEMO_TOKENS[0] <= demo_tokens <= DEMO_TOKENS[1],
+                f"mean {demo_tokens:.1f} with EOS",
+            ),
+            f"at least {MIN_STEPS} steps": (s["steps"] >= MIN_STEPS, f"{s['steps']}"),
+        },
+    )
+    print(gate_text, flush=True)
     frame = pd.DataFrame(rows).reindex(columns=COLUMNS)
     ev = frame[frame.phase == "evaluation"]
-    wide = ev.pivot(index="seed", columns="arm", values="incorrect_length_growth")
-    healthy = ev.pivot(index="seed", columns="arm", values="healthy").astype(bool)
-    grpo, dr, diff, parts, verdict = decide(ev)
-    n_unhealthy = {arm: int((~healthy[arm]).sum()) for arm in ARMS}
-    fired = {arm: sorted({f for f in ev[ev.arm == arm].fired if f}) for arm in ARMS}
+    grpo_stat, dr, diff, parts, verdict = decide(ev)
+    if not passed:
+        verdict = "inconclusive"
+    controls = control_summary(
+        [r for r in by_phase["evaluation"] if r["arm"] == "GRPO"],
+        by_phase["control"],
+        start_pass1,
+        "GRPO",
+    )
+    control_growth = "; ".join(
+        f"{name} control growth "
+        + fmt(
+            *mean_ci(
+                [
+                    r["incorrect_length_growth"]
+                    for r in by_phase["control"]
+                    if r["reward_name"] == name
+                ]
+            )
+        )
+        for name in sorted({r["reward_name"] for r in by_phase["control"]})
+    )
+    unhealthy = {
+        arm: [
+            f"{r['seed']} ({r['fired']})"
+            for r in by_phase["evaluation"]
+            if r["arm"] == arm and not r["healthy"]
+        ]
+        for arm in ARMS
+    }
 
     fig, axes = new_figure(2)
     for i, arm in enumerate(ARMS):
-        lengths = np.array([curves[arm, seed] for seed in result.seeds])
+        lengths = np.array([r["curve"] for r in by_phase["evaluation"] if r["arm"] == arm])
         steps = np.arange(1, lengths.shape[1] + 1)
         axes[0].plot(steps, np.nanmean(lengths, axis=0), color=f"C{i}", label=arm)
-        for row in lengths:
-            axes[0].plot(steps, row, color=f"C{i}", alpha=0.15, lw=0.8)
-        stat = (grpo, dr)[i]
+        stat = (grpo_stat, dr)[i]
         axes[1].errorbar(
             [i],
             [stat["mean"]],
@@ -280,20 +323,24 @@ def main(argv=None):
     axes[1].axhline(0, color="0.5", lw=0.8)
     axes[1].set_xticks([0, 1], list(ARMS))
     axes[1].set_ylabel("growth, last minus first steps (chars)")
-    axes[1].set_title(f"all {len(wide)} seeds, 95% CI; margin shaded")
-    chosen = ", ".join(f"{a} {result.tuned_params[a]['learning_rate']:g}" for a in ARMS)
+    axes[1].set_title(f"gate {'passed' if passed else 'failed'}; margin shaded")
+    decided = "; ".join(f"{k}: {v}" for k, v in parts.items())
     reason = (
-        "; ".join(f"{k}: {v}" for k, v in parts.items())
-        + f". Growth of the incorrect responses' mean length (chars): GRPO {fmt_mdd(grpo)}, "
-        f"Dr. GRPO {fmt_mdd(dr)}, GRPO - Dr. GRPO {fmt_mdd(diff)}; margin {MARGIN}. "
-        f"Learning rates tuned on seeds {list(result.tuning_seeds)}: {chosen}. Unhealthy "
+        f"{gate_text[0].upper()}{gate_text[1:]}. "
+        + (
+            decided
+            if passed
+            else f"Not decided (the gate failed); the rule would have read: {decided}"
+        )
+        + f". Growth of the incorrect responses' mean length (chars): GRPO {fmt_mdd(grpo_stat)}, "
+        f"Dr. GRPO {fmt_mdd(dr)}, GRPO - Dr. GRPO {fmt_mdd(diff)}; margin {MARGIN}. Start "
+        f"pass@1 {start_pass1:.3f}. Controls: {controls}; {control_growth}. Unhealthy "
         + ", ".join(
-            f"{a} {n_unhealthy[a]} of {len(wide)}"
-            + (f" ({', '.join(fired[a])})" if fired[a] else "")
+            f"{a} {len(unhealthy[a])} of {len(seeds)}"
+            + (f" ({', '.join(unhealthy[a])})" if unhealthy[a] else "")
             for a in ARMS
         )
-        + " (kept: every seed counts)"
-        + ". Mean response length at the end (chars): "
+        + " (kept: every seed counts). Mean response length at the end (chars): "
         + ", ".join(f"{a} {ev[ev.arm == a].length_end.mean():.2f}" for a in ARMS)
         + "."
     )
@@ -306,13 +353,14 @@ def main(argv=None):
         claim="GRPO's per-response length normalisation lets incorrect responses grow longer "
         "during training, while Dr. GRPO's constant normaliser does not",
         source="Liu et al. 2025, arXiv:2503.20783",
-        setting=f"arithmetic world (2-digit sums), GRPOPolicy loss_type grpo vs dr_grpo, k=8, "
-        f"beta 0, max_new_tokens {MAX_NEW_TOKENS}, no missing-EOS penalty, {s['steps']} steps "
-        f"of {s['batch_size']}, lr tuned per arm over "
-        f"{', '.join(f'{v:g}' for v in s['learning_rates'])} on {len(s['tuning_seeds'])} "
-        f"tuning seeds, {s['seeds']} evaluation seeds",
-        result=f"incorrect-length growth GRPO {fmt_mdd(grpo)}, Dr. GRPO {fmt_mdd(dr)}; "
-        f"difference {fmt_mdd(diff)}",
+        setting=f"scratchpad arithmetic world (2-digit sums with their column work, 8-20 "
+        f"tokens), GRPO loss_type grpo vs dr_grpo, k 8, beta 0, max_new_tokens "
+        f"{MAX_NEW_TOKENS}, no missing-EOS penalty, one AdaptiveLR for both (from 3e-5, target "
+        f"0.002, in [1e-6, 3e-4]), {s['steps']} steps of {s['batch_size']}; gate on "
+        f"{len(s['tuning_seeds'])} tuning seeds, {s['seeds']} evaluation seeds, random and "
+        f"format controls on {s['control_seeds']}",
+        result=f"gate {'passed' if passed else 'failed'}; incorrect-length growth GRPO "
+        f"{fmt_mdd(grpo_stat)}, Dr. GRPO {fmt_mdd(dr)}; difference {fmt_mdd(diff)}; {controls}",
         verdict=verdict,
         reason=reason,
     )
