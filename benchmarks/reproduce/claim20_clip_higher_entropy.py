@@ -9,46 +9,46 @@ a positive advantage can rise in one update, while a likely token is barely limi
 a symmetric clip favours exploitation; ``epsilon_high=0.28`` with ``clip_coef=0.2``
 (``epsilon_low``) relaxes the cap.
 
-Setting: the arithmetic world (two-digit sums, SFT start as ``benchmarks/verifiable_world.py``),
-``GRPOPolicy`` at prefopt's defaults (k = 8, DAPO's token-level ``loss_type="dapo"``,
-the SFT model's ``max_new_tokens``, the missing-EOS reward) with beta 0 (DAPO's and TRL's
-setting; ``log_kl=True`` keeps the KL measured for the health detectors) and
-``n_minibatches=4``: four gradient steps per batch, so the ratio leaves 1 and the clip
-binds (with one gradient step a batch the ratio is 1 and neither clip ever acts).
-Symmetric clip (``epsilon_high=None``, 0.2 both sides) against clip-higher
-(``epsilon_high=0.28``), everything else the same, including the learning rate: the
-clip does not change the gradient's scale, so one rate isolates it. That rate is tuned
-for the symmetric clip (the configuration the claim says collapses) over 1e-4, 3e-4 and
-1e-3 on tuning seeds 100 and 101 with ``compare(tune=...)``, ranked by the mean training
-reward of the last 10 steps, a candidate with an unhealthy run ranking after every
-healthy one; both arms then run at it on evaluation seeds 0-7. Rewarded by
-``world.correctness_reward``. The measured quantity: ``policy/entropy`` (the mean
-per-token entropy of the policy on its sampled responses, at the sampling temperature,
-in nats), at the end (the mean of the last 10 steps) and at the start (step 1, the
-starting policy's samples).
+Issue 36, point 6 (rule committed before any full run of this version). The first run
+could not decide the claim: the clip bound on 0.38% of tokens, so the two arms were
+nearly the same run, and the entropy did not fall. This run asks for the regime first.
 
-Verdict rule, fixed before the first full run. Margin: a tenth of the starting policy's
-entropy (the mean step-1 entropy of all evaluation runs; the entropy can fall at most by
-all of it, so a tenth is the smallest change we call a collapse or a rescue). With 95%
-t-intervals over the evaluation seeds and :func:`prefopt.model_selection.verdict` at that
-margin, two parts: (A) under the symmetric clip the entropy falls, end minus start
-"worse"; (B) clip-higher keeps more, the paired end-entropy difference clip-higher -
-symmetric "better". A part whose interval is "inconclusive" is undecided, and one that
-contradicts it is refuted. "reproduced" if both hold, "not reproduced" if both are
-refuted, "partly reproduced" for a mix (for example clip-higher keeps more entropy
-although the symmetric clip did not collapse), "inconclusive" if either is undecided.
-Unhealthy runs (any detector of ``health_`` fired) are failures, counted and reported
-with their detectors. (Issue 36 changed the rule after this run, and the verdict was
-regenerated from the committed CSV: every seed counts, an unhealthy run with the entropy
-it ended with, where a seed with an unhealthy run left the comparison and under 6 of 8
-such seeds gave "inconclusive"; the parts are read by the monotone margin rule.)
-With 8 seeds the minimum detectable difference at 80% power is about 1.15 standard
-deviations of the per-seed differences, reported beside each interval.
+Setting: the scratchpad world (``_rlvr.py``). GRPO as :data:`_rlvr.GRPO_SETTINGS` (k =
+8, the dapo loss, temperature 0.7, ``max_new_tokens=20``, no missing-EOS reward) with
+beta 0 (DAPO's setting; ``log_kl=True`` keeps the KL measured for the health detectors)
+and ``n_minibatches=4`` (four gradient steps a batch, so that the ratio leaves 1 and the
+clip can bind), at one rate for both arms (:func:`_rlvr.rlvr_rate`, an AdaptiveLR: the
+clip does not change the gradient's scale), 600 steps of 64 episodes (what fits a
+6-minute run on a 16-core machine beside claims 19 and 21). Symmetric clip
+(``epsilon_high=None``, 0.2 both sides) against clip-higher (``epsilon_high=0.28``),
+everything else the same. Measured: ``policy/entropy`` (nats a token at the sampling
+temperature) at the start (the mean of the first 10 steps) and the end (the last 50),
+and ``policy/clipfrac`` (the mean over the run).
+
+The gate, on tuning seeds 100 and 101 with the symmetric clip (:func:`_rlvr.gate`):
+every tuning run healthy and its held-out pass@1 (300 problems x 16 samples) at least
+0.10 above the start's; and the regime the claim is about, on every tuning seed: the
+clip binds on at least 5% of tokens (mean clip fraction), and the entropy falls by at
+least 30% (end at most 0.7 times the start). If the gate fails the claim is not decided
+("inconclusive", the reason names the failed condition with its numbers).
+
+Verdict rule, when the gate passes. Evaluation seeds 0-3, every seed counted (an
+unhealthy run keeps the entropy it ended with). Margin: a tenth of the starting entropy
+(the mean start of all evaluation runs). With 95% t-intervals over the seeds and the
+monotone margin rule (:func:`_common.part_status`), two parts: (A) under the symmetric
+clip the entropy falls, end minus start "worse"; (B) clip-higher keeps more, the paired
+end-entropy difference clip-higher - symmetric "better". "reproduced" if both hold, "not
+reproduced" if both are refuted, "partly reproduced" for a mix, "inconclusive" if either
+is undecided.
+
+Controls (issue 36, point 4): the symmetric arm, same rate and budget, against a random
+reward and the world's format reward on evaluation seed 0; their pass@1 gains and
+entropy changes are reported beside the real reward's.
 
 Run::
 
-    python benchmarks/reproduce/claim20_clip_higher_entropy.py          # ~7 min on 2 cores (est.)
-    python benchmarks/reproduce/claim20_clip_higher_entropy.py --quick  # under a minute
+    python benchmarks/reproduce/claim20_clip_higher_entropy.py --jobs 5   # ~4-5 min (est.)
+    python benchmarks/reproduce/claim20_clip_higher_entropy.py --quick    # under a minute
 """
 
 from __future__ import annotations
@@ -56,89 +56,106 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 from _common import (
-    ARITHMETIC_FULL,
-    ARITHMETIC_QUICK,
-    HistoryMean,
-    arithmetic_sft,
     environ_threads,
     finish,
-    fired_detectors,
+    fmt,
     fmt_mdd,
     interval_with_mdd,
+    mean_ci,
     new_figure,
     parse_args,
     part_status,
     parts_verdict,
 )
 from _common import settings as choose
-
-from prefopt import GRPOPolicy
-from prefopt.model_selection import compare
+from _rlvr import (
+    SCRATCHPAD_FULL,
+    SCRATCHPAD_QUICK,
+    TUNING_SEEDS,
+    control_rewards,
+    control_summary,
+    correct_counts,
+    gate,
+    grpo,
+    run_fits,
+    scratchpad_sft,
+)
 
 FULL = dict(
-    **ARITHMETIC_FULL,
-    steps=80,
+    **SCRATCHPAD_FULL,
+    steps=600,
     batch_size=64,
-    seeds=8,
-    learning_rates=(1e-4, 3e-4, 1e-3),
-    tuning_seeds=(100, 101),
-    last=10,
-    jobs=2,
+    seeds=4,
+    control_seeds=1,
+    tuning_seeds=TUNING_SEEDS,
+    first=10,
+    last=50,
+    eval_problems=300,
+    samples=16,
+    jobs=5,
 )
 QUICK = dict(
-    **ARITHMETIC_QUICK,
-    steps=3,
+    **SCRATCHPAD_QUICK,
+    steps=2,
     batch_size=16,
     seeds=2,
-    learning_rates=(1e-4, 1e-3),
+    control_seeds=1,
     tuning_seeds=(100,),
+    first=1,
     last=1,
+    eval_problems=8,
+    samples=2,
     jobs=1,
 )
 ARMS = {"symmetric": None, "clip-higher": 0.28}  # epsilon_high; clip_coef (epsilon_low) 0.2
 MARGIN_SHARE = 0.1  # of the starting entropy (see the docstring)
+MIN_CLIPFRAC = 0.05  # issue 36: the clip binds on at least 5% of tokens
+MIN_ENTROPY_DROP = 0.30  # issue 36: the entropy falls by at least 30%
 COLUMNS = [
     "phase",
     "arm",
-    "learning_rate",
+    "reward_name",
     "seed",
     "healthy",
     "fired",
-    "n_unhealthy",
-    "selected",
+    "pass1",
     "train_reward",
     "entropy_start",
     "entropy_end",
     "entropy_change",
     "clipfrac",
 ]
-# Verdict rule (see the docstring), margin 0.1 x the starting entropy, 8 evaluation seeds:
-# A symmetric end - start "worse"; B clip-higher - symmetric end entropy "better"; any part
-# undecided: "inconclusive" (every seed counts, issue 36).
+# Rule (see the docstring): gate on tuning seeds 100, 101, symmetric clip (gain >= 0.10,
+# healthy, clip fraction >= 5%, entropy drop >= 30% on every seed); then margin 0.1 x the
+# starting entropy, 4 evaluation seeds: A symmetric end - start "worse"; B clip-higher -
+# symmetric end entropy "better"; any part undecided: "inconclusive".
 
 
-def make(sft, s, epsilon_high, learning_rate=None):
-    return GRPOPolicy(
-        model=sft,
-        k=8,
-        beta=0.0,
-        log_kl=True,
-        n_minibatches=4,
-        clip_coef=0.2,
-        epsilon_high=epsilon_high,
-        learning_rate=learning_rate,
-        on_unhealthy="ignore",  # health_ still records every detector
-        n_steps=s["steps"],
-        batch_size=s["batch_size"],
-    )
+class Measure:
+    """Held-out pass@1, the entropy's start and end and the clip fraction of a fit."""
+
+    def __init__(self, world, prompts, samples: int, first: int, last: int):
+        self.world, self.prompts, self.samples = world, prompts, samples
+        self.first, self.last = first, last
+
+    def __call__(self, policy) -> dict:
+        counts = correct_counts(policy, self.world, self.prompts, self.samples)
+        entropy = np.array([r["policy/entropy"] for r in policy.history_])
+        start = float(np.mean(entropy[: self.first]))
+        end = float(np.mean(entropy[-self.last :]))
+        return {
+            "pass1": float(counts.mean() / self.samples),
+            "train_reward": float(np.mean([r["objective/reward"] for r in policy.history_][-50:])),
+            "entropy_start": start,
+            "entropy_end": end,
+            "entropy_change": end - start,
+            "clipfrac": float(np.mean([r["policy/clipfrac"] for r in policy.history_])),
+            "curve": entropy,
+        }
 
 
 def decide(ev: pd.DataFrame) -> tuple:
-    """The rule on the evaluation rows: ``(margin, fall, fall_higher, kept, parts, verdict)``.
-
-    Issue 36: every evaluation seed counts (an unhealthy run keeps the entropy it ended
-    with) and each part is read by :func:`_common.part_status` (the monotone margin rule).
-    """
+    """The rule on the evaluation rows: ``(margin, fall, fall_higher, kept, parts, verdict)``."""
     margin = MARGIN_SHARE * float(ev.entropy_start.mean())
     change = ev.pivot(index="seed", columns="arm", values="entropy_change")
     end = ev.pivot(index="seed", columns="arm", values="entropy_end")
@@ -152,111 +169,142 @@ def decide(ev: pd.DataFrame) -> tuple:
     return margin, fall, fall_higher, kept, parts, parts_verdict(parts)
 
 
+def regime(rows) -> dict:
+    """The gate's conditions on the clip and the entropy, every tuning seed."""
+    clip = [r["clipfrac"] for r in rows]
+    drop = [1 - r["entropy_end"] / r["entropy_start"] for r in rows]
+    return {
+        f"clip fraction >= {MIN_CLIPFRAC:.0%} on every tuning seed": (
+            bool(rows) and min(clip) >= MIN_CLIPFRAC,
+            ", ".join(f"{c:.4f}" for c in clip),
+        ),
+        f"entropy drop >= {MIN_ENTROPY_DROP:.0%} on every tuning seed": (
+            bool(rows) and min(drop) >= MIN_ENTROPY_DROP,
+            ", ".join(
+                f"{d:.0%} ({r['entropy_start']:.3f} -> {r['entropy_end']:.3f})"
+                for d, r in zip(drop, rows)
+            ),
+        ),
+    }
+
+
 def main(argv=None):
     environ_threads()
-    args = parse_args(__doc__, argv, jobs=(int, None, "parallel fits (default: 2, 1 quick)"))
+    args = parse_args(
+        __doc__,
+        argv,
+        jobs=(int, None, "parallel fits (default: 5, 1 quick)"),
+        gate_only=(int, 0, "1: only the gate's tuning fits; print the gate, write no files"),
+    )
     s = choose(args, FULL, QUICK)
     s["jobs"] = args.jobs or s["jobs"]
-    world, sft = arithmetic_sft(s["n_demonstrations"], s["sft_epochs"])
-    common = dict(
-        reward_model=world.correctness_reward,
-        seeds=list(range(s["seeds"])),
-        scoring={"train_reward": HistoryMean("objective/reward", s["last"])},
-        return_estimators=True,
-        n_jobs=s["jobs"],
-    )
-    # The rate is tuned for the symmetric clip, whose evaluation runs come with it...
-    symmetric = compare(
-        {"symmetric": make(sft, s, ARMS["symmetric"])},
-        world.prompts,
-        tune={"symmetric": {"learning_rate": list(s["learning_rates"])}},
-        tuning_seeds=list(s["tuning_seeds"]),
-        **common,
-    )
-    lr = symmetric.tuned_params["symmetric"]["learning_rate"]
-    # ...and clip-higher runs at the same rate on the same evaluation seeds.
-    higher = compare(
-        {"clip-higher": make(sft, s, ARMS["clip-higher"], learning_rate=lr)},
-        world.prompts,
-        **common,
-    )
-    fitted = {
-        "symmetric": symmetric.estimators["symmetric"],
-        "clip-higher": higher.estimators["clip-higher"],
-    }
-    rows, curves = [], {}
-    for t in symmetric.tuning.itertuples():
-        rows.append(
-            {
-                "phase": "tuning",
-                "arm": t.algorithm,
-                "learning_rate": t.param_learning_rate,
-                "n_unhealthy": t.n_unhealthy,
-                "selected": t.selected,
-                "train_reward": t.mean,
-            }
+    world, sft = scratchpad_sft(s["n_demonstrations"], s["sft_epochs"])
+    prompts = world.eval_prompts[: s["eval_problems"]]
+    start_pass1 = float(correct_counts(sft, world, prompts, s["samples"]).mean() / s["samples"])
+    estimators = {
+        arm: grpo(
+            sft,
+            beta=0.0,
+            n_minibatches=4,
+            clip_coef=0.2,
+            epsilon_high=high,
+            n_steps=s["steps"],
+            batch_size=s["batch_size"],
         )
-    for arm in ARMS:
-        for seed, policy in zip(symmetric.seeds, fitted[arm]):
-            entropy = np.array([r["policy/entropy"] for r in policy.history_])
-            curves[arm, seed] = entropy
-            rows.append(
-                {
-                    "phase": "evaluation",
-                    "arm": arm,
-                    "learning_rate": lr,
-                    "seed": seed,
-                    "healthy": policy.health_["healthy"],
-                    "fired": fired_detectors(policy),
-                    "train_reward": HistoryMean("objective/reward", s["last"])(policy, None),
-                    "entropy_start": float(entropy[0]),
-                    "entropy_end": float(np.mean(entropy[-s["last"] :])),
-                    "entropy_change": float(np.mean(entropy[-s["last"] :]) - entropy[0]),
-                    "clipfrac": float(np.mean([r["policy/clipfrac"] for r in policy.history_])),
-                }
-            )
+        for arm, high in ARMS.items()
+    }
+    seeds = list(range(s["seeds"]))
+    real = world.correctness_reward
+    tasks = [
+        {"phase": "tuning", "arm": "symmetric", "reward_name": "correctness", "seed": seed}
+        for seed in s["tuning_seeds"]
+    ]
+    tasks += [
+        {"phase": "evaluation", "arm": arm, "reward_name": "correctness", "seed": seed}
+        for arm in ARMS
+        for seed in seeds
+    ]
+    tasks += [
+        {"phase": "control", "arm": "symmetric", "reward_name": name, "seed": seed, "reward": r}
+        for name, r in control_rewards(world).items()
+        for seed in seeds[: s["control_seeds"]]
+    ]
+    for task in tasks:
+        task.setdefault("reward", real)
+        task["estimator"] = estimators[task["arm"]]
+    measure = Measure(world, prompts, s["samples"], s["first"], s["last"])
+    if args.gate_only:
+        tasks = [t for t in tasks if t["phase"] == "tuning"]
+    rows = run_fits(tasks, world.prompts, measure, s["jobs"])
+    by_phase = {
+        p: [r for r in rows if r["phase"] == p] for p in ("tuning", "evaluation", "control")
+    }
+    passed, gate_text = gate(by_phase["tuning"], start_pass1, regime(by_phase["tuning"]))
+    print(gate_text, flush=True)
+    if args.gate_only:
+        return {"gate": gate_text, "rows": rows}
     frame = pd.DataFrame(rows).reindex(columns=COLUMNS)
     ev = frame[frame.phase == "evaluation"]
-    healthy = ev.pivot(index="seed", columns="arm", values="healthy").astype(bool)
-    end = ev.pivot(index="seed", columns="arm", values="entropy_end")
     margin, fall, fall_higher, kept, parts, verdict = decide(ev)
-    n_unhealthy = {arm: int((~healthy[arm]).sum()) for arm in ARMS}
-    fired = {arm: sorted({f for f in ev[ev.arm == arm].fired if f}) for arm in ARMS}
+    if not passed:
+        verdict = "inconclusive"
+    controls = control_summary(
+        [r for r in by_phase["evaluation"] if r["arm"] == "symmetric"],
+        by_phase["control"],
+        start_pass1,
+        "symmetric clip",
+    )
+    control_entropy = "; ".join(
+        f"{name} control entropy change "
+        + fmt(
+            *mean_ci([r["entropy_change"] for r in by_phase["control"] if r["reward_name"] == name])
+        )
+        for name in sorted({r["reward_name"] for r in by_phase["control"]})
+    )
     clipfrac = {arm: float(ev[ev.arm == arm].clipfrac.mean()) for arm in ARMS}
+    unhealthy = {
+        arm: [
+            f"{r['seed']} ({r['fired']})"
+            for r in by_phase["evaluation"]
+            if r["arm"] == arm and not r["healthy"]
+        ]
+        for arm in ARMS
+    }
 
     fig, axes = new_figure(2)
     for i, arm in enumerate(ARMS):
-        values = np.array([curves[arm, seed] for seed in symmetric.seeds])
+        values = np.array([r["curve"] for r in by_phase["evaluation"] if r["arm"] == arm])
         steps = np.arange(1, values.shape[1] + 1)
         axes[0].plot(steps, values.mean(axis=0), color=f"C{i}", label=arm)
-        for row in values:
-            axes[0].plot(steps, row, color=f"C{i}", alpha=0.15, lw=0.8)
-        m = float(end[arm].mean()) if len(end) else np.nan
-        axes[1].plot([i] * len(end), end[arm], "o", color=f"C{i}", alpha=0.5)
-        axes[1].plot([i], [m], "_", color="k", ms=20)
+        own = ev[ev.arm == arm].entropy_end
+        axes[1].plot([i] * len(own), own, "o", color=f"C{i}", alpha=0.5)
+        axes[1].plot([i], [own.mean()], "_", color="k", ms=20)
     axes[0].set_xlabel(f"step ({s['batch_size']} responses each, 4 gradient steps)")
     axes[0].set_ylabel("policy entropy (nats per token)")
     axes[0].legend()
     axes[1].set_xticks([0, 1], list(ARMS))
     axes[1].set_ylabel(f"entropy, mean of the last {s['last']} steps")
-    axes[1].set_title(f"all {len(end)} seeds; clip-higher - symmetric {kept['mean']:.3f}")
+    axes[1].set_title(f"gate {'passed' if passed else 'failed'}")
+    decided = "; ".join(f"{k}: {v}" for k, v in parts.items())
     reason = (
-        "; ".join(f"{k}: {v}" for k, v in parts.items())
+        f"{gate_text[0].upper()}{gate_text[1:]}. "
+        + (
+            decided
+            if passed
+            else f"Not decided (the gate failed); the rule would have read: {decided}"
+        )
         + f". Entropy (nats/token) end minus start: symmetric {fmt_mdd(fall)}, clip-higher "
         f"{fmt_mdd(fall_higher)}; end entropy clip-higher - symmetric {fmt_mdd(kept)}; margin "
-        f"{margin:.3f} (a tenth of the start's {ev.entropy_start.mean():.3f}). Learning rate "
-        f"tuned for the symmetric clip on seeds {list(symmetric.tuning_seeds)}: {lr:g}. Mean "
-        f"clip fraction: symmetric {clipfrac['symmetric']:.4f}, clip-higher "
-        f"{clipfrac['clip-higher']:.4f}. Unhealthy "
+        f"{margin:.3f} (a tenth of the start's {ev.entropy_start.mean():.3f}). Mean clip "
+        f"fraction: symmetric {clipfrac['symmetric']:.4f}, clip-higher "
+        f"{clipfrac['clip-higher']:.4f}. Start pass@1 {start_pass1:.3f}. Controls: {controls}; "
+        f"{control_entropy}. Unhealthy "
         + ", ".join(
-            f"{a} {n_unhealthy[a]} of {len(healthy)}"
-            + (f" ({', '.join(fired[a])})" if fired[a] else "")
+            f"{a} {len(unhealthy[a])} of {len(seeds)}"
+            + (f" ({', '.join(unhealthy[a])})" if unhealthy[a] else "")
             for a in ARMS
         )
-        + " (kept: every seed counts)"
-        + ". Training reward at the end: "
-        + ", ".join(f"{a} {ev[ev.arm == a].train_reward.mean():.3f}" for a in ARMS)
-        + "."
+        + " (kept: every seed counts)."
     )
     return finish(
         args,
@@ -267,12 +315,14 @@ def main(argv=None):
         claim="Clip-higher (epsilon_low 0.2, epsilon_high 0.28) keeps the policy's entropy from "
         "collapsing, compared with a symmetric clip of 0.2",
         source="Yu et al. 2025 (DAPO), arXiv:2503.14476",
-        setting=f"arithmetic world (2-digit sums), GRPOPolicy defaults (dapo loss, k=8) with "
-        f"beta 0 and 4 minibatches a batch, {s['steps']} steps of {s['batch_size']}, one lr "
-        f"tuned for the symmetric clip over {', '.join(f'{v:g}' for v in s['learning_rates'])} "
-        f"on {len(s['tuning_seeds'])} tuning seeds, {s['seeds']} evaluation seeds",
-        result=f"entropy change symmetric {fmt_mdd(fall)}; end entropy clip-higher - symmetric "
-        f"{fmt_mdd(kept)}",
+        setting=f"scratchpad arithmetic world (2-digit sums with their column work), GRPO (dapo "
+        f"loss, k 8, T 0.7) with beta 0 and 4 minibatches a batch, one AdaptiveLR for both arms "
+        f"(from 3e-5, target 0.002, in [1e-6, 3e-4]), {s['steps']} steps of "
+        f"{s['batch_size']}; gate on {len(s['tuning_seeds'])} tuning seeds (clip fraction >= "
+        f"5%, entropy drop >= 30%, pass@1 gain >= 0.10), {s['seeds']} evaluation seeds, "
+        f"random and format controls on {s['control_seeds']}",
+        result=f"gate {'passed' if passed else 'failed'}; entropy change symmetric "
+        f"{fmt_mdd(fall)}; end entropy clip-higher - symmetric {fmt_mdd(kept)}; {controls}",
         verdict=verdict,
         reason=reason,
     )
