@@ -202,7 +202,12 @@ def decide(ev: pd.DataFrame) -> tuple:
 
 def main(argv=None):
     environ_threads()
-    args = parse_args(__doc__, argv, jobs=(int, None, "parallel fits (default: 7, 1 quick)"))
+    args = parse_args(
+        __doc__,
+        argv,
+        jobs=(int, None, "parallel fits (default: 7, 1 quick)"),
+        gate_only=(int, 0, "1: only the gate's tuning fits; print the gate, write no files"),
+    )
     s = choose(args, FULL, QUICK)
     s["jobs"] = args.jobs or s["jobs"]
     world, sft = scratchpad_sft(s["n_demonstrations"], s["sft_epochs"])
@@ -247,6 +252,8 @@ def main(argv=None):
         if task["phase"] == "control":
             base = clone(base).set_params(reward_weights=[1.0, 0.0, 0.0])
         task["estimator"] = base
+    if args.gate_only:
+        tasks = [t for t in tasks if t["phase"] == "tuning"]
     rows = run_fits(
         tasks,
         world.prompts,
@@ -269,6 +276,8 @@ def main(argv=None):
         },
     )
     print(gate_text, flush=True)
+    if args.gate_only:
+        return {"gate": gate_text, "rows": rows}
     frame = pd.DataFrame(rows).reindex(columns=COLUMNS)
     ev = frame[frame.phase == "evaluation"]
     grpo_stat, dr, diff, parts, verdict = decide(ev)

@@ -145,7 +145,12 @@ class Measure:
 
 def main(argv=None):
     environ_threads()
-    args = parse_args(__doc__, argv, jobs=(int, None, "parallel fits (default: 4, 1 quick)"))
+    args = parse_args(
+        __doc__,
+        argv,
+        jobs=(int, None, "parallel fits (default: 4, 1 quick)"),
+        gate_only=(int, 0, "1: only the gate's tuning fits; print the gate, write no files"),
+    )
     s = choose(args, FULL, QUICK)
     s["jobs"] = args.jobs or s["jobs"]
     world, sft = scratchpad_sft(s["n_demonstrations"], s["sft_epochs"])
@@ -169,6 +174,8 @@ def main(argv=None):
     for task in tasks:
         task.setdefault("reward", world.correctness_reward)
         task["estimator"] = estimator
+    if args.gate_only:
+        tasks = [t for t in tasks if t["phase"] == "tuning"]
     rows = run_fits(tasks, world.prompts, measure, s["jobs"])
     by_phase = {
         p: [r for r in rows if r["phase"] == p] for p in ("tuning", "evaluation", "control")
@@ -188,6 +195,8 @@ def main(argv=None):
         },
     )
     print(gate_text, flush=True)
+    if args.gate_only:
+        return {"gate": gate_text, "rows": rows}
     table = [
         {"phase": "start", "reward_name": "", "k": k, "pass_at_k": v} for k, v in start.items()
     ]
