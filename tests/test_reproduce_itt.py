@@ -25,7 +25,16 @@ def regenerated():
 
 
 def test_every_regenerated_verdict_is_the_committed_one(regenerated):
-    assert len(regenerated) == 9
+    # 10, 11, 14, 16, 17, 18; claims 19-21 were rewritten for issue 36, point 6 (their
+    # scripts apply the rule themselves, behind a gate), so their first CSVs are not re-read.
+    assert sorted(regenerated) == [
+        "claim10_rloo_reinforce_vpg_ppo",
+        "claim11_raft_vs_rloo",
+        "claim14_online_refits",
+        "claim16_careful_ppo",
+        "claim17_per_token_credit",
+        "claim18_ppo_length_vs_lr",
+    ]
     table = (HERE.parent / "REPRODUCTION.md").read_text()
     for name, row in regenerated.items():
         summary = json.loads((HERE / "results" / f"{name}.json").read_text())

@@ -108,34 +108,6 @@ def claim18():
     return verdict, parts, detail
 
 
-def claim19():
-    import claim19_dr_grpo_length as claim
-
-    grpo, dr, diff, parts, verdict = claim.decide(_evaluation("claim19_dr_grpo_length"))
-    detail = f"GRPO {fmt_mdd(grpo)}; Dr. GRPO {fmt_mdd(dr)}; GRPO - Dr. GRPO {fmt_mdd(diff)}"
-    return verdict, parts, detail
-
-
-def claim20():
-    import claim20_clip_higher_entropy as claim
-
-    _, fall, _, kept, parts, verdict = claim.decide(_evaluation("claim20_clip_higher_entropy"))
-    detail = f"symmetric change {fmt_mdd(fall)}; clip-higher - symmetric end {fmt_mdd(kept)}"
-    return verdict, parts, detail
-
-
-def claim21():
-    import claim21_pass_at_k as claim
-
-    ev = _evaluation("claim21_pass_at_k")
-    start = ev[ev.model == "start"].set_index("k")["pass_at_k"]
-    curves = ev[ev.model == "GRPO"].pivot(index="seed", columns="k", values="pass_at_k")
-    low_k, high_k, parts, verdict = claim.decide(start, curves)
-    top = int(max(curves.columns))
-    detail = f"pass@1 trained - start {fmt_mdd(low_k)}; pass@{top} {fmt_mdd(high_k)}"
-    return verdict, parts, detail
-
-
 CLAIMS = {
     "claim10_rloo_reinforce_vpg_ppo": claim10,
     "claim11_raft_vs_rloo": claim11,
@@ -143,10 +115,11 @@ CLAIMS = {
     "claim16_careful_ppo": claim16,
     "claim17_per_token_credit": claim17,
     "claim18_ppo_length_vs_lr": claim18,
-    "claim19_dr_grpo_length": claim19,
-    "claim20_clip_higher_entropy": claim20,
-    "claim21_pass_at_k": claim21,
 }
+# Claims 19, 20 and 21 were regenerated here from their first runs' CSVs (the committed
+# JSONs keep that verdict and reason) and then rewritten for issue 36, point 6: their
+# scripts now apply this rule themselves, behind a gate on tuning seeds, in another world
+# (the scratchpad sums), so their first runs' CSVs no longer match the scripts' rules.
 
 
 def main(write: bool = False) -> list[dict]:
