@@ -256,19 +256,23 @@ def gate(rows, start_pass1: float, extra: dict | None = None) -> tuple[bool, str
     True
     """
     gains = [r["pass1"] - start_pass1 for r in rows]
-    sick = [f"{r['seed']} ({r['fired']})" for r in rows if not r["healthy"]]
+    names = [f"{r['arm']} {r['seed']}" if r.get("arm") else str(r["seed"]) for r in rows]
+    sick = [f"{n} ({r['fired']})" for n, r in zip(names, rows) if not r["healthy"]]
     moved = bool(rows) and min(gains) >= GATE_GAIN and not sick
     conditions = {
         f"pass@1 gain >= {GATE_GAIN} on every tuning seed with no health flag": (
             moved,
             "gains "
-            + ", ".join(f"{g:.3f}" for g in gains)
+            + ", ".join(
+                f"{n}: {g:.3f}" if r.get("arm") else f"{g:.3f}"
+                for n, g, r in zip(names, gains, rows)
+            )
             + (f"; unhealthy: {', '.join(sick)}" if sick else "; none unhealthy"),
         ),
         **(extra or {}),
     }
     passed = all(held for held, _ in conditions.values())
-    seeds = [r["seed"] for r in rows]
+    seeds = sorted({r["seed"] for r in rows})
     text = "; ".join(
         f"{name}: {'yes' if held else 'no'} ({measured})"
         for name, (held, measured) in conditions.items()
