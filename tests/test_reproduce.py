@@ -59,3 +59,41 @@ def test_a_quick_run_without_out_never_writes_into_the_committed_results():
     assert not quick.out.resolve().is_relative_to(common.RESULTS.resolve())
     quick.out.rmdir()
     assert common.parse_args("doc", []).out == common.RESULTS
+
+
+def test_the_rlvr_gate_needs_every_tuning_run_to_gain_healthily_and_every_condition():
+    rlvr = load("_rlvr")
+    rows = [
+        {"arm": "GRPO", "seed": 100, "pass1": 0.25, "healthy": True, "fired": ""},
+        {"arm": "GRPO", "seed": 101, "pass1": 0.23, "healthy": True, "fired": ""},
+    ]
+    # Gains 0.13 and 0.11 over a start of 0.12: both at least 0.10, both healthy.
+    passed, text = rlvr.gate(rows, 0.12)
+    assert passed and text.startswith("gate passed on tuning seeds [100, 101]")
+    assert "gains GRPO 100: 0.130, GRPO 101: 0.110; none unhealthy" in text
+    # One gain of 0.09 fails it; so does a health flag, or a failed extra condition.
+    assert not rlvr.gate(rows, 0.14)[0]
+    sick = [rows[0], {**rows[1], "healthy": False, "fired": "kl_blowup"}]
+    passed, text = rlvr.gate(sick, 0.12)
+    assert not passed and "unhealthy: GRPO 101 (kl_blowup)" in text
+    passed, text = rlvr.gate(rows, 0.12, {"start pass@128 in [0.6, 0.85]": (False, "0.973")})
+    assert not passed and "start pass@128 in [0.6, 0.85]: no (0.973)" in text
+    assert not rlvr.gate([], 0.12)[0]
+
+
+def test_the_rlvr_grpo_names_every_setting_and_the_shared_rate():
+    from prefopt import AdaptiveLR, GRPOPolicy
+
+    rlvr = load("_rlvr")
+    # Every GRPO parameter but the model, the rate, the budget and the seed is stated.
+    free = set(GRPOPolicy().get_params(deep=False)) - set(rlvr.GRPO_SETTINGS)
+    assert free == {"model", "tokenizer", "learning_rate", "n_steps", "batch_size", "random_state"}
+    policy = rlvr.grpo("sft", n_steps=3, batch_size=16, tokenizer=None)
+    assert isinstance(policy.learning_rate, AdaptiveLR)
+    assert policy.learning_rate.get_params() == {
+        "factor": 1.5,
+        "learning_rate": 3e-5,
+        "max_lr": 3e-4,
+        "min_lr": 1e-6,
+        "target": 0.002,
+    }

@@ -132,6 +132,9 @@ GRPO_SETTINGS = dict(
     max_grad_norm=None,
     n_epochs=1,
     n_minibatches=1,
+    micro_batch_size=None,  # the whole minibatch in one pass
+    max_staleness=None,  # synchronous rollouts
+    off_policy_cap=2.0,  # inert while synchronous
     temperature=TEMPERATURE,
     max_new_tokens=20,  # the longest worked answer + EOS
     # A response cut at max_new_tokens scores what the correctness reward gives it, 0
