@@ -82,9 +82,15 @@ def test_the_rlvr_gate_needs_every_tuning_run_to_gain_healthily_and_every_condit
 
 
 def test_the_rlvr_grpo_names_every_setting_and_the_shared_rate():
-    from prefopt import AdaptiveLR, GRPOPolicy
+    from prefopt import AdaptiveLR, GRPOPolicy, SFTPolicy
 
     rlvr = load("_rlvr")
+    # The start's SFT too: all but the model, its tokenizer and n_epochs (the run's setting).
+    assert set(SFTPolicy().get_params(deep=False)) - set(rlvr.SFT) == {
+        "model",
+        "tokenizer",
+        "n_epochs",
+    }
     # Every GRPO parameter but the model, the rate, the budget and the seed is stated.
     free = set(GRPOPolicy().get_params(deep=False)) - set(rlvr.GRPO_SETTINGS)
     assert free == {"model", "tokenizer", "learning_rate", "n_steps", "batch_size", "random_state"}
