@@ -42,6 +42,8 @@ from ._params import (  # noqa: F401 (make_init and store_params re-exported)
 )
 from .loop import Algorithm
 from .loop import _online as online
+from .loop._environment import check_episode_inputs, environment_rewards_only
+from .loop._episodes import run_episodes
 from .loop._health import check_temperature
 from .loop._loop import PolicyLoop, checked_beta, make_optimizer
 
@@ -217,6 +219,9 @@ class BasePolicy(Algorithm, GenerativeEstimator):
         prompts, columns = check_prompt_table(X)
         reward = reward_model if reward_model is not None else y
         reward = combine_rewards(reward, self.reward_weights)  # a list: one weighted reward
+        if reward is None and self.environment is not None:
+            reward = environment_rewards_only  # the environment pays every reward
+        check_episode_inputs(self, reward)  # an unusable environment or tool: before any work
         if start_model is None and reward is not None:
             start_model = starting_policy(reward, type(self).__name__)
         if reward is None:
@@ -436,9 +441,58 @@ class BasePolicy(Algorithm, GenerativeEstimator):
                 "pass one: score(X, y=reward)."
             )
         check_reward_columns(reward, list(columns), f"{type(self).__name__}.score")
+        if self.environment is not None or self.tools is not None:  # one episode a prompt
+            episodes = self.sample_episodes(prompts)
+            raw = call_with_columns(reward, prompts, episodes["transcript"], columns)
+            total = check_rewards(raw, len(prompts)) + episodes["environment_reward"]
+            return float(np.mean(total))
         completions = [group[0] for group in self.sample(prompts, n=1)]
         raw = call_with_columns(reward, prompts, completions, columns)
         return float(np.mean(check_rewards(raw, len(prompts))))
+
+    def sample_episodes(self, X, *, random_state=None) -> dict:
+        """One episode a prompt in the ``environment`` and with the ``tools`` of the fit.
+
+        Every episode advances together, as in a fit (sampling at ``temperature_``).
+
+        Parameters
+        ----------
+        X : list of str or of conversations, or table with a ``prompt`` column
+            Prompts.
+        random_state : int, RandomState instance or None, default=None
+            ``None`` uses the estimator's ``random_state``.
+
+        Returns
+        -------
+        episodes : dict
+            ``transcript`` (list of str: each transcript after its prompt, the
+            tool results and observations included), ``environment_reward``
+            (ndarray: the environment's total reward of each), ``ended`` (ndarray
+            of bool) and ``stats`` (the ``episode/...`` and ``tools/...``
+            figures of ``history_``).
+
+        Examples
+        --------
+        >>> import prefopt
+        >>> from prefopt import GRPOPolicy
+        >>> from prefopt.worlds import CalculatorWorld
+        >>> prefopt.set_config(show_progress_bar=False)
+        >>> world = CalculatorWorld(n_eval=4, n_demonstrations=8, random_state=0)
+        >>> policy = GRPOPolicy(model=world.model_config(), tools=world.tools, n_steps=0,
+        ...                     max_new_tokens=world.max_new_tokens, random_state=0)
+        >>> policy = policy.fit(world.prompts, world.correctness_reward)
+        >>> len(policy.sample_episodes(world.eval_prompts)["transcript"])
+        4
+        """
+        check_is_fitted(self)
+        if self.environment is None and self.tools is None:
+            raise ValueError(
+                f"{type(self).__name__}.sample_episodes needs an environment or tools; set "
+                "environment= or tools= (or use sample for single responses)."
+            )
+        prompts, _ = check_prompt_table(X)
+        seed = self.random_state if random_state is None else random_state
+        return run_episodes(self._step_view(), prompts, random_state=seed)
 
 
 # The class-level values of the common parameters, from their table: what a user

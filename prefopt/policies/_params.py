@@ -2,7 +2,7 @@
 
 Every reinforcement-learning policy (PPO, RLOO, GRPO, REINFORCE, REINFORCE++,
 RAFT and a user's algorithm on :class:`~prefopt.policies.BasePolicy`) takes the
-same 37 parameters besides its own. :data:`COMMON_PARAMETERS` holds, for each,
+same 42 parameters besides its own. :data:`COMMON_PARAMETERS` holds, for each,
 its default, its constraints (:mod:`prefopt.validation`) and its documentation;
 everything else is read from it:
 
@@ -37,6 +37,7 @@ from numbers import Integral, Real
 from ..kl import KLController
 from ..learning_rate import AdaptiveLR
 from ..validation import Interval, StrOptions
+from ._episode_params import EPISODE_PARAMETERS
 
 
 @dataclass(frozen=True)
@@ -401,6 +402,7 @@ COMMON_PARAMETERS: dict[str, Parameter] = {
         ``None``: no correction.""",
     ),
 }
+COMMON_PARAMETERS.update({n: Parameter(*p) for n, p in EPISODE_PARAMETERS.items()})
 
 COMMON_CONSTRAINTS = {name: p.constraints for name, p in COMMON_PARAMETERS.items()}
 

@@ -34,6 +34,9 @@ def gae(
     bootstrap from padding, Huang et al. 2024); A_t = sum_l (gamma
     lam)^l delta_{t+l}; returns G_t = A_t + V_t, computed before any whitening
     (Huang et al. 2024). With gamma = lam = 1, A_t is the return-to-go minus V_t.
+    Positions outside ``mask`` are not steps: in a multi-turn episode the step
+    after a turn's last token is the next turn's first, past the environment's
+    tokens.
 
     Parameters
     ----------
@@ -58,12 +61,17 @@ def gae(
     rewards = rewards * mask
     advantages = torch.zeros_like(rewards)
     last = torch.zeros_like(rewards[:, 0])
-    length = rewards.shape[1]
-    for t in reversed(range(length)):
-        next_value = values[:, t + 1] if t + 1 < length else torch.zeros_like(last)
+    next_value = torch.zeros_like(last)
+    for t in reversed(range(rewards.shape[1])):
         delta = rewards[:, t] + gamma * next_value - values[:, t]
-        last = delta + gamma * lam * last
-        advantages[:, t] = last
+        step = delta + gamma * lam * last
+        advantages[:, t] = step
+        # Positions outside the mask are skipped: the next step of a policy token is the
+        # next policy token, past any environment tokens of an episode between them (for
+        # a response, whose mask is a prefix of ones, only the padding after it).
+        inside = mask[:, t] > 0
+        last = torch.where(inside, step, last)
+        next_value = torch.where(inside, values[:, t], next_value)
     advantages = advantages * mask
     return advantages, (advantages + values) * mask
 

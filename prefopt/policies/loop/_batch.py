@@ -86,6 +86,31 @@ def masked_whiten(
     return out * mask.to(x.dtype)
 
 
+def last_token_index(mask: torch.Tensor) -> torch.Tensor:
+    """Index of the last position of each row where ``mask`` is 1 (0 for an empty row).
+
+    For a mask that is a prefix of ones this is its sum minus one; in an
+    episode's mask (the policy's turns, with the environment's tokens between
+    them) it is the policy's last token.
+
+    Parameters
+    ----------
+    mask : torch.Tensor of shape (n, length)
+
+    Returns
+    -------
+    index : torch.Tensor of shape (n,), long
+
+    Examples
+    --------
+    >>> import torch
+    >>> last_token_index(torch.tensor([[1, 1, 0, 0], [1, 0, 1, 0], [0, 0, 0, 0]])).tolist()
+    [1, 2, 0]
+    """
+    positions = torch.arange(mask.shape[1], device=mask.device).expand(mask.shape)
+    return (positions * (mask != 0)).amax(1) if mask.shape[1] else mask.sum(1).long()
+
+
 def minibatch_order(
     prompt_index: torch.Tensor, generator: torch.Generator, grouped: bool = True
 ) -> torch.Tensor:
@@ -174,7 +199,8 @@ class RolloutBatch:
     stats : dict of str to float
         What the rollout measured besides the tensors, for the step's
         ``history_`` row: each reward's mean and std when there are several
-        (``rewards/<name>/mean``), and the resampling counts (``sampling/...``).
+        (``rewards/<name>/mean``), the resampling counts (``sampling/...``) and
+        the episodes' figures (``episode/...``, ``tools/...``).
     behaviour_logprobs : torch.Tensor of shape (n, max_new_tokens) or None
         Overlapped rollouts (``max_staleness``): the log-probs of the policy that
         sampled (the behaviour policy, up to ``staleness`` updates old), 0
@@ -183,6 +209,13 @@ class RolloutBatch:
         (``policies/loop/_overlap.py``). ``None`` in a synchronous fit.
     staleness : int
         Updates between the weights that sampled the batch and those it trains.
+    attention_mask : torch.Tensor of shape (n, length) or None
+        Multi-turn episodes (an ``environment`` or ``tools``): 1 on every token
+        of the transcript after the prompt, the policy's and the environment's,
+        which the forward passes attend to; ``response_mask`` is then 1 on the
+        policy's own tokens only, so every loss, KL, entropy bonus and value
+        target reads those alone. ``None``: one response a row, whose mask is
+        both.
     """
 
     prompts: EncodedPrompts
@@ -205,9 +238,15 @@ class RolloutBatch:
     stats: dict = field(default_factory=dict)
     behaviour_logprobs: torch.Tensor | None = None
     staleness: int = 0
+    attention_mask: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.response_ids.shape[0]
+
+    @property
+    def seen_mask(self) -> torch.Tensor:
+        """The tokens a forward pass attends to: ``attention_mask``, else ``response_mask``."""
+        return self.response_mask if self.attention_mask is None else self.attention_mask
 
     def clone(self) -> RolloutBatch:
         """A copy whose tensors are ordinary ones.
@@ -246,8 +285,11 @@ class RolloutBatch:
 
     @property
     def last_index(self) -> torch.Tensor:
-        """Index of each response's last valid token (its EOS when it has one)."""
-        return (self.response_mask.sum(1) - 1).clamp(min=0)
+        """Index of each response's last valid token (its EOS when it has one).
+
+        In an episode, the policy's last token (the environment's tokens may follow).
+        """
+        return last_token_index(self.response_mask)
 
 
 @dataclass

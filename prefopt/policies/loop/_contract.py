@@ -16,6 +16,8 @@ import torch
 
 from ...backend import disable_dropout, distributed
 from ._batch import Minibatch, RolloutBatch
+from ._environment import check_environment
+from ._tools import check_tools
 from ._value import build_value_model
 from ._view import StepView
 
@@ -295,7 +297,24 @@ class Algorithm:
             refit_every=self.refit_every,
             max_staleness=self.max_staleness,
             off_policy_cap=self.off_policy_cap,
+            episodes=self._episode_settings(),
         )
+
+    def _episode_settings(self) -> dict | None:
+        """The episodes' settings (an ``environment`` or ``tools``), checked; else ``None``."""
+        if self.environment is None and self.tools is None:
+            return None
+        who = type(self).__name__
+        budget = self.max_episode_tokens
+        if budget is None:  # every turn may use its max_new_tokens
+            budget = self.max_turns * self.max_new_tokens_
+        return {
+            "make_env": check_environment(self.environment, who),
+            "tools": check_tools(self.tools, who),
+            "max_turns": int(self.max_turns),
+            "max_tokens": int(budget),
+            "tool_timeout": float(self.tool_timeout),
+        }
 
 
 # How a loss may reduce a minibatch (Algorithm.loss_reduction); the first is the default.

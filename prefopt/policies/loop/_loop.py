@@ -27,6 +27,7 @@ from ...backend.samplers import sampler_for
 from ...lm import RunState
 from ...tracking import open_run
 from ._batch import RolloutBatch
+from ._episodes import episode_sampler
 from ._health import check_health, health_statistics, policy_monitor
 from ._overlap import overlap_statistics, overlapped
 from ._rollout import Rollout
@@ -184,11 +185,15 @@ class PolicyLoop:
         self.n_episodes = policy.n_episodes_
         self.totals = _budget_totals(policy.history_[-1] if policy.history_ else {})
         self.kl = policy.kl_  # the fit's KL controller
+        episodes = None
+        if view.episodes is not None:  # multi-turn: the environment's turns between the policy's
+            episodes = episode_sampler(sampler_for(view.model), view, prompts, self.prompt_tokens)
+            self.prompt_tokens = episodes.prompt_tokens  # with the tools' schemas
         # max_staleness: the sampler process and its queue of batches (_overlap.py), or None
         self.overlap = overlapped(view, run, prompt_tokens=self.prompt_tokens, state=overlap)
         self.rollouts = Rollout(
             view,
-            self.overlap or sampler_for(view.model),
+            episodes or self.overlap or sampler_for(view.model),
             run=run,
             prompts=prompts,
             prompt_tokens=self.prompt_tokens,
@@ -386,7 +391,7 @@ class PolicyLoop:
             return
         n = min(len(batch), _SAMPLES)
         prompts = [self.prompts[int(i)] for i in batch.prompt_index[:n]]
-        completions = self.view.decode(batch.response_ids[:n], batch.response_mask[:n])
+        completions = self.view.decode(batch.response_ids[:n], batch.seen_mask[:n])
         tracked.log_samples(prompts, completions, self.n_iter, batch.scores[:n].tolist())
 
     def save_checkpoint(self) -> None:

@@ -17,8 +17,9 @@ import torch
 from ...backend import response_logprobs, sequence_values, uses_bf16
 from ...kl import kl_estimate
 from ...rewards import WeightedRewards, call_with_columns, check_rewards, check_token_rewards
-from ._batch import RolloutBatch
+from ._batch import RolloutBatch, last_token_index
 from ._dynamic import dynamic_batch
+from ._episodes import episode_token_scores
 
 
 class Rollout:
@@ -66,7 +67,7 @@ class Rollout:
         (:func:`~prefopt.policies.loop._dynamic.dynamic_batch`).
         """
         batch, parts = self.once(prompt_rows, beta=beta, step=step)
-        stats = {}
+        stats = dict(batch.stats)  # the episodes' figures, when the sampler runs episodes
         if self.view.resample_tied_groups is not None:
             batch, parts, stats = dynamic_batch(self, batch, parts, beta=beta, step=step)
         for name, values in parts.items():
@@ -97,6 +98,10 @@ class Rollout:
         response_ids, response_mask, ended = (
             sampled.response_ids, sampled.response_mask, sampled.ended
         )  # fmt: skip
+        # Episodes (an EpisodeSampler): the passes attend to the whole transcript, and
+        # every log-prob, KL and value outside the policy's own tokens is 0.
+        seen = getattr(sampled, "attention_mask", None)
+        attend = response_mask if seen is None else seen
         clock.append(_now(view.device))
         # The reference pass goes in chunks of the update's passes (a minibatch, or a
         # micro-batch): its peak memory (logits over the whole vocabulary) is then no more
@@ -121,7 +126,7 @@ class Rollout:
                         view.model,
                         prompts[i : i + part],
                         response_ids[i : i + part],
-                        response_mask[i : i + part],
+                        attend[i : i + part],
                         temperature=view.temperature,
                         suppress_ids=view.suppress_ids,
                         prompt_index=index[i : i + part],
@@ -129,6 +134,8 @@ class Rollout:
                     for i in range(0, len(rows), part)
                 ]
             )
+            if seen is not None:
+                old = old.masked_fill(response_mask == 0, 0.0)
         else:
             # The sampling pass's own log-probs (fp32, tempered, equal to a fresh forward
             # pass up to float rounding) serve the KL; no extra pass. A sampler whose
@@ -143,7 +150,7 @@ class Rollout:
                             reference,
                             prompts[i : i + chunk],
                             response_ids[i : i + chunk],
-                            response_mask[i : i + chunk],
+                            attend[i : i + chunk],
                             temperature=view.temperature,
                             suppress_ids=view.suppress_ids,
                             prompt_index=index[i : i + chunk],
@@ -151,12 +158,14 @@ class Rollout:
                         for i in range(0, len(rows), chunk)
                     ]
                 )
+            if seen is not None:
+                ref = ref.masked_fill(response_mask == 0, 0.0)
         else:  # the KL weighs nothing (GRPO at beta = 0): no reference pass, a KL of 0
             ref = old.clone()
         values = None
         if view.value_model is not None:
             values = sequence_values(
-                view.value_model, prompts, response_ids, response_mask, prompt_index=index
+                view.value_model, prompts, response_ids, attend, prompt_index=index
             )
             values = values * response_mask
         clock.append(_now(view.device))
@@ -168,12 +177,14 @@ class Rollout:
             )
         else:
             scores = score_responses(
-                self, texts, prompts, response_ids, response_mask, ended, rows=rows,
+                self, texts, prompts, response_ids, attend, ended, rows=rows,
                 parts=parts, step=step,
             )  # fmt: skip
             token_scores = torch.zeros_like(old)
-            last = (response_mask.sum(1) - 1).clamp(min=0)  # the EOS, or the last token
+            last = last_token_index(response_mask)  # the EOS, or the last token
             token_scores[torch.arange(len(rows)), last] = scores
+            if seen is not None:  # each turn's reward at its last token
+                token_scores = episode_token_scores(token_scores, sampled, last, view)
         # A per-token reward's sum is its score, so every bandit algorithm reading
         # scores or sequence_rewards optimises the total the tokens were paid.
         scores = token_scores.sum(1)
@@ -203,6 +214,8 @@ class Rollout:
             engine_logprobs=engine,
             behaviour_logprobs=None if behaviour is None else behaviour.float() * response_mask,
             staleness=getattr(sampled, "staleness", 0),
+            stats=dict(getattr(sampled, "stats", {})),
+            attention_mask=seen,
         )
         return batch, parts
 

@@ -108,20 +108,25 @@ class Update:
             self.model,
             batch.prompts[rows],
             batch.response_ids[rows],
-            batch.response_mask[rows],
+            batch.seen_mask[rows],  # an episode's whole transcript
             temperature=view.training_temperature,
             suppress_ids=view.suppress_ids,
             with_entropy=True,
             entropy_grad=view.entropy_coef > 0,  # the default builds no extra graph
             prompt_index=index,
         )
+        if batch.attention_mask is not None:
+            # An episode's environment tokens: no log-prob, no entropy, no gradient.
+            outside = batch.response_mask[rows] == 0
+            logprobs = logprobs.masked_fill(outside, 0.0)
+            entropy = entropy.masked_fill(outside, 0.0)
         values = None
         if self.value_model is not None:
             values = sequence_values(
                 self.value_model,
                 batch.prompts[rows],
                 batch.response_ids[rows],
-                batch.response_mask[rows],
+                batch.seen_mask[rows],
                 prompt_index=index,
             )
         return Minibatch(batch, rows, logprobs, entropy, values)
@@ -362,7 +367,7 @@ def policy_change(view, batch: RolloutBatch) -> float:
                     view.model,
                     batch.prompts[i : i + chunk],
                     batch.response_ids[i : i + chunk],
-                    batch.response_mask[i : i + chunk],
+                    batch.seen_mask[i : i + chunk],
                     temperature=view.temperature,
                     suppress_ids=view.suppress_ids,
                     prompt_index=batch.prompt_index[i : i + chunk],
@@ -371,6 +376,8 @@ def policy_change(view, batch: RolloutBatch) -> float:
             ]
         )
     mask = batch.response_mask
+    if batch.attention_mask is not None:  # an episode: the policy's own tokens
+        after = after.masked_fill(mask == 0, 0.0)
     kl = kl_estimate(batch.old_logprobs, after.float(), "k3") * mask
     change = float(distributed.mean(kl.sum() / mask.sum().clamp(min=1), across_ranks=True))
     # The sampling pass and a full pass of an unchanged policy differ by float32 rounding

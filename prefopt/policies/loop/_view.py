@@ -78,6 +78,9 @@ class StepView:
     # overlapped rollouts (policies/loop/_overlap.py): None is a synchronous fit
     max_staleness: int | None = None
     off_policy_cap: float | None = None
+    # multi-turn episodes: the environment's maker, the tools, the turn and token limits
+    # (EpisodeSampler's keyword arguments), or None for one response a prompt
+    episodes: dict | None = None
 
     def pass_rows(self, n: int) -> int:
         """Rows per pass over ``n`` rows: ``micro_batch_size``, else a minibatch's."""

@@ -9,6 +9,7 @@ an ``answer`` column, a character-level tokenizer built locally and a tiny
 GPT-2 (or Llama- or Qwen2-shaped) config sized to it.
 """
 
+from ._calculator import CalculatorWorld
 from ._world import ArithmeticWorld
 
-__all__ = ["ArithmeticWorld"]
+__all__ = ["ArithmeticWorld", "CalculatorWorld"]
