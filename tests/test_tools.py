@@ -221,3 +221,16 @@ def test_a_different_tool_list_is_another_run(tmp_path):
     fit([add])
     with pytest.raises(ValueError, match="tools"):
         fit([add, number])
+
+
+def test_a_policy_that_never_calls_its_tools_is_flagged():
+    from prefopt.exceptions import RunHealthWarning
+
+    # The tiny word-level model cannot even write a call: every episode is without one.
+    policy = GRPOPolicy(model=tiny_lm(0), tools=[add], n_steps=2, batch_size=4, k=2,
+                        max_new_tokens=3, random_state=0)  # fmt: skip
+    with pytest.warns(RunHealthWarning, match="no_tool_calls") as caught:
+        policy.fit(["the movie was", "the plot"], lambda p, c: np.zeros(len(c)))
+    assert policy.history_[-1]["tools/no_call_share"] == 1.0
+    assert policy.history_[-1]["health/no_tool_calls"] == 1.0
+    assert "tool_errors" not in " ".join(str(w.message) for w in caught)

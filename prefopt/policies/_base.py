@@ -451,35 +451,29 @@ class BasePolicy(Algorithm, GenerativeEstimator):
         return float(np.mean(check_rewards(raw, len(prompts))))
 
     def sample_episodes(self, X, *, random_state=None) -> dict:
-        """One episode a prompt in the ``environment`` and with the ``tools`` of the fit.
-
-        Every episode advances together, as in a fit (sampling at ``temperature_``).
+        """One episode a prompt in the fit's ``environment`` and with its ``tools``.
 
         Parameters
         ----------
         X : list of str or of conversations, or table with a ``prompt`` column
-            Prompts.
         random_state : int, RandomState instance or None, default=None
             ``None`` uses the estimator's ``random_state``.
 
         Returns
         -------
         episodes : dict
-            ``transcript`` (list of str: each transcript after its prompt, the
-            tool results and observations included), ``environment_reward``
-            (ndarray: the environment's total reward of each), ``ended`` (ndarray
-            of bool) and ``stats`` (the ``episode/...`` and ``tools/...``
-            figures of ``history_``).
+            ``transcript`` (each transcript after its prompt as text, tool results
+            included), ``environment_reward`` (ndarray), ``ended`` (ndarray of bool)
+            and ``stats`` (the ``episode/...`` and ``tools/...`` figures).
 
         Examples
         --------
         >>> import prefopt
-        >>> from prefopt import GRPOPolicy
         >>> from prefopt.worlds import CalculatorWorld
         >>> prefopt.set_config(show_progress_bar=False)
         >>> world = CalculatorWorld(n_eval=4, n_demonstrations=8, random_state=0)
-        >>> policy = GRPOPolicy(model=world.model_config(), tools=world.tools, n_steps=0,
-        ...                     max_new_tokens=world.max_new_tokens, random_state=0)
+        >>> policy = prefopt.GRPOPolicy(model=world.model_config(), tools=world.tools,
+        ...                             max_new_tokens=world.max_new_tokens, n_steps=0)
         >>> policy = policy.fit(world.prompts, world.correctness_reward)
         >>> len(policy.sample_episodes(world.eval_prompts)["transcript"])
         4

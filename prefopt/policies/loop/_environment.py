@@ -19,6 +19,7 @@ import threading
 
 import numpy as np
 
+from ...lm._health import Detector, smoothed
 from ._tools import check_tools
 
 
@@ -186,3 +187,57 @@ def check_episode_inputs(policy, reward) -> None:
             f"{who}: refit_every (online reward learning) pairs single responses; it is not "
             "available with an environment or tools. Pass refit_every=None."
         )
+
+
+# Where the episodes' detectors fire, on the smoothed share of a step's episodes: no tool
+# call at all (a policy that never uses its tools), failed tool calls (a broken tool or a
+# policy that cannot call it), and episodes cut by the limits (an environment that never
+# says done, or a turn limit too low for the task).
+NO_TOOL_CALLS, TOOL_ERRORS, TRUNCATED_EPISODES = 0.99, 0.5, 0.9
+
+
+def episode_detectors(view) -> list:
+    """The run-health detectors of a fit with an environment or tools (none otherwise).
+
+    - ``no_tool_calls`` (with tools): the smoothed share of episodes without a
+      tool call (``tools/no_call_share``); fires above 0.99: the policy does not
+      use its tools.
+    - ``tool_errors`` (with tools): the smoothed share of calls that failed
+      (``tools/error_share``); fires above 0.5.
+    - ``truncated_episodes``: the smoothed share of episodes cut by the turn
+      limit, the token budget or a turn without a stop token
+      (``episode/truncated_share``); fires above 0.9.
+    """
+    if view.episodes is None:
+        return []
+
+    def share(key):
+        return lambda rows: smoothed([r[key] for r in rows])
+
+    out = [
+        Detector(
+            "truncated_episodes",
+            TRUNCATED_EPISODES,
+            share("episode/truncated_share"),
+            advice="Episodes do not end: check that the environment's step returns "
+            "done=True, raise max_turns or max_episode_tokens, or fine-tune the model to stop.",
+        )
+    ]
+    if view.episodes["tools"]:
+        out += [
+            Detector(
+                "no_tool_calls",
+                NO_TOOL_CALLS,
+                share("tools/no_call_share"),
+                advice="The policy never calls its tools: start from a model fine-tuned on "
+                "tool-use demonstrations (SFTPolicy), or check the call format it was taught.",
+            ),
+            Detector(
+                "tool_errors",
+                TOOL_ERRORS,
+                share("tools/error_share"),
+                advice="Most tool calls fail (their messages are in the transcripts): check "
+                "the tools and the argument format the model was taught.",
+            ),
+        ]
+    return out

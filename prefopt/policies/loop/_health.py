@@ -21,6 +21,7 @@ from ...lm._health import (
     count_non_finite,
     smoothed,
 )
+from ._environment import episode_detectors
 from ._overlap import overlap_detectors
 
 # Below this sampling temperature nothing is learned: log pi = log softmax(z / T), so at
@@ -308,6 +309,7 @@ def policy_monitor(policy, view, *, first_row: int) -> HealthMonitor:
         _no_learning(view),
     ]
     detectors += overlap_detectors(view)  # overlapped rollouts: runaway importance weights
+    detectors += episode_detectors(view)  # episodes: unused tools, failing tools, no end
     return HealthMonitor(policy, detectors, first_row=first_row)
 
 
