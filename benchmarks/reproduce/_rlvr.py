@@ -227,16 +227,52 @@ def _fit_one(task: dict, prompts, measure) -> dict:
     return {**row, "healthy": healthy, "fired": fired, **measure(policy)}
 
 
-def run_fits(tasks: list[dict], prompts, measure, jobs: int) -> list[dict]:
-    """Every task's fit and measurement, ``jobs`` at a time (joblib), rows in task order.
+def run_fits(tasks: list[dict], prompts, measure, jobs: int, deadline=None) -> list[dict]:
+    """Every task's fit and measurement, ``jobs`` at a time, rows in task order.
 
     A task is a dict with ``estimator``, ``reward`` (a callable, ``"random"``, or a
     list of these), ``seed`` and any labels (``phase``, ``arm``, ``reward_name``),
-    which its row keeps; ``measure(policy) -> dict`` adds the measurements.
+    which its row keeps; ``measure(policy) -> dict`` adds the measurements. Tasks
+    start in the order given (the gate's tuning fits first). ``deadline`` (a
+    ``time.perf_counter()`` value, or None) stops waiting then: a task not finished
+    by it gets a row with ``finished=False`` and its labels only, and its worker is
+    stopped, so that a run on a machine lent for a fixed time still writes what it
+    has (the scripts then call the claim undecided, or the gate failed, and say so).
+    ``jobs=1`` fits in this process, one task after another.
     """
-    from joblib import Parallel, delayed
+    import concurrent.futures as cf
+    import time
 
-    return Parallel(n_jobs=jobs)(delayed(_fit_one)(t, prompts, measure) for t in tasks)
+    def labels(task):
+        return {k: v for k, v in task.items() if k not in ("estimator", "reward")}
+
+    if jobs == 1:
+        rows = []
+        for task in tasks:
+            late = deadline is not None and time.perf_counter() > deadline
+            rows.append(
+                {**labels(task), "finished": False}
+                if late
+                else {**_fit_one(task, prompts, measure), "finished": True}
+            )
+        return rows
+    from joblib.externals.loky import get_reusable_executor
+
+    executor = get_reusable_executor(max_workers=jobs)
+    futures = [executor.submit(_fit_one, task, prompts, measure) for task in tasks]
+    timeout = None if deadline is None else max(0.0, deadline - time.perf_counter())
+    done, pending = cf.wait(futures, timeout=timeout)
+    rows = [
+        {**future.result(), "finished": True}
+        if future in done
+        else {**labels(task), "finished": False}
+        for task, future in zip(tasks, futures)
+    ]
+    if pending:
+        for future in pending:
+            future.cancel()
+        executor.shutdown(wait=False, kill_workers=True)
+    return rows
 
 
 def gate(rows, start_pass1: float, extra: dict | None = None) -> tuple[bool, str]:
@@ -258,10 +294,12 @@ def gate(rows, start_pass1: float, extra: dict | None = None) -> tuple[bool, str
     >>> "flag: no (gains 0.190, 0.130; unhealthy: 101 (kl_blowup))" in text
     True
     """
+    late = [r for r in rows if not r.get("finished", True)]
+    rows = [r for r in rows if r.get("finished", True)]
     gains = [r["pass1"] - start_pass1 for r in rows]
     names = [f"{r['arm']} {r['seed']}" if r.get("arm") else str(r["seed"]) for r in rows]
     sick = [f"{n} ({r['fired']})" for n, r in zip(names, rows) if not r["healthy"]]
-    moved = bool(rows) and min(gains) >= GATE_GAIN and not sick
+    moved = bool(rows) and min(gains) >= GATE_GAIN and not sick and not late
     conditions = {
         f"pass@1 gain >= {GATE_GAIN} on every tuning seed with no health flag": (
             moved,
@@ -270,12 +308,13 @@ def gate(rows, start_pass1: float, extra: dict | None = None) -> tuple[bool, str
                 f"{n}: {g:.3f}" if r.get("arm") else f"{g:.3f}"
                 for n, g, r in zip(names, gains, rows)
             )
-            + (f"; unhealthy: {', '.join(sick)}" if sick else "; none unhealthy"),
+            + (f"; unhealthy: {', '.join(sick)}" if sick else "; none unhealthy")
+            + (f"; {len(late)} tuning run(s) did not finish in time" if late else ""),
         ),
         **(extra or {}),
     }
     passed = all(held for held, _ in conditions.values())
-    seeds = sorted({r["seed"] for r in rows})
+    seeds = sorted({r["seed"] for r in rows + late})
     text = "; ".join(
         f"{name}: {'yes' if held else 'no'} ({measured})"
         for name, (held, measured) in conditions.items()
@@ -294,3 +333,41 @@ def control_summary(ev_rows, control_rows, start_pass1: float, arm_label: str) -
         gains = [r["pass1"] - start_pass1 for r in control_rows if r["reward_name"] == name]
         parts.append(f"{name} control {fmt(*mean_ci(gains))} ({len(gains)} seeds)")
     return "; ".join(parts)
+
+
+PHASES = ("tuning", "evaluation", "control")
+NO_STAT = dict(mean=np.nan, low=np.nan, high=np.nan, verdict="inconclusive", margin=np.nan)
+NO_STAT.update(mdd=np.nan, n=0)  # an interval that could not be computed (too few runs)
+
+
+def finished_by_phase(rows) -> dict:
+    """The finished rows of each phase (``tuning``, ``evaluation``, ``control``)."""
+    return {p: [r for r in rows if r["phase"] == p and r["finished"]] for p in PHASES}
+
+
+def late_note(rows) -> str:
+    """``""``, or which fits did not finish by the deadline (left out of every interval).
+
+    Examples
+    --------
+    >>> note = late_note([{"phase": "evaluation", "seed": 3, "finished": False},
+    ...                   {"phase": "tuning", "seed": 100, "finished": True}])
+    >>> note.split(" and ")[0], note.endswith("(evaluation 3); the claim is undecided.")
+    (' 1 of 2 fits did not finish by the deadline', True)
+    """
+    late = [r for r in rows if not r["finished"]]
+    if not late:
+        return ""
+    names = ", ".join(
+        " ".join(str(r[k]) for k in ("phase", "arm", "reward_name", "seed") if r.get(k) is not None)
+        for r in late
+    )
+    return (
+        f" {len(late)} of {len(rows)} fits did not finish by the deadline and are left out "
+        f"({names}); the claim is undecided."
+    )
+
+
+def deadline_of(args):
+    """The ``time.perf_counter()`` value of ``--deadline`` seconds after the start, or None."""
+    return None if not args.deadline else args.began + args.deadline

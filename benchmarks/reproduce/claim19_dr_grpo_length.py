@@ -72,14 +72,18 @@ from _common import (
 )
 from _common import settings as choose
 from _rlvr import (
+    NO_STAT,
     SCRATCHPAD_FULL,
     SCRATCHPAD_QUICK,
     TUNING_SEEDS,
     control_rewards,
     control_summary,
     correct_counts,
+    deadline_of,
+    finished_by_phase,
     gate,
     grpo,
+    late_note,
     run_fits,
     scratchpad_sft,
 )
@@ -121,6 +125,7 @@ COLUMNS = [
     "arm",
     "reward_name",
     "seed",
+    "finished",
     "healthy",
     "fired",
     "pass1",
@@ -207,6 +212,7 @@ def main(argv=None):
         argv,
         jobs=(int, None, "parallel fits (default: 7, 1 quick)"),
         gate_only=(int, 0, "1: only the gate's tuning fits; print the gate, write no files"),
+        deadline=(float, None, "seconds from the start after which unfinished fits are left out"),
     )
     s = choose(args, FULL, QUICK)
     s["jobs"] = args.jobs or s["jobs"]
@@ -259,13 +265,13 @@ def main(argv=None):
         world.prompts,
         Measure(world, prompts, s["samples"], s["first"], s["last"]),
         s["jobs"],
+        deadline_of(args),
     )
-    by_phase = {
-        p: [r for r in rows if r["phase"] == p] for p in ("tuning", "evaluation", "control")
-    }
+    by_phase = finished_by_phase(rows)
+    late = late_note(rows)
     demo_tokens = float(world.demonstrations.completion.str.len().mean() + 1)
     passed, gate_text = gate(
-        by_phase["tuning"],
+        [r for r in rows if r["phase"] == "tuning"],
         start_pass1,
         {
             f"demonstrations of {DEMO_TOKENS[0]}-{DEMO_TOKENS[1]} tokens": (
@@ -279,9 +285,12 @@ def main(argv=None):
     if args.gate_only:
         return {"gate": gate_text, "rows": rows}
     frame = pd.DataFrame(rows).reindex(columns=COLUMNS)
-    ev = frame[frame.phase == "evaluation"]
-    grpo_stat, dr, diff, parts, verdict = decide(ev)
-    if not passed:
+    ev = frame[(frame.phase == "evaluation") & frame.finished.eq(True)]
+    if ev.groupby("arm").seed.nunique().reindex(list(ARMS)).fillna(0).min() >= 2:
+        grpo_stat, dr, diff, parts, verdict = decide(ev)
+    else:
+        grpo_stat, dr, diff, parts, verdict = NO_STAT, NO_STAT, NO_STAT, {}, ""
+    if not passed or late:
         verdict = "inconclusive"
     controls = control_summary(
         [r for r in by_phase["evaluation"] if r["arm"] == "GRPO"],
@@ -314,6 +323,8 @@ def main(argv=None):
     fig, axes = new_figure(2)
     for i, arm in enumerate(ARMS):
         lengths = np.array([r["curve"] for r in by_phase["evaluation"] if r["arm"] == arm])
+        if not len(lengths):
+            continue
         steps = np.arange(1, lengths.shape[1] + 1)
         axes[0].plot(steps, np.nanmean(lengths, axis=0), color=f"C{i}", label=arm)
         stat = (grpo_stat, dr)[i]
@@ -352,6 +363,7 @@ def main(argv=None):
         + " (kept: every seed counts). Mean response length at the end (chars): "
         + ", ".join(f"{a} {ev[ev.arm == a].length_end.mean():.2f}" for a in ARMS)
         + "."
+        + late
     )
     return finish(
         args,

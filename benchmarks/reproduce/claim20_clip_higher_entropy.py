@@ -69,14 +69,18 @@ from _common import (
 )
 from _common import settings as choose
 from _rlvr import (
+    NO_STAT,
     SCRATCHPAD_FULL,
     SCRATCHPAD_QUICK,
     TUNING_SEEDS,
     control_rewards,
     control_summary,
     correct_counts,
+    deadline_of,
+    finished_by_phase,
     gate,
     grpo,
+    late_note,
     run_fits,
     scratchpad_sft,
 )
@@ -116,6 +120,7 @@ COLUMNS = [
     "arm",
     "reward_name",
     "seed",
+    "finished",
     "healthy",
     "fired",
     "pass1",
@@ -195,6 +200,7 @@ def main(argv=None):
         argv,
         jobs=(int, None, "parallel fits (default: 5, 1 quick)"),
         gate_only=(int, 0, "1: only the gate's tuning fits; print the gate, write no files"),
+        deadline=(float, None, "seconds from the start after which unfinished fits are left out"),
     )
     s = choose(args, FULL, QUICK)
     s["jobs"] = args.jobs or s["jobs"]
@@ -235,18 +241,21 @@ def main(argv=None):
     measure = Measure(world, prompts, s["samples"], s["first"], s["last"])
     if args.gate_only:
         tasks = [t for t in tasks if t["phase"] == "tuning"]
-    rows = run_fits(tasks, world.prompts, measure, s["jobs"])
-    by_phase = {
-        p: [r for r in rows if r["phase"] == p] for p in ("tuning", "evaluation", "control")
-    }
-    passed, gate_text = gate(by_phase["tuning"], start_pass1, regime(by_phase["tuning"]))
+    rows = run_fits(tasks, world.prompts, measure, s["jobs"], deadline_of(args))
+    by_phase = finished_by_phase(rows)
+    late = late_note(rows)
+    tuning = [r for r in rows if r["phase"] == "tuning"]
+    passed, gate_text = gate(tuning, start_pass1, regime(by_phase["tuning"]))
     print(gate_text, flush=True)
     if args.gate_only:
         return {"gate": gate_text, "rows": rows}
     frame = pd.DataFrame(rows).reindex(columns=COLUMNS)
-    ev = frame[frame.phase == "evaluation"]
-    margin, fall, fall_higher, kept, parts, verdict = decide(ev)
-    if not passed:
+    ev = frame[(frame.phase == "evaluation") & frame.finished.eq(True)]
+    if ev.groupby("arm").seed.nunique().reindex(list(ARMS)).fillna(0).min() >= 2:
+        margin, fall, fall_higher, kept, parts, verdict = decide(ev)
+    else:
+        margin, fall, fall_higher, kept, parts, verdict = np.nan, NO_STAT, NO_STAT, NO_STAT, {}, ""
+    if not passed or late:
         verdict = "inconclusive"
     controls = control_summary(
         [r for r in by_phase["evaluation"] if r["arm"] == "symmetric"],
@@ -274,6 +283,8 @@ def main(argv=None):
     fig, axes = new_figure(2)
     for i, arm in enumerate(ARMS):
         values = np.array([r["curve"] for r in by_phase["evaluation"] if r["arm"] == arm])
+        if not len(values):
+            continue
         steps = np.arange(1, values.shape[1] + 1)
         axes[0].plot(steps, values.mean(axis=0), color=f"C{i}", label=arm)
         own = ev[ev.arm == arm].entropy_end
@@ -305,6 +316,7 @@ def main(argv=None):
             for a in ARMS
         )
         + " (kept: every seed counts)."
+        + late
     )
     return finish(
         args,

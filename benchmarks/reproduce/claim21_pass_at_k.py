@@ -64,14 +64,18 @@ from _common import (
 )
 from _common import settings as choose
 from _rlvr import (
+    NO_STAT,
     SCRATCHPAD_FULL,
     SCRATCHPAD_QUICK,
     TUNING_SEEDS,
     control_rewards,
     control_summary,
     correct_counts,
+    deadline_of,
+    finished_by_phase,
     gate,
     grpo,
+    late_note,
     pass_curve,
     run_fits,
     scratchpad_sft,
@@ -102,7 +106,17 @@ QUICK = dict(
 MARGIN = 0.02  # of pass@k (see the docstring)
 START_PASS1 = (0.1, 0.2)  # the gate's headroom window of the start (issue 36)
 START_PASS_TOP = (0.6, 0.85)
-COLUMNS = ["phase", "reward_name", "seed", "healthy", "fired", "train_reward", "k", "pass_at_k"]
+COLUMNS = [
+    "phase",
+    "reward_name",
+    "seed",
+    "finished",
+    "healthy",
+    "fired",
+    "train_reward",
+    "k",
+    "pass_at_k",
+]
 # Rule (see the docstring): gate on tuning seeds 100, 101 (gain >= 0.10, healthy, start
 # pass@1 in [0.1, 0.2] and pass@128 in [0.6, 0.85]); then margin 0.02, 4 evaluation seeds:
 # A pass@1 "better"; B pass@128 "equivalent" or "worse"; any part undecided: "inconclusive".
@@ -150,6 +164,7 @@ def main(argv=None):
         argv,
         jobs=(int, None, "parallel fits (default: 4, 1 quick)"),
         gate_only=(int, 0, "1: only the gate's tuning fits; print the gate, write no files"),
+        deadline=(float, None, "seconds from the start after which unfinished fits are left out"),
     )
     s = choose(args, FULL, QUICK)
     s["jobs"] = args.jobs or s["jobs"]
@@ -176,12 +191,11 @@ def main(argv=None):
         task["estimator"] = estimator
     if args.gate_only:
         tasks = [t for t in tasks if t["phase"] == "tuning"]
-    rows = run_fits(tasks, world.prompts, measure, s["jobs"])
-    by_phase = {
-        p: [r for r in rows if r["phase"] == p] for p in ("tuning", "evaluation", "control")
-    }
+    rows = run_fits(tasks, world.prompts, measure, s["jobs"], deadline_of(args))
+    by_phase = finished_by_phase(rows)
+    late = late_note(rows)
     passed, gate_text = gate(
-        by_phase["tuning"],
+        [r for r in rows if r["phase"] == "tuning"],
         start[1],
         {
             f"start pass@1 in {list(START_PASS1)}": (
@@ -201,12 +215,17 @@ def main(argv=None):
         {"phase": "start", "reward_name": "", "k": k, "pass_at_k": v} for k, v in start.items()
     ]
     for r in rows:
-        for k, v in r["curve"].items():
-            table.append({**{c: r.get(c) for c in COLUMNS[:6]}, "k": k, "pass_at_k": v})
+        if not r["finished"]:
+            table.append({**{c: r.get(c) for c in COLUMNS[:7]}, "finished": False})
+        for k, v in r.get("curve", {}).items():
+            table.append({**{c: r.get(c) for c in COLUMNS[:7]}, "k": k, "pass_at_k": v})
     frame = pd.DataFrame(table).reindex(columns=COLUMNS)
-    curves = pd.DataFrame({r["seed"]: r["curve"] for r in by_phase["evaluation"]}).T
-    low_k, high_k, parts, verdict = decide(start, curves)
-    if not passed:
+    curves = pd.DataFrame({r["seed"]: r["curve"] for r in by_phase["evaluation"]}, index=ks).T
+    if len(curves) >= 2:
+        low_k, high_k, parts, verdict = decide(start, curves)
+    else:
+        low_k, high_k, parts, verdict = NO_STAT, NO_STAT, {}, "inconclusive"
+    if not passed or late:
         verdict = "inconclusive"
     controls = control_summary(by_phase["evaluation"], by_phase["control"], start[1], "GRPO")
     trained_mean = curves.mean().to_dict()
@@ -256,6 +275,7 @@ def main(argv=None):
         f"{len(by_phase['evaluation'])}"
         + (f" ({', '.join(unhealthy)})" if unhealthy else "")
         + ", kept (every seed counts)."
+        + late
     )
     return finish(
         args,
