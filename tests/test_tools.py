@@ -234,3 +234,53 @@ def test_a_policy_that_never_calls_its_tools_is_flagged():
     assert policy.history_[-1]["tools/no_call_share"] == 1.0
     assert policy.history_[-1]["health/no_tool_calls"] == 1.0
     assert "tool_errors" not in " ".join(str(w.message) for w in caught)
+
+
+# A ChatML-like template with a tool role, over the words of a word-level vocabulary.
+TOOL_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{%- if message['role'] == 'user' -%}{{ '<user> ' + message['content'] + ' ' }}"
+    "{%- elif message['role'] == 'assistant' -%}"
+    "{{ '<assistant> ' + message['content'] + ' <eot> ' }}"
+    "{%- elif message['role'] == 'tool' -%}{{ '<tool> ' + message['content'] + ' ' }}"
+    "{%- endif -%}{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<assistant>' }}{%- endif -%}"
+)
+
+
+def echo(word: str) -> str:
+    """Say a word back.
+
+    Args:
+        word: The word.
+    """
+    return word
+
+
+def test_in_a_chat_the_tool_result_is_a_tool_message_between_the_turns():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from prefopt.worlds._tokenizer import word_level_tokenizer
+
+    call = '<tool_call> {"name": "echo", "arguments": {"word": "b"}} </tool_call>'
+    words = ["<user>", "<assistant>", "<eot>", "<tool>", "a", "b", *call.split()]
+    tok = word_level_tokenizer(words, eos_token="</s>", split_on_whitespace=True,
+                               chat_template=TOOL_TEMPLATE)  # fmt: skip
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_positions=64, n_embd=16,
+                                       n_layer=1, n_head=2))  # fmt: skip
+    model.tokenizer = tok
+    eot = tok.convert_tokens_to_ids("<eot>")
+    policy = RLOOPolicy(model=model, tools=[echo], k=2, batch_size=2, n_steps=0, beta=0.0,
+                        max_new_tokens=12, stop_token_ids=[eot], random_state=0)  # fmt: skip
+    policy.fit([[{"role": "user", "content": "a"}]], lambda p, c: np.zeros(len(c)))
+    ids = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    turn1, turn2 = ids(call) + [eot], ids("b") + [eot]
+    loop = policy._loop
+    loop.rollouts.sampler.sampler = Scripted([[turn1, turn1], [turn2, turn2]], eot)
+    batch = loop.rollout(np.array([0]))
+    tool = ids("<tool> b <assistant>")  # the template's tool message and next assistant turn
+    assert batch.response_ids[0].tolist()[: len(turn1 + tool + turn2)] == turn1 + tool + turn2
+    assert batch.response_mask[0].tolist()[: len(turn1 + tool + turn2)] == (
+        [1] * len(turn1) + [0] * len(tool) + [1] * len(turn2)
+    )
+    assert batch.ended.all() and batch.stats["tools/error_share"] == 0.0
