@@ -84,6 +84,21 @@ class CalculatorWorld:
     --------
     prefopt.worlds.ArithmeticWorld : The single-turn arithmetic world.
 
+    Notes
+    -----
+    Measured by ``python benchmarks/calculator_world.py --seeds 0 1 2 3 4 --n-steps 30``
+    (commit fcd81d7; ``benchmarks/calculator_world.csv``): one SFT start (world seed 0,
+    4 epochs on the 2,000 demonstrations), then GRPO and RLOO at their defaults with
+    ``tools=world.tools``, ``max_turns=3``, ``batch_size=64`` and 30 steps, 2-6 minutes a
+    fit on a shared CPU. Held-out gold success (one episode on each of the 200 held-out
+    problems, so a standard error of about 0.03) rises on every seed: GRPO from
+    0.205-0.305 to 0.305-0.38, RLOO to 0.33-0.425; the share of episodes calling the tool
+    from 0.60-0.70 to 0.835-0.915; no health warning (the episodes' detectors were
+    added after this run; its last steps' shares of tool errors, at most 0.07, of
+    truncated episodes, at most 0.0625, and of episodes without a call, at most 0.16,
+    are far below their thresholds). Seed 2's gains (0.03 and 0.025) are within one
+    standard error.
+
     Examples
     --------
     >>> world = CalculatorWorld(n_eval=4, n_demonstrations=8, random_state=0)
