@@ -95,8 +95,8 @@ class CalculatorWorld:
     0.205-0.305 to 0.305-0.38, RLOO to 0.33-0.425; the share of episodes calling the tool
     from 0.60-0.70 to 0.835-0.915; no health warning (the episodes' detectors were
     added after this run; its last steps' shares of tool errors, at most 0.07, of
-    truncated episodes, at most 0.0625, and of episodes without a call, at most 0.16,
-    are far below their thresholds). Seed 2's gains (0.03 and 0.025) are within one
+    truncated episodes, at most 0.0625, and of held-out episodes without a call, at most
+    0.165, are far below their thresholds). Seed 2's gains (0.03 and 0.025) are within one
     standard error.
 
     Examples
