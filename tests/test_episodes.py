@@ -273,3 +273,17 @@ def test_gae_steps_over_the_environment_tokens():
     # c: 2 - 0.3 = 1.7; b: 1 + 0.3 - 0.4 + 0.5 * 1.7 = 1.75; a: 0.4 - 0.5 + 0.5 * 1.75 = 0.775
     assert torch.allclose(advantages, torch.tensor([[0.775, 1.75, 0.0, 0.0, 1.7]]))
     assert torch.allclose(returns, torch.tensor([[1.275, 2.15, 0.0, 0.0, 2.0]]))
+
+
+def test_resampled_groups_keep_their_transcripts_mask():
+    """DAPO's resampling (dynamic_sampling) joins rounds of episodes, masks and all."""
+    policy = fitted(GRPOPolicy, k=2, beta=0.0, environment=TwoTurns, dynamic_sampling=True,
+                    max_resamples=1, reward=lambda p, c: np.zeros(len(c)))  # fmt: skip
+    # Round 1: every group ties (all rewards alike); round 2 draws new groups.
+    turns = [[[GOOD, EOS]] * 4, [[BAD, EOS]] * 4, [[GOOD, EOS]] * 4, [[BAD, GREAT, EOS]] * 4]
+    batch, script = scripted_batch(policy, turns)
+    assert script.calls == [4, 4, 4, 4] and batch.stats["sampling/rounds"] >= 1
+    assert batch.attention_mask is not None
+    assert batch.attention_mask.shape == batch.response_mask.shape
+    assert (batch.attention_mask >= batch.response_mask).all()
+    assert batch.response_mask[:, 2:4].sum() == 0  # the environment's "the plot", every row

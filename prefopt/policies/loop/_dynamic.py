@@ -118,6 +118,9 @@ def _take(rounds, picks, k: int, pad_id: int) -> tuple[RolloutBatch, dict]:
         engine_logprobs=None
         if first.engine_logprobs is None
         else cat(lambda b, r: right(b.engine_logprobs, r)),
+        attention_mask=None  # episodes: their transcripts' tokens
+        if first.attention_mask is None
+        else cat(lambda b, r: right(b.attention_mask, r)),
     )
     names = list(rounds[0][1])
     out_parts = {n: np.concatenate([p[n] for _, _, p in pieces]) for n in names}
