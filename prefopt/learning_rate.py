@@ -86,9 +86,12 @@ class AdaptiveLR(BaseEstimator):
     KL penalty ``beta`` by the same band and a factor of 2: halve it when the KL is
     below ``target / 1.5``, double it when above ``target * 1.5``.
 
-    A policy takes it as ``learning_rate=AdaptiveLR(...)`` (a number there stays a
-    fixed rate): its fit sets each step's rate from ``learning_rate_``, measures the
-    update's change with one forward pass without gradients on the step's own
+    It is the default learning rate of every reinforcement-learning policy on a
+    language model: ``learning_rate=None`` there means ``AdaptiveLR(max_lr=10 *
+    start)``, starting at the rate the model's size calls for (``start``);
+    ``learning_rate=AdaptiveLR(...)`` sets another target or bounds, and a number
+    there stays a fixed rate. A fit sets each step's rate from ``learning_rate_``,
+    measures the update's change with one forward pass without gradients on the step's own
     tokens, and logs ``optim/learning_rate`` and ``optim/policy_kl`` in ``history_``;
     its copy, ``lr_controller_``, is checkpointed, so a resumed run continues the
     adapted rate exactly.

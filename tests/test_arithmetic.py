@@ -407,3 +407,61 @@ def test_scratchpad_is_for_sums_only():
         ArithmeticWorld(operations="+-", scratchpad=True, random_state=0)
     with pytest.raises(TypeError, match="scratchpad must be True or False"):
         ArithmeticWorld(scratchpad="yes", random_state=0)
+
+
+# ----- the sanity check: every RL policy learns what its start half knows -----------------
+# prime-rl's sanity check: on problems the start solves 20-80% of the time, a sound method
+# at its defaults pushes training accuracy above 95%. The sanity configuration of the world
+# (ArithmeticWorld's docstring): 10 training problems of one-digit sums, a one-layer model,
+# SFT for 60 epochs on them.
+SANITY_STEPS = 150  # the budget: 150 steps of the default 64 episodes (9,600 episodes)
+
+
+@pytest.fixture(scope="module")
+def sanity():
+    from prefopt import SFTPolicy
+
+    world = ArithmeticWorld(n_digits=1, n_eval=90, n_demonstrations=10, random_state=0)
+    sft = SFTPolicy(model=world.model_config(n_layer=1), n_epochs=60, random_state=0)
+    return world, sft.fit(world.demonstrations)
+
+
+def training_accuracy(policy, world) -> float:
+    """Pass@1 over the training problems: 8 samples of each at the policy's temperature."""
+    scorer = make_pass_at_k_scorer(world.correctness_reward, k=1, n_samples=8, random_state=0)
+    return scorer(policy, world.prompts, world.answers)
+
+
+def test_the_sanity_start_solves_between_20_and_80_percent(sanity):
+    world, sft = sanity
+    assert len(world.prompts) == 10
+    # measured 0.362 (8 samples of each of the 10 training problems)
+    assert 0.2 <= training_accuracy(sft, world) <= 0.8
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "name, measured",
+    [  # final training accuracy measured at SANITY_STEPS, seed 0 (the threshold is 0.95)
+        ("GRPOPolicy", 1.000),
+        ("RLOOPolicy", 1.000),
+        ("PPOPolicy", 0.988),
+        ("ReinforcePolicy", 1.000),
+        ("ReinforcePlusPlusPolicy", 0.988),
+        ("RAFTPolicy", 1.000),
+    ],
+)
+def test_every_rl_policy_passes_the_sanity_check_at_its_defaults(sanity, name, measured):
+    import warnings
+
+    import prefopt
+    from prefopt.exceptions import RunHealthWarning
+
+    world, sft = sanity
+    policy = getattr(prefopt, name)(model=sft, n_steps=SANITY_STEPS, random_state=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RunHealthWarning)  # no health warning
+        policy.fit(world.prompts, world.correctness_reward)
+    assert policy.health_["healthy"]
+    assert policy.lr_controller_ is not None  # the default is the adaptive rate
+    assert training_accuracy(policy, world) >= 0.95

@@ -3,7 +3,8 @@
 Per step with T new tokens, E epochs and M minibatches: the policy runs at most T times
 to sample (the prompt, then one cached call per further token, stopping once every
 response has ended), once more for the old
-log-probs when the loss uses the ratio (PPO), and E*M times in the update; the reference sees
+log-probs when the loss uses the ratio (PPO), E*M times in the update, and once (in M
+chunks) to measure the update's change for the default adaptive rate; the reference sees
 every row once (in M chunks of the minibatch size); PPO's value model once at rollout and E*M
 times in the update; a language-model reward model once.
 
@@ -78,12 +79,15 @@ def test_forward_calls_per_step(cls, kwargs, epochs, minibatches):
     # PPO (ratio) recomputes old log-probs in a training-identical pass; the others read
     # them from the sampling pass.
     old_pass = 1 if cls is PPOPolicy else 0
-    passes = 1 + old_pass + epochs * minibatches  # sampling, old log-probs, the update
+    # The default (adaptive) learning rate measures the update's change in one more pass
+    # without gradients, in chunks of the minibatch size.
+    measure = minibatches
+    passes = 1 + old_pass + epochs * minibatches + measure  # sampling, old, update, change
     policy_id, ref_id = id(policy.model_), id(policy.ref_model_)
     assert calls[(policy_id, "fresh")] == passes
     # Sampling's decode calls (at most T - 1: it stops once every response has ended),
     # and at most one response call per pass over shared prompts.
-    assert calls[(policy_id, "cached")] <= T - 1 + old_pass + epochs * minibatches
+    assert calls[(policy_id, "cached")] <= T - 1 + old_pass + epochs * minibatches + measure
     # The reference runs once over the batch, in chunks of the minibatch size; each
     # chunk's prompts once each (2 distinct prompts) and every response once, or every
     # row in one call.

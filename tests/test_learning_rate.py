@@ -268,3 +268,91 @@ def test_bad_rates_are_refused_before_training(rate, match):
     with pytest.raises(ValueError, match=match):
         policy.fit(PROMPTS, says_good)
     assert not hasattr(policy, "n_iter_")  # nothing ran
+
+
+# ----- the default ----------------------------------------------------------------------
+RL_POLICIES = [
+    "PPOPolicy",
+    "RLOOPolicy",
+    "GRPOPolicy",
+    "ReinforcePolicy",
+    "ReinforcePlusPlusPolicy",
+    "RAFTPolicy",
+]
+
+
+@pytest.mark.parametrize("name", RL_POLICIES)
+def test_the_default_on_a_language_model_is_the_adaptive_rate(name):
+    import prefopt
+
+    cls = getattr(prefopt, name)
+    assert cls().get_params()["learning_rate"] is None  # the literal default
+    params = {**lm_policy().get_params(deep=False), "learning_rate": None, "n_steps": 2}
+    if "k" not in cls().get_params():  # PPO, REINFORCE: one sample a prompt
+        del params["k"]
+    policy = cls(**params).fit(PROMPTS, says_good)
+    controller = policy.lr_controller_
+    assert isinstance(controller, AdaptiveLR)
+    # AdaptiveLR's rule, started at the class's tiny-model rate, its ceiling 10 times that
+    start = cls.tiny_model_learning_rate
+    assert controller.get_params() == AdaptiveLR(max_lr=10 * start).get_params()
+    assert policy.learning_rate_ == cls.tiny_model_learning_rate
+    rates, kls = column(policy, "optim/learning_rate"), column(policy, "optim/policy_kl")
+    assert rates[0] == cls.tiny_model_learning_rate
+    assert rates[1] == AdaptiveLR(max_lr=10 * start).start(start).sample(kls[:1])[0]
+    # the health summary says where the rate went
+    assert policy.health_["learning_rate"] == {
+        "first": rates[0],
+        "last": rates[-1],
+        "min": min(rates),
+        "max": max(rates),
+    }
+    assert policy.learning_rate is None  # the parameter is untouched
+
+
+def test_the_default_on_a_log_linear_policy_stays_a_fixed_rate():
+    # The exact worlds' log-linear policies keep their fixed 0.1 (over 0.99 of the
+    # achievable objective in 100 steps: backend.default_learning_rate's table).
+    from prefopt import RLOOPolicy
+    from prefopt.worlds import PreferenceWorld
+
+    world = PreferenceWorld(random_state=0)
+    policy = RLOOPolicy(model=world.policy_model(), n_steps=2, random_state=0)
+    policy.fit(world.prompts, world.true_quality)
+    assert policy.lr_controller_ is None and policy.learning_rate_ == 0.1
+    assert "learning_rate" not in policy.health_
+    assert not any(key.startswith("optim/") for row in policy.history_ for key in row)
+
+
+def test_a_resumed_run_at_the_default_rate_continues_it_exactly(tmp_path):
+    whole = lm_policy(learning_rate=None).fit(PROMPTS, says_good)
+    lm_policy(learning_rate=None, n_steps=3, checkpoint_dir=tmp_path).fit(PROMPTS, says_good)
+    resumed = lm_policy(learning_rate=None, checkpoint_dir=tmp_path).fit(PROMPTS, says_good)
+    assert len(set(column(whole, "optim/learning_rate"))) > 1  # the rate moved
+    for key in ("optim/learning_rate", "optim/policy_kl", "objective/reward"):
+        assert column(resumed, key) == column(whole, key)
+    assert resumed.lr_controller_.state_dict() == whole.lr_controller_.state_dict()
+    assert resumed.health_["learning_rate"] == whole.health_["learning_rate"]
+
+
+def test_a_search_over_the_default_and_adaptive_rates(tmp_path):
+    # A search clones each candidate: None, a fixed number and controllers alike; every
+    # candidate's controller is its own (the grid's objects are never fitted).
+    from prefopt import SeedSearchCV
+
+    grid = [None, 1e-3, AdaptiveLR(target=0.03)]
+    search = SeedSearchCV(
+        lm_policy(n_steps=2),
+        {"learning_rate": grid},
+        seeds=2,
+        refit=False,
+        scoring=lambda est, X, y=None: float(est.history_[-1]["objective/reward"]),
+    ).fit(PROMPTS, reward_model=says_good)
+    assert list(search.cv_results_["param_learning_rate"]) == grid
+    assert not hasattr(grid[2], "learning_rate_")
+    # ... and a checkpointed clone of each writes its own folder
+    folders = {
+        run_folder(clone(lm_policy(learning_rate=r)).set_params(checkpoint_dir=tmp_path), "d")
+        for r in (None, AdaptiveLR(), AdaptiveLR(target=0.03), 1e-3)
+    }
+    assert len(folders) == 4

@@ -340,6 +340,10 @@ def default_learning_rate(
 ) -> float:
     """The learning rate used when an estimator's ``learning_rate`` is None, by kind of model.
 
+    For a reinforcement-learning policy on a language model (not log-linear) it is
+    where the default adaptive rate starts (:class:`~prefopt.AdaptiveLR`, at most
+    10 times this); elsewhere it is the fixed rate.
+
     ============================  =============  =========================================
     kind of model                 learning rate  why
     ============================  =============  =========================================
@@ -358,7 +362,8 @@ def default_learning_rate(
                                                  and Llama-shaped): PPO 3e-4, RLOO 1e-4,
                                                  GRPO 1e-4, REINFORCE 3e-4, REINFORCE++
                                                  3e-4, RAFT 3e-5 (no rate passed its
-                                                 Llama review and arithmetic cells), DPO
+                                                 Llama review and arithmetic cells; its
+                                                 adaptive default starts at 1e-4), DPO
                                                  1e-3. A tiny model trained nearly from
                                                  scratch (TinyLMWorld) learns faster at
                                                  1e-3

@@ -8,6 +8,9 @@ the end, such as "no learning", only when the fit ends). Every row gets a
     {"healthy": bool, "detectors": {name: {"fired": bool, "first_step": int | None,
                                            "value": float, "threshold": float}}}
 
+with, where the rows log an adaptive rate (``optim/learning_rate``), a
+``"learning_rate"`` entry: its ``first``, ``last``, ``min`` and ``max`` over the fit.
+
 and the estimator's ``on_unhealthy`` says what a firing does: ``"warn"`` (one
 :class:`~prefopt.exceptions.RunHealthWarning` per detector per fit), ``"raise"``
 (:class:`~prefopt.exceptions.RunHealthError`), ``"stop"`` (warn and end the fit
@@ -31,6 +34,7 @@ from ..exceptions import RunHealthError, RunHealthWarning
 __all__ = ["ACTIONS", "Detector", "HealthMonitor", "smoothed", "supervised_monitor"]
 
 ACTIONS = ("warn", "raise", "stop", "ignore")
+RATE = "optim/learning_rate"  # the rate an adaptive learning rate set for each step
 # The exponential moving average's weight on the newest row: about the last 5 rows count,
 # so one noisy minibatch neither fires a detector nor hides a trend.
 SMOOTHING = 0.3
@@ -196,6 +200,14 @@ class HealthMonitor:
         }
         healthy = not any(d["fired"] for d in detectors.values())
         health = {"healthy": healthy, "detectors": detectors}
+        rates = [row[RATE] for row in self.rows() if RATE in row]
+        if rates:  # an adaptive learning rate: where it went is part of how the run went
+            health["learning_rate"] = {
+                "first": rates[0],
+                "last": rates[-1],
+                "min": min(rates),
+                "max": max(rates),
+            }
         self.estimator.health_ = health
         return health
 

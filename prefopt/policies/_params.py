@@ -106,17 +106,22 @@ COMMON_PARAMETERS: dict[str, Parameter] = {
         None,
         # math.inf as the open right bound: an infinite rate is refused like a negative one
         [Interval(Real, 0, math.inf, closed="neither"), AdaptiveLR, None],
-        "float or AdaptiveLR",
-        """A number is a fixed rate (``lr_schedule`` applies). ``None`` means
-        {tiny_learning_rate} for models under 10M parameters (tiny models built
-        from a config: the class's ``tiny_model_learning_rate``, chosen by
-        ``benchmarks/lr_sweep.py``), 0.1 for the exact worlds' log-linear
-        policies and 3e-6 otherwise (Huang et al.'s PPO value). An
-        :class:`~prefopt.AdaptiveLR` sets the rate after every update from the
-        update's measured policy change (``optim/policy_kl``, one extra forward
-        pass without gradients a step), starting at its own ``learning_rate``
-        or, if that is ``None``, at the rate ``None`` means here, clipped into
-        its bounds; ``lr_schedule`` then does not apply.""",
+        "float, AdaptiveLR or None",
+        """``None`` (the default) on a language model is an
+        :class:`~prefopt.AdaptiveLR` at its defaults: after every update one
+        forward pass without gradients measures the policy's change on the
+        step's own tokens (``optim/policy_kl``: the mean KL per token between
+        the policy before and after the update) and the next step's rate is
+        cut by 1.5 above twice the target KL (0.01), raised by 1.5 below half
+        of it (rl_games' and rsl_rl's adaptive schedule; Schulman et al. 2017
+        adapt PPO's KL penalty by the same band), within [1e-6, 10 times its
+        start]. It starts at {tiny_learning_rate} for models under 10M
+        parameters (the class's ``tiny_model_learning_rate``) and at 3e-6
+        otherwise (Huang et al.'s PPO value). ``None`` on the exact worlds'
+        log-linear policies is a fixed 0.1. A number is a fixed rate (``lr_schedule`` applies); an
+        :class:`~prefopt.AdaptiveLR` adapts with its own target and bounds,
+        starting at its own ``learning_rate`` or, if that is ``None``, where
+        the default starts; ``lr_schedule`` then does not apply.""",
     ),
     "optimizer": Parameter(
         "adam",

@@ -116,8 +116,8 @@ class Algorithm:
     max_resamples : int, default=0
         The cap on those extra rounds per step.
     tiny_model_learning_rate : float, default=1e-3
-        The learning rate ``learning_rate=None`` means for a model under 10M
-        parameters (a tiny transformer built from a config); see
+        Where ``learning_rate=None`` (an adaptive rate) starts for a model
+        under 10M parameters (a tiny transformer built from a config); see
         :func:`prefopt.backend.default_learning_rate`. The built-in policies
         declare the rate ``benchmarks/lr_sweep.py`` chose for them (rule 2 of
         ``benchmarks/LR_SWEEP.md``); 1e-3 is the rate for a new algorithm that
