@@ -133,6 +133,16 @@ class ArithmeticWorld:
     start on every seed; PPO falls, then recovers to 0.60-0.67.
     ``benchmarks/verifiable_world_defaults.csv`` holds every run.
 
+    The sanity configuration (prime-rl's sanity check: on problems its start
+    solves 20-80% of the time, a sound method pushes training accuracy above
+    95%): ``ArithmeticWorld(n_digits=1, n_eval=90, n_demonstrations=10,
+    random_state=0)``, its 10 training problems learnt by
+    ``SFTPolicy(model=world.model_config(n_layer=1), n_epochs=60,
+    random_state=0)``, which solves 0.36 of them (8 samples each). Every
+    built-in RL policy at its defaults (the adaptive learning rate), 150 steps
+    of 64 episodes, seed 0, ends at training accuracy 0.99-1.00 with no health
+    warning, in 3-11 s of CPU a fit (``tests/test_arithmetic_world.py``).
+
     References
     ----------
     M. Chen et al., "Evaluating large language models trained on code",
