@@ -58,7 +58,8 @@ _TOLD: set = set()
 # Measured on the sanity configuration of ArithmeticWorld (docs/guide/verifiable.rst):
 # with rl_games' 1e-2, a policy whose groups all succeed measures almost no change, the
 # rate climbs (to 4e-3 for GRPO, 1e-2 for RAFT) and the next informative batch undoes the
-# learning (GRPO 0.95 -> 0.83 training accuracy); at 10 times the start it holds.
+# learning (GRPO's batch reward 0.95 at step 85, 0.83 at 120; training accuracy 0.88 at the
+# end); at 10 times the start GRPO ends at 1.00.
 MAX_RATE_RATIO = 10.0
 
 
