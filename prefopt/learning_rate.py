@@ -87,8 +87,9 @@ class AdaptiveLR(BaseEstimator):
     below ``target / 1.5``, double it when above ``target * 1.5``.
 
     It is the default learning rate of every reinforcement-learning policy on a
-    language model: ``learning_rate=None`` there means ``AdaptiveLR(max_lr=10 *
-    start)``, starting at the rate the model's size calls for (``start``);
+    language model: ``learning_rate=None`` there means ``AdaptiveLR(target=0.002,
+    max_lr=10 * start)``, starting at the rate the model's size calls for (``start``;
+    the target and the ceiling measured in ``prefopt/policies/_base.py``);
     ``learning_rate=AdaptiveLR(...)`` sets another target or bounds, and a number
     there stays a fixed rate. A fit sets each step's rate from ``learning_rate_``,
     measures the update's change with one forward pass without gradients on the step's own

@@ -414,7 +414,7 @@ def test_scratchpad_is_for_sums_only():
 # at its defaults pushes training accuracy above 95%. The sanity configuration of the world
 # (ArithmeticWorld's docstring): 10 training problems of one-digit sums, a one-layer model,
 # SFT for 60 epochs on them.
-SANITY_STEPS = 150  # the budget: 150 steps of the default 64 episodes (9,600 episodes)
+SANITY_STEPS = 250  # the budget: 250 steps of the default 64 episodes (16,000 episodes)
 
 
 @pytest.fixture(scope="module")
@@ -443,12 +443,21 @@ def test_the_sanity_start_solves_between_20_and_80_percent(sanity):
 @pytest.mark.parametrize(
     "name, measured",
     [  # final training accuracy measured at SANITY_STEPS, seed 0 (the threshold is 0.95)
-        ("GRPOPolicy", 1.000),
-        ("RLOOPolicy", 1.000),
-        ("PPOPolicy", 0.988),
+        ("GRPOPolicy", None),
+        ("RLOOPolicy", 0.988),
+        ("PPOPolicy", None),
         ("ReinforcePolicy", 1.000),
-        ("ReinforcePlusPlusPolicy", 0.988),
-        ("RAFTPolicy", 1.000),
+        ("ReinforcePlusPlusPolicy", 0.975),
+        pytest.param(
+            "RAFTPolicy",
+            None,
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="RAFT at its defaults (from 3e-5) stays below 0.95 on the sanity "
+                "check (issue 35: does not hold for RAFT; LR_SWEEP.md, rule 2, found no "
+                "fixed rate that passes every cell for it either)",
+            ),
+        ),
     ],
 )
 def test_every_rl_policy_passes_the_sanity_check_at_its_defaults(sanity, name, measured):

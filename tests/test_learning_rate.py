@@ -293,13 +293,15 @@ def test_the_default_on_a_language_model_is_the_adaptive_rate(name):
     policy = cls(**params).fit(PROMPTS, says_good)
     controller = policy.lr_controller_
     assert isinstance(controller, AdaptiveLR)
-    # AdaptiveLR's rule, started at the class's tiny-model rate, its ceiling 10 times that
+    # AdaptiveLR's rule at a target of 0.002 nats, started at the class's tiny-model rate,
+    # its ceiling 10 times that
     start = cls.tiny_model_learning_rate
-    assert controller.get_params() == AdaptiveLR(max_lr=10 * start).get_params()
+    default = AdaptiveLR(target=0.002, max_lr=10 * start)
+    assert controller.get_params() == default.get_params()
     assert policy.learning_rate_ == cls.tiny_model_learning_rate
     rates, kls = column(policy, "optim/learning_rate"), column(policy, "optim/policy_kl")
     assert rates[0] == cls.tiny_model_learning_rate
-    assert rates[1] == AdaptiveLR(max_lr=10 * start).start(start).sample(kls[:1])[0]
+    assert rates[1] == default.start(start).sample(kls[:1])[0]
     # the health summary says where the rate went
     assert policy.health_["learning_rate"] == {
         "first": rates[0],

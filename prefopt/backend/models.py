@@ -362,8 +362,7 @@ def default_learning_rate(
                                                  and Llama-shaped): PPO 3e-4, RLOO 1e-4,
                                                  GRPO 1e-4, REINFORCE 3e-4, REINFORCE++
                                                  3e-4, RAFT 3e-5 (no rate passed its
-                                                 Llama review and arithmetic cells; its
-                                                 adaptive default starts at 1e-4), DPO
+                                                 Llama review and arithmetic cells), DPO
                                                  1e-3. A tiny model trained nearly from
                                                  scratch (TinyLMWorld) learns faster at
                                                  1e-3

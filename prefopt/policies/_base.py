@@ -61,6 +61,14 @@ _TOLD: set = set()
 # learning (GRPO's batch reward 0.95 at step 85, 0.83 at 120; training accuracy 0.88 at the
 # end); at 10 times the start GRPO ends at 1.00.
 MAX_RATE_RATIO = 10.0
+# The default adaptive rate's target, the KL per response token of one update, in nats:
+# below rsl_rl's 0.01 (a Gaussian action policy's), measured on ArithmeticWorld (GRPO, GPT-2
+# shape, the sweep's start, 100 steps): at the fixed 1e-4 that rule 2 of LR_SWEEP.md found
+# healthy an update moves the policy by a median 0.001 nats a token; at 3e-4, which loses
+# pass@1 there, by 0.005-0.025; at 1e-3 (a collapse) by 0.18. With a target of 0.01 the
+# default climbed into that range and collapsed GRPO (pass@1 0.33 -> 0.20); at 0.002 the rate
+# stays near the healthy 1e-4 there, and still climbs to 1e-3 on the sanity configuration.
+TARGET_KL = 0.002
 
 
 class BasePolicy(Algorithm, GenerativeEstimator):
@@ -403,7 +411,9 @@ class BasePolicy(Algorithm, GenerativeEstimator):
             # change (rl_games' and rsl_rl's rule), from the fixed rate the model's size
             # calls for, and at most MAX_RATE_RATIO times it. No fixed rate suits every
             # task: one that learns a verifiable task collapses ArithmeticWorld (issue 35).
-            rate = AdaptiveLR(min_lr=min(1e-6, start), max_lr=MAX_RATE_RATIO * start)
+            rate = AdaptiveLR(
+                target=TARGET_KL, min_lr=min(1e-6, start), max_lr=MAX_RATE_RATIO * start
+            )
         if not isinstance(rate, AdaptiveLR):
             return (float(rate) if rate is not None else start), None
         # The fit's own copy; with no starting rate of its own it starts at the rate the

@@ -112,7 +112,7 @@ COMMON_PARAMETERS: dict[str, Parameter] = {
         forward pass without gradients measures the policy's change on the
         step's own tokens (``optim/policy_kl``: the mean KL per token between
         the policy before and after the update) and the next step's rate is
-        cut by 1.5 above twice the target KL (0.01), raised by 1.5 below half
+        cut by 1.5 above twice the target KL (0.002), raised by 1.5 below half
         of it (rl_games' and rsl_rl's adaptive schedule; Schulman et al. 2017
         adapt PPO's KL penalty by the same band), within [1e-6, 10 times its
         start]. It starts at {tiny_learning_rate} for models under 10M

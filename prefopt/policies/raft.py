@@ -108,11 +108,7 @@ class RAFTPolicy(BasePolicy):
     __init__ = make_init(n_epochs=4, k=4, rank_by="score")
 
     samples_per_prompt = "k"
-    # Where the adaptive default starts on a tiny model. The sweep of fixed rates (LR_SWEEP.md,
-    # rule 2) found none that passed every cell and took 3e-5; adapting, RAFT starts at 1e-4
-    # (ceiling 1e-3): from 3e-5 (ceiling 3e-4) it ends the sanity run at 0.90 training
-    # accuracy, from 1e-4 at 1.00 (tests/test_arithmetic_world.py, issue 35).
-    tiny_model_learning_rate = 1e-4
+    tiny_model_learning_rate = 3e-5  # learning_rate=None on a tiny model: LR_SWEEP.md, rule 2
     # The kept responses are trained on with the ordinary next-token loss, at
     # temperature 1 as SFT (Dong et al. 2023), not at the sampling temperature.
     training_temperature = 1.0
