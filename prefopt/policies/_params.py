@@ -107,21 +107,18 @@ COMMON_PARAMETERS: dict[str, Parameter] = {
         # math.inf as the open right bound: an infinite rate is refused like a negative one
         [Interval(Real, 0, math.inf, closed="neither"), AdaptiveLR, None],
         "float, AdaptiveLR or None",
-        """``None`` (the default) on a language model is an
-        :class:`~prefopt.AdaptiveLR` at its defaults: after every update one
-        forward pass without gradients measures the policy's change on the
-        step's own tokens (``optim/policy_kl``: the mean KL per token between
-        the policy before and after the update) and the next step's rate is
-        cut by 1.5 above twice the target KL (0.002), raised by 1.5 below half
-        of it (rl_games' and rsl_rl's adaptive schedule; Schulman et al. 2017
-        adapt PPO's KL penalty by the same band), within [1e-6, 10 times its
-        start]. It starts at {tiny_learning_rate} for models under 10M
-        parameters (the class's ``tiny_model_learning_rate``) and at 3e-6
-        otherwise (Huang et al.'s PPO value). ``None`` on the exact worlds'
-        log-linear policies is a fixed 0.1. A number is a fixed rate (``lr_schedule`` applies); an
-        :class:`~prefopt.AdaptiveLR` adapts with its own target and bounds,
-        starting at its own ``learning_rate`` or, if that is ``None``, where
-        the default starts; ``lr_schedule`` then does not apply.""",
+        """``None`` (the default) on a language model adapts the rate: after each
+        update one pass without gradients measures the policy's change on the
+        step's tokens (``optim/policy_kl``, the mean KL per token between the
+        policy before and after), and the rate is cut by 1.5 above 0.004,
+        raised by 1.5 below 0.001 (an :class:`~prefopt.AdaptiveLR` of target
+        0.002: rl_games' and rsl_rl's rule; Schulman et al. 2017 adapt PPO's
+        KL penalty so), within [1e-6, 10 times its start]: {tiny_learning_rate}
+        under 10M parameters (``tiny_model_learning_rate``), else 3e-6 (Huang
+        et al.). On the exact worlds' log-linear policies it is a fixed 0.1. A
+        number is a fixed rate (``lr_schedule`` applies); an ``AdaptiveLR``
+        adapts with its own target and bounds, from its ``learning_rate`` or
+        where the default starts.""",
     ),
     "optimizer": Parameter(
         "adam",
