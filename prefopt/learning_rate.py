@@ -89,7 +89,7 @@ class AdaptiveLR(BaseEstimator):
     It is the default learning rate of every reinforcement-learning policy on a
     language model: ``learning_rate=None`` there means ``AdaptiveLR(target=0.002,
     max_lr=10 * start)``, starting at the rate the model's size calls for (``start``;
-    the target and the ceiling measured in ``prefopt/policies/_base.py``);
+    the target and the ceiling measured beside ``POLICY_TARGET`` below);
     ``learning_rate=AdaptiveLR(...)`` sets another target or bounds, and a number
     there stays a fixed rate. A fit sets each step's rate from ``learning_rate_``,
     measures the update's change with one forward pass without gradients on the step's own
@@ -295,3 +295,51 @@ class AdaptiveLR(BaseEstimator):
         tags.no_validation = True  # a controller takes no data
         tags.target_tags.required = False
         return tags
+
+
+# A policy's default adaptive rate: its ceiling, over its start (the fixed rate the
+# model's size calls for). rl_games' bound (1e-2) is 10-30 times the fixed rates of its
+# tasks (3e-4 to 1e-3). Measured on the sanity configuration of ArithmeticWorld
+# (docs/guide/verifiable.rst): with rl_games' 1e-2, a policy whose groups all succeed
+# measures almost no change, the rate climbs (to 4e-3 for GRPO, 1e-2 for RAFT) and the
+# next informative batch undoes the learning (GRPO's batch reward 0.95 at step 85, 0.83 at
+# 120; training accuracy 0.88 at the end); at 10 times the start GRPO ends at 1.00.
+CEILING_RATIO = 10.0
+# ... and its target, the KL per response token of one update, in nats:
+# below rsl_rl's 0.01 (a Gaussian action policy's), measured on ArithmeticWorld (GRPO, GPT-2
+# shape, the sweep's start, 100 steps): at the fixed 1e-4 that rule 2 of LR_SWEEP.md found
+# healthy an update moves the policy by a median 0.001 nats a token; at 3e-4, which loses
+# pass@1 there, by 0.005-0.025; at 1e-3 (a collapse) by 0.18. With a target of 0.01 the
+# default climbed into that range and collapsed GRPO (pass@1 0.33 -> 0.20); at 0.002 the rate
+# stays near the healthy 1e-4 there, and still climbs to 1e-3 on the sanity configuration.
+POLICY_TARGET = 0.002
+
+
+def policy_default(start: float) -> AdaptiveLR:
+    """The default learning rate of a reinforcement-learning policy on a language model.
+
+    ``AdaptiveLR(target=0.002, min_lr=1e-6, max_lr=10 * start)``: the rule of
+    :class:`AdaptiveLR` at a target and a ceiling measured on the project's worlds
+    (the comments beside ``POLICY_TARGET`` and ``CEILING_RATIO``); the policy
+    starts it at ``start``, the fixed rate its model's size calls for.
+
+    Parameters
+    ----------
+    start : float
+        The rate the controller starts at (> 0).
+
+    Returns
+    -------
+    controller : AdaptiveLR
+        Not started.
+
+    Examples
+    --------
+    >>> from prefopt.learning_rate import policy_default
+    >>> policy_default(1e-4).get_params()["max_lr"]
+    0.001
+    >>> policy_default(1e-4).start(1e-4).update(0.0005)  # below half the target: raised
+    0.00015000000000000001
+    """
+    _positive_finite("start", start)
+    return AdaptiveLR(target=POLICY_TARGET, min_lr=min(1e-6, start), max_lr=CEILING_RATIO * start)

@@ -24,7 +24,7 @@ from ..backend import default_learning_rate, distributed, make_generator, maybe_
 from ..backend.memory import checkpointable, enable_gradient_checkpointing
 from ..data import PreferenceData, check_prompt_table
 from ..kl import FixedKLController
-from ..learning_rate import AdaptiveLR
+from ..learning_rate import AdaptiveLR, policy_default
 from ..lm import GenerativeEstimator, RunState
 from ..lm import checkpoint as ckpt
 from ..lm._run import one_fit_at_a_time
@@ -51,24 +51,6 @@ logger = logging.getLogger("prefopt")
 
 # Classes already told which common parameters their __init__ leaves out.
 _TOLD: set = set()
-
-
-# The default adaptive rate's ceiling, over its start (the fixed rate the model's size calls
-# for): rl_games' bound (1e-2) is 10-30 times the fixed rates of its tasks (3e-4 to 1e-3).
-# Measured on the sanity configuration of ArithmeticWorld (docs/guide/verifiable.rst):
-# with rl_games' 1e-2, a policy whose groups all succeed measures almost no change, the
-# rate climbs (to 4e-3 for GRPO, 1e-2 for RAFT) and the next informative batch undoes the
-# learning (GRPO's batch reward 0.95 at step 85, 0.83 at 120; training accuracy 0.88 at the
-# end); at 10 times the start GRPO ends at 1.00.
-MAX_RATE_RATIO = 10.0
-# The default adaptive rate's target, the KL per response token of one update, in nats:
-# below rsl_rl's 0.01 (a Gaussian action policy's), measured on ArithmeticWorld (GRPO, GPT-2
-# shape, the sweep's start, 100 steps): at the fixed 1e-4 that rule 2 of LR_SWEEP.md found
-# healthy an update moves the policy by a median 0.001 nats a token; at 3e-4, which loses
-# pass@1 there, by 0.005-0.025; at 1e-3 (a collapse) by 0.18. With a target of 0.01 the
-# default climbed into that range and collapsed GRPO (pass@1 0.33 -> 0.20); at 0.002 the rate
-# stays near the healthy 1e-4 there, and still climbs to 1e-3 on the sanity configuration.
-TARGET_KL = 0.002
 
 
 class BasePolicy(Algorithm, GenerativeEstimator):
@@ -407,13 +389,8 @@ class BasePolicy(Algorithm, GenerativeEstimator):
         rate = self.learning_rate
         start = default_learning_rate(self.model_, large=3e-6, tiny=self.tiny_model_learning_rate)
         if rate is None and not getattr(self.model_, "is_log_linear", False):
-            # The default on a language model: a rate that adapts to each update's policy
-            # change (rl_games' and rsl_rl's rule), from the fixed rate the model's size
-            # calls for, and at most MAX_RATE_RATIO times it. No fixed rate suits every
-            # task: one that learns a verifiable task collapses ArithmeticWorld (issue 35).
-            rate = AdaptiveLR(
-                target=TARGET_KL, min_lr=min(1e-6, start), max_lr=MAX_RATE_RATIO * start
-            )
+            # The default on a language model (issue 35): no fixed rate suits every task.
+            rate = policy_default(start)
         if not isinstance(rate, AdaptiveLR):
             return (float(rate) if rate is not None else start), None
         # The fit's own copy; with no starting rate of its own it starts at the rate the

@@ -115,10 +115,8 @@ COMMON_PARAMETERS: dict[str, Parameter] = {
         0.002: rl_games' and rsl_rl's rule; Schulman et al. 2017 adapt PPO's
         KL penalty so), within [1e-6, 10 times its start]: {tiny_learning_rate}
         under 10M parameters (``tiny_model_learning_rate``), else 3e-6 (Huang
-        et al.). On the exact worlds' log-linear policies it is a fixed 0.1. A
-        number is a fixed rate (``lr_schedule`` applies); an ``AdaptiveLR``
-        adapts with its own target and bounds, from its ``learning_rate`` or
-        where the default starts.""",
+        et al.); log-linear policies (exact worlds): a fixed 0.1. A number is a
+        fixed rate (``lr_schedule`` applies); an ``AdaptiveLR`` its own rule.""",
     ),
     "optimizer": Parameter(
         "adam",
