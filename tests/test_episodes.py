@@ -287,3 +287,22 @@ def test_resampled_groups_keep_their_transcripts_mask():
     assert batch.attention_mask.shape == batch.response_mask.shape
     assert (batch.attention_mask >= batch.response_mask).all()
     assert batch.response_mask[:, 2:4].sum() == 0  # the environment's "the plot", every row
+
+
+def test_a_resumed_run_with_an_environment_ends_as_the_uninterrupted_one(tmp_path):
+    def fit(n_steps, folder):
+        policy = RLOOPolicy(model=tiny_lm(0), environment=TwoTurns, k=2, batch_size=4,
+                            max_new_tokens=8, n_steps=n_steps, checkpoint_dir=folder,
+                            checkpoint_every=1, on_unhealthy="ignore", learning_rate=1e-3,
+                            lr_schedule="constant", random_state=0)  # fmt: skip
+        return policy.fit(PROMPTS, words)
+
+    whole = fit(3, tmp_path / "whole")
+    fit(2, tmp_path / "split")
+    resumed = fit(3, tmp_path / "split")  # the same folder: steps 1-2 from the checkpoint
+    assert max(r["episode/turns"] for r in whole.history_) > 1  # some episodes took 2 turns
+    assert [r["objective/reward"] for r in resumed.history_] == [
+        r["objective/reward"] for r in whole.history_
+    ]
+    assert all(torch.equal(a, b) for a, b in zip(whole.model_.parameters(),
+                                                 resumed.model_.parameters()))  # fmt: skip
