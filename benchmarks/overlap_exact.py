@@ -13,6 +13,7 @@ synchronous run with its 95% t-interval over the seeds, and the largest
 
     python benchmarks/overlap_exact.py                          # both worlds, 5 seeds
     python benchmarks/overlap_exact.py --worlds preference --seeds 3 --algorithms rloo
+    python benchmarks/overlap_exact.py --worlds tiny_lm --n-steps 30   # a shorter budget
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ MODES = {
 }
 
 
-def fit_one(world_name: str, algorithm: str, seed: int, mode: str) -> dict:
+def fit_one(world_name: str, algorithm: str, seed: int, mode: str, n_steps=None) -> dict:
     """One fit; its objective share and the largest overlap columns of its history."""
     import prefopt
     from prefopt.worlds import PreferenceWorld, TinyLMWorld
@@ -45,6 +46,8 @@ def fit_one(world_name: str, algorithm: str, seed: int, mode: str) -> dict:
     else:
         world = TinyLMWorld(random_state=0)
         reward, extra = world.reward, {"learning_rate": 1e-3}  # the README's rate there
+    if n_steps is not None:  # fewer than the default 100: a matched, shorter budget
+        extra["n_steps"] = n_steps
     policy = cls[algorithm](
         model=world.policy_model(), beta=beta, random_state=seed, **extra, **MODES[mode]
     )
@@ -78,6 +81,7 @@ def main(argv=None) -> None:
     parser.add_argument("--worlds", default="preference,tiny_lm")
     parser.add_argument("--algorithms", default="rloo,grpo,ppo")
     parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--n-steps", type=int, help="steps a fit (default: the policy's, 100)")
     parser.add_argument("--out", help="write every run as JSON lines here")
     args = parser.parse_args(argv)
     runs = []
@@ -85,7 +89,7 @@ def main(argv=None) -> None:
         for algorithm in args.algorithms.split(","):
             for seed in range(args.seeds):
                 for mode in MODES:
-                    run = fit_one(world, algorithm, seed, mode)
+                    run = fit_one(world, algorithm, seed, mode, args.n_steps)
                     runs.append(run)
                     print(json.dumps(run), flush=True)
                     if args.out:
