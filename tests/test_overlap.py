@@ -15,6 +15,7 @@ import torch
 import prefopt
 from prefopt import PPOPolicy, RLOOPolicy
 from prefopt.backend._sampler_process import SamplerProcessError
+from prefopt.exceptions import RunHealthError
 from prefopt.lm._identity import defining_params
 from prefopt.policies.loop._batch import Minibatch, RolloutBatch
 from prefopt.policies.loop._overlap import importance_ratio, off_policy_weights
@@ -181,3 +182,15 @@ def test_a_bad_staleness_is_refused_before_training(world):
         RLOOPolicy(model=world.policy_model(), max_staleness=-1).fit(
             world.prompts, world.true_quality
         )
+
+
+def test_runaway_importance_weights_are_detected_far_off_policy(world):
+    # Four updates stale at learning rate 2: measured truncated shares 0, 0.234, 0.234,
+    # 0.328, 0.328, smoothed 0.226 at step 5 against the threshold 0.2. The default runs of
+    # benchmarks/overlap_exact.py (staleness 1) never truncated a token on this world.
+    policy = RLOOPolicy(
+        model=world.policy_model(), beta=0.1, n_steps=6, learning_rate=2.0, max_staleness=4,
+        random_state=0, on_unhealthy="raise",
+    )  # fmt: skip
+    with pytest.raises(RunHealthError, match="runaway_importance_weights.* at step 5"):
+        policy.fit(world.prompts, world.true_quality)
