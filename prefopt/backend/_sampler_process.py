@@ -19,13 +19,16 @@ request that fails, raises :class:`SamplerProcessError` in the parent within
 from __future__ import annotations
 
 import copy
+import pickle
 import time
 import traceback
 
+import numpy as np
 import torch
 import torch.multiprocessing as mp
 
 from .._config import get_config, set_config
+from .generation import EncodedPrompts
 from .samplers import NativeSampler, Samples
 
 __all__ = ["SamplerProcess", "SamplerProcessError"]
@@ -41,10 +44,31 @@ class SamplerProcessError(RuntimeError):
     """
 
 
-def _serve(model, buffers, requests, replies, threads, config, generator_device):
+def _layout(state: dict) -> tuple[list, dict]:
+    """Where each tensor of a ``state_dict`` sits in one flat buffer per dtype."""
+    layout, sizes = [], {}
+    for name, tensor in state.items():
+        dtype = tensor.dtype
+        layout.append((name, dtype, sizes.get(dtype, 0), tuple(tensor.shape)))
+        sizes[dtype] = sizes.get(dtype, 0) + tensor.numel()
+    return layout, sizes
+
+
+def _views(flat: dict, layout: list) -> dict:
+    """The ``state_dict`` a slot's flat buffers hold, as views into them."""
+    out = {}
+    for name, dtype, offset, shape in layout:
+        n = int(np.prod(shape, dtype=np.int64)) if shape else 1
+        out[name] = flat[dtype][offset : offset + n].view(shape)
+    return out
+
+
+def _serve(payload, buffers, layout, requests, replies, threads, config, generator_device):
     """The child's loop: load the named weights, sample, reply; ``None`` ends it."""
     torch.set_num_threads(threads)
     set_config(**config)
+    model = pickle.loads(payload)  # by value: its own copy, non-persistent buffers too
+    slots = [_views(flat, layout) for flat in buffers]
     sampler = NativeSampler()
     generator = torch.Generator(device=generator_device)
     while True:
@@ -54,14 +78,17 @@ def _serve(model, buffers, requests, replies, threads, config, generator_device)
         number = request["number"]
         try:
             start = time.perf_counter()
-            model.load_state_dict(buffers[request["slot"]])
+            model.load_state_dict(slots[request["slot"]])
             if request["generator_state"] is not None:
-                generator.set_state(request["generator_state"])
+                generator.set_state(torch.from_numpy(request["generator_state"]))
             elif request.get("seed") is not None:
                 generator.manual_seed(request["seed"])
+            ids, mask, index = (
+                None if a is None else torch.from_numpy(a) for a in request["tensors"]
+            )
             with torch.inference_mode():
-                out = sampler.sample(model, request["prompts"], generator=generator,
-                                     **request["options"])  # fmt: skip
+                out = sampler.sample(model, EncodedPrompts(ids, mask), generator=generator,
+                                     prompt_index=index, **request["options"])  # fmt: skip
             tensors = (out.response_ids, out.response_mask, out.ended, out.logprobs)
             # By value (numpy), not through shared memory: a reply must not need this
             # process alive to be read.
@@ -120,14 +147,19 @@ class SamplerProcess:
                  generator_device: str = "cpu"):  # fmt: skip
         self.poll = float(poll)
         self.n_buffers = int(n_buffers)
-        state = model.state_dict()
+        # The weights travel in one flat shared buffer per dtype and slot (a handful of file
+        # descriptors, where one a tensor would pass the forkserver's limit of 256).
+        self.layout, sizes = _layout(model.state_dict())
         self.buffers = [
-            {name: t.detach().to("cpu").clone().share_memory_() for name, t in state.items()}
+            {dtype: torch.zeros(n, dtype=dtype).share_memory_() for dtype, n in sizes.items()}
             for _ in range(self.n_buffers)
         ]
+        self.views = [_views(flat, self.layout) for flat in self.buffers]
         shadow = copy.deepcopy(model).eval()
         for p in shadow.parameters():
             p.requires_grad_(False)
+        payload = pickle.dumps(shadow.cpu())  # by value, once: the child's own copy
+        del shadow
         context = _context(model)
         self.requests = context.Queue()
         # Replies through a one-way pipe whose writing end only the child holds: when it
@@ -137,8 +169,9 @@ class SamplerProcess:
         self.process = context.Process(
             target=_serve,
             args=(
-                shadow,
+                payload,
                 self.buffers,
+                self.layout,
                 self.requests,
                 writer,
                 threads,
@@ -167,10 +200,11 @@ class SamplerProcess:
         self.slots[number] = slot
         with torch.no_grad():
             for name, tensor in model.state_dict().items():
-                self.buffers[slot][name].copy_(tensor)
+                self.views[slot][name].copy_(tensor)
         return slot
 
-    def submit(self, model, prompts, *, generator_state=None, seed=None, **options) -> int:
+    def submit(self, model, prompts, *, generator_state=None, seed=None, prompt_index=None,
+               **options) -> int:  # fmt: skip
         """Queue one sampling request with ``model``'s current weights; returns its number.
 
         The weights are copied into a free buffer of the ring now, so the caller
@@ -183,13 +217,16 @@ class SamplerProcess:
         number = self.submitted
         self.submitted += 1
         slot = self._push(model, number)
-        options = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in options.items()}
-        self.requests.put(
+        tensors = (prompts.input_ids, prompts.attention_mask, prompt_index)
+        state = None if generator_state is None else generator_state.cpu().numpy().copy()
+        self.requests.put(  # by value (numpy): no descriptors to pass, nothing to keep alive
             {
                 "number": number,
                 "slot": slot,
-                "prompts": type(prompts)(prompts.input_ids.cpu(), prompts.attention_mask.cpu()),
-                "generator_state": generator_state,
+                "tensors": tuple(
+                    None if t is None else torch.as_tensor(t).cpu().numpy().copy() for t in tensors
+                ),
+                "generator_state": state,
                 "seed": seed,
                 "options": options,
             }
