@@ -14,7 +14,8 @@ import torch
 
 import prefopt
 from prefopt import PPOPolicy, RLOOPolicy
-from prefopt.backend._sampler_process import SamplerProcessError
+from prefopt.backend import EncodedPrompts
+from prefopt.backend._sampler_process import SamplerProcess, SamplerProcessError
 from prefopt.exceptions import RunHealthError
 from prefopt.lm._identity import defining_params
 from prefopt.policies.loop._batch import Minibatch, RolloutBatch
@@ -194,3 +195,18 @@ def test_runaway_importance_weights_are_detected_far_off_policy(world):
     )  # fmt: skip
     with pytest.raises(RunHealthError, match="runaway_importance_weights.* at step 5"):
         policy.fit(world.prompts, world.true_quality)
+
+
+def test_a_model_of_many_tensors_reaches_the_sampler_process(world):
+    # 300 tensors more than the policy's: one descriptor a tensor passed the forkserver's
+    # limit (256); the weights travel in one flat buffer per dtype and slot.
+    model = world.policy_model()
+    model.extra = torch.nn.ParameterList(torch.nn.Parameter(torch.zeros(2)) for _ in range(300))
+    prompts = EncodedPrompts(torch.zeros(4, 1, dtype=torch.long), torch.ones(4, 1))
+    options = dict(max_new_tokens=1, temperature=1.0, pad_token_id=0)
+    with SamplerProcess(model, n_buffers=2) as process:
+        samples, _, _ = process.receive(process.submit(model, prompts, seed=0, **options))
+        number = process.submit(model, prompts, seed=0, **options)  # the other slot
+        again, _, _ = process.receive(number)
+    assert samples.response_ids.shape == (4, 1)
+    assert torch.equal(samples.response_ids, again.response_ids)  # same seed, same policy
