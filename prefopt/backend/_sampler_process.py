@@ -1,19 +1,19 @@
 """The native sampler in its own process: sampling runs while the training process updates.
 
-A :class:`SamplerProcess` starts one process (``torch.multiprocessing``, spawn:
-a fork would copy a process whose threads hold locks) that holds a private copy
-of the policy and answers sampling requests in order. The weights travel
-through shared memory: the parent writes a whole ``state_dict`` into one of a
-ring of shared buffers (:meth:`SamplerProcess.push`, a copy per tensor, no
-pickling) and names the buffer in its request; the child loads it before it
-samples. With ``n_buffers`` = (requests in flight) + 1 the parent never writes
-a buffer the child may still read, so no lock is needed.
+A :class:`SamplerProcess` starts one process (``torch.multiprocessing``, from a
+forkserver where there is one, else spawned; never a plain fork of a process whose
+threads hold locks) that holds its own copy of the policy, sent once by value, and
+answers sampling requests in order. The weights travel through shared memory: the
+parent copies its ``state_dict`` into a free slot of a ring of flat shared buffers
+(one a dtype, so a few file descriptors) and names the slot in its request; the
+child loads it before it samples. A slot is held until its request is answered, so
+the parent never writes one the child may still read, and no lock is needed.
 
 A request may carry a generator state (the child samples from it and returns
 the state after: the caller's random stream, as if it had sampled itself) or
-none (the child's own stream, seeded when it starts). A child that dies, or a
-request that fails, raises :class:`SamplerProcessError` in the parent within
-``poll`` seconds of it, never a hang.
+a seed (the child's own stream); requests and replies travel by value. A child
+that dies, even mid-reply, or a request that fails in it raises
+:class:`SamplerProcessError` in the parent within ``poll`` seconds, never a hang.
 """
 
 from __future__ import annotations
@@ -136,11 +136,6 @@ class SamplerProcess:
         Seconds between the parent's checks that the child is alive while it waits.
     generator_device : str, default="cpu"
         The device of the child's random generator (the run's generator's).
-
-    Examples
-    --------
-    >>> SamplerProcess.receive.__doc__.split(chr(10))[0]
-    'Wait for request ``number``: ``(Samples, generator state after, seconds)``.'
     """
 
     def __init__(self, model, *, n_buffers: int = 2, threads=None, poll: float = 0.5,

@@ -47,6 +47,7 @@ import torch
 from ..._config import get_config
 from ...backend import distributed
 from ...backend._sampler_process import SamplerProcess
+from ...backend.samplers import Samples
 from ...lm._health import Detector, smoothed
 
 # The largest seed of the sampler's own stream (torch seeds are 64-bit; numpy's draws 63).
@@ -179,8 +180,6 @@ class OverlapPipeline:
 
     def _samples_of(self, entry):
         """The samples of a queued batch (waiting for them), as backend Samples."""
-        from ...backend.samplers import Samples
-
         if entry["samples"] is None:
             samples, self.last_state, self.seconds = self.process.receive(entry["number"])
             return samples
