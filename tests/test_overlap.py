@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import prefopt
-from prefopt import PPOPolicy, RLOOPolicy
+from prefopt import GRPOPolicy, PPOPolicy, RLOOPolicy
 from prefopt.backend import EncodedPrompts
 from prefopt.backend._sampler_process import SamplerProcess, SamplerProcessError
 from prefopt.exceptions import RunHealthError
@@ -210,3 +210,18 @@ def test_a_model_of_many_tensors_reaches_the_sampler_process(world):
         again, _, _ = process.receive(number)
     assert samples.response_ids.shape == (4, 1)
     assert torch.equal(samples.response_ids, again.response_ids)  # same seed, same policy
+
+
+def test_resampled_groups_are_drawn_from_the_current_weights(world):
+    # DAPO's dynamic sampling replaces tied groups with new prompts: those rows are not the
+    # queued batch's, so the sampler process draws them at once with the current weights.
+    policy = GRPOPolicy(
+        model=world.policy_model(), beta=0.1, k=4, batch_size=32, n_steps=3, max_staleness=1,
+        dynamic_sampling=True, learning_rate=0.5, random_state=0,
+    )  # fmt: skip
+    policy.fit(world.prompts, world.true_quality)
+    rows = policy.history_
+    assert sum(r["sampling/extra_generations"] for r in rows) > 0
+    assert [r["overlap/staleness"] for r in rows] == [0.0, 1.0, 1.0]  # the queued batch's
+    assert rows[1]["overlap/kl"] > 0  # the merged batch kept the sampler's log-probs
+    assert policy._loop.overlap.pending and policy._loop.overlap.process.process is None

@@ -121,6 +121,12 @@ def _take(rounds, picks, k: int, pad_id: int) -> tuple[RolloutBatch, dict]:
         attention_mask=None  # episodes: their transcripts' tokens
         if first.attention_mask is None
         else cat(lambda b, r: right(b.attention_mask, r)),
+        # overlapped rollouts: every round carries its sampler's log-probs; the batch is as
+        # stale as its stalest rows
+        behaviour_logprobs=None
+        if first.behaviour_logprobs is None
+        else cat(lambda b, r: right(b.behaviour_logprobs, r)),
+        staleness=max(b.staleness for b, _, _ in pieces),
     )
     names = list(rounds[0][1])
     out_parts = {n: np.concatenate([p[n] for _, _, p in pieces]) for n in names}
