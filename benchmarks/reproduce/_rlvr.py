@@ -232,8 +232,10 @@ def run_fits(tasks: list[dict], prompts, measure, jobs: int, deadline=None) -> l
 
     A task is a dict with ``estimator``, ``reward`` (a callable, ``"random"``, or a
     list of these), ``seed`` and any labels (``phase``, ``arm``, ``reward_name``),
-    which its row keeps; ``measure(policy) -> dict`` adds the measurements. Tasks
-    start in the order given (the gate's tuning fits first). ``deadline`` (a
+    which its row keeps; ``measure(policy) -> dict`` adds the measurements. The
+    gate's tuning fits start first, then the controls, then the evaluation fits (a
+    stable order within each), so that a run cut short by ``deadline`` loses the
+    evaluation seeds last of all but the gate and the controls' gains. ``deadline`` (a
     ``time.perf_counter()`` value, or None) stops waiting then: a task not finished
     by it gets a row with ``finished=False`` and its labels only, and its worker is
     stopped, so that a run on a machine lent for a fixed time still writes what it
@@ -246,20 +248,23 @@ def run_fits(tasks: list[dict], prompts, measure, jobs: int, deadline=None) -> l
     def labels(task):
         return {k: v for k, v in task.items() if k not in ("estimator", "reward")}
 
+    rank = {"tuning": 0, "control": 1}
+    order = sorted(range(len(tasks)), key=lambda i: rank.get(tasks[i].get("phase"), 2))
     if jobs == 1:
-        rows = []
-        for task in tasks:
+        rows = [None] * len(tasks)
+        for i in order:
             late = deadline is not None and time.perf_counter() > deadline
-            rows.append(
-                {**labels(task), "finished": False}
+            rows[i] = (
+                {**labels(tasks[i]), "finished": False}
                 if late
-                else {**_fit_one(task, prompts, measure), "finished": True}
+                else {**_fit_one(tasks[i], prompts, measure), "finished": True}
             )
         return rows
     from joblib.externals.loky import get_reusable_executor
 
     executor = get_reusable_executor(max_workers=jobs)
-    futures = [executor.submit(_fit_one, task, prompts, measure) for task in tasks]
+    submitted = {i: executor.submit(_fit_one, tasks[i], prompts, measure) for i in order}
+    futures = [submitted[i] for i in range(len(tasks))]
     timeout = None if deadline is None else max(0.0, deadline - time.perf_counter())
     done, pending = cf.wait(futures, timeout=timeout)
     rows = [
