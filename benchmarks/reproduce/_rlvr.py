@@ -135,6 +135,11 @@ GRPO_SETTINGS = dict(
     micro_batch_size=None,  # the whole minibatch in one pass
     max_staleness=None,  # synchronous rollouts
     off_policy_cap=2.0,  # inert while synchronous
+    environment=None,  # single-turn: the response is scored as sampled
+    tools=None,
+    max_turns=4,  # inert without an environment or tools
+    tool_timeout=10.0,
+    max_episode_tokens=None,
     temperature=TEMPERATURE,
     max_new_tokens=20,  # the longest worked answer + EOS
     # A response cut at max_new_tokens scores what the correctness reward gives it, 0
