@@ -445,12 +445,12 @@ def test_the_sanity_start_solves_between_20_and_80_percent(sanity):
     [  # final training accuracy measured at SANITY_STEPS, seed 0 (the threshold is 0.95)
         ("GRPOPolicy", 1.000),
         ("RLOOPolicy", 0.988),
-        ("PPOPolicy", None),
+        ("PPOPolicy", 0.975),
         ("ReinforcePolicy", 1.000),
         ("ReinforcePlusPlusPolicy", 0.975),
         pytest.param(
             "RAFTPolicy",
-            None,
+            0.900,
             marks=pytest.mark.xfail(
                 strict=True,
                 reason="RAFT at its defaults (from 3e-5) stays below 0.95 on the sanity "
