@@ -189,6 +189,16 @@ class CalculatorWorld:
     def final_answer(completion: str) -> str:
         """What follows the last tool result, or the whole completion (stripped).
 
+        Parameters
+        ----------
+        completion : str
+            One episode's transcript.
+
+        Returns
+        -------
+        answer : str
+            The text after the last ``</tool_response>``, stripped.
+
         Examples
         --------
         >>> CalculatorWorld.final_answer("<tool_response>408</tool_response> 408")
@@ -227,6 +237,15 @@ class CalculatorWorld:
     @staticmethod
     def calls_tool(completions) -> np.ndarray:
         """Whether each transcript called the tool (its result is in it).
+
+        Parameters
+        ----------
+        completions : list of str
+            The episodes' transcripts.
+
+        Returns
+        -------
+        called : ndarray of bool, shape (n,)
 
         Examples
         --------
