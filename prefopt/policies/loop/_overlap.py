@@ -48,6 +48,7 @@ from ..._config import get_config
 from ...backend import distributed
 from ...backend._sampler_process import SamplerProcess
 from ...backend.samplers import Samples
+from ...backend.vllm_engine import truncated_importance_weights
 from ...lm._health import Detector, smoothed
 
 # The largest seed of the sampler's own stream (torch seeds are 64-bit; numpy's draws 63).
@@ -232,33 +233,15 @@ def overlapped(view, run, *, prompt_tokens, state=None) -> OverlapPipeline | Non
 
 # ----- the correction -----------------------------------------------------------------
 def importance_ratio(current, behaviour, mask, cap) -> torch.Tensor:
-    """``min(exp(current - behaviour), cap)`` per token, 1 outside ``mask``; ``cap=inf``: none.
+    """:func:`~prefopt.backend.vllm_engine.truncated_importance_weights`, 1 outside ``mask``.
 
-    Parameters
-    ----------
-    current, behaviour : torch.Tensor of shape (n, length)
-        Log-probs of the sampled tokens under the proximal (current) and the
-        behaviour (sampling) policy.
-    mask : torch.Tensor of shape (n, length)
-    cap : float
-
-    Returns
-    -------
-    weights : torch.Tensor of shape (n, length)
-
-    Examples
-    --------
-    >>> import math, torch
-    >>> w = importance_ratio(torch.tensor([[math.log(0.8), math.log(0.3)]]),
-    ...                      torch.tensor([[math.log(0.5), math.log(0.6)]]),
-    ...                      torch.tensor([[1, 1]]), cap=1.5)
-    >>> [round(v, 4) for v in w[0].tolist()]
-    [1.5, 0.5]
+    ``current`` and ``behaviour`` are the sampled tokens' log-probs under the
+    proximal (current) and the behaviour (sampling) policy, ``cap`` the truncation
+    (``inf``: none). Outside ``mask`` the weight is 1, so it leaves the other
+    factors of a token's loss as they are.
     """
-    ratio = torch.exp(current.detach().float() - behaviour.detach().float())
-    if math.isfinite(cap):
-        ratio = ratio.clamp(max=cap)
-    return torch.where(mask.bool(), ratio, torch.ones_like(ratio))
+    weights = truncated_importance_weights(current, behaviour, cap=cap)
+    return torch.where(mask.bool(), weights, torch.ones_like(weights))
 
 
 def off_policy_weights(minibatch, cap, weights=None):

@@ -10,7 +10,7 @@ from sklearn.utils import check_random_state
 
 from .._tiny_model import tiny_config
 from .._tokenizer import EOS
-from ._text import character_tokenizer, check_completions
+from ._text import character_tokenizer, check_completions, check_split
 from ._text import solve as solve_problem
 
 __all__ = ["CalculatorWorld", "calculator"]
@@ -121,14 +121,7 @@ class CalculatorWorld:
             raise ValueError(f"n_digits must be 2 or 3; got {n_digits!r}.")
         low, high = 10 ** (n_digits - 1), 10**n_digits
         n_problems = (high - low) ** 2
-        for name, value in (("n_eval", n_eval), ("n_demonstrations", n_demonstrations)):
-            if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
-                raise ValueError(f"{name} must be a positive integer; got {value!r}.")
-        if n_eval + n_demonstrations > n_problems:
-            raise ValueError(
-                f"n_eval + n_demonstrations = {n_eval + n_demonstrations} is more than the "
-                f"{n_problems} problems of n_digits={n_digits}; lower them."
-            )
+        check_split(n_eval, n_demonstrations, n_problems, f"n_digits={n_digits}")
         if not 0.0 <= float(tool_share) <= 1.0:
             raise ValueError(f"tool_share must be in [0, 1]; got {tool_share!r}.")
         self.n_digits, self.n_eval, self.n_demonstrations = n_digits, n_eval, n_demonstrations

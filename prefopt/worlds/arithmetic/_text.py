@@ -98,3 +98,28 @@ def character_tokenizer(scratchpad: bool = False):
     )
     backend.decoder = decoders.Fuse()
     return tok
+
+
+def check_split(n_eval, n_demonstrations, n_problems: int, source: str) -> None:
+    """Refuse split sizes that are not positive integers or need more problems than exist.
+
+    ``source`` names what sets ``n_problems`` in the message (for example
+    ``"n_digits=2"``), so the user knows which setting to raise.
+
+    Examples
+    --------
+    >>> check_split(10, 20, 100, "n_digits=1")
+    >>> check_split(90, 20, 100, "n_digits=1")
+    Traceback (most recent call last):
+    ...
+    ValueError: n_eval=90 and n_demonstrations=20 need 110 distinct problems, ...
+    """
+    for name, value in (("n_eval", n_eval), ("n_demonstrations", n_demonstrations)):
+        if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
+            raise ValueError(f"{name} must be a positive integer; got {value!r}.")
+    if n_eval + n_demonstrations > n_problems:
+        raise ValueError(
+            f"n_eval={n_eval} and n_demonstrations={n_demonstrations} need "
+            f"{n_eval + n_demonstrations} distinct problems, but {source} gives only "
+            f"{n_problems}; lower them."
+        )

@@ -16,6 +16,7 @@ from ._text import (
     canonical,
     character_tokenizer,
     check_completions,
+    check_split,
     final_answer,
 )
 from ._text import scratchpad as scratchpad_text
@@ -201,15 +202,10 @@ class ArithmeticWorld:
                 f"(such as '+-'); got {operations!r}."
             )
         n_problems = len(operations) * 10 ** (2 * n_digits)
-        for name, value in (("n_eval", n_eval), ("n_demonstrations", n_demonstrations)):
-            if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
-                raise ValueError(f"{name} must be a positive integer; got {value!r}.")
-        if n_eval + n_demonstrations > n_problems:
-            raise ValueError(
-                f"n_eval={n_eval} and n_demonstrations={n_demonstrations} need "
-                f"{n_eval + n_demonstrations} distinct problems, but n_digits={n_digits} and "
-                f"operations={operations!r} give only {n_problems}; lower them or raise n_digits."
-            )
+        check_split(
+            n_eval, n_demonstrations, n_problems,
+            f"n_digits={n_digits} with operations={operations!r} (raise n_digits)",
+        )  # fmt: skip
         if not isinstance(scratchpad, bool):
             raise TypeError(f"scratchpad must be True or False; got {scratchpad!r}.")
         if scratchpad and operations != "+":
