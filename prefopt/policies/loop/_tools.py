@@ -11,10 +11,12 @@ out of a fit.
 
 from __future__ import annotations
 
+import enum
 import inspect
 import json
 import re
 import threading
+import typing
 from dataclasses import dataclass
 
 from transformers.utils import get_json_schema
@@ -25,6 +27,21 @@ from transformers.utils import get_json_schema
 _TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 # A text-format tool result (no chat template): what follows the policy's turn.
 TOOL_RESPONSE = "<tool_response>{}</tool_response>"
+
+
+_BASIC = (int, float, str, bool, list, tuple, dict, type(None), typing.Any)
+
+
+def _basic_hint(hint) -> bool:
+    """Whether a type hint is one a JSON schema describes: basic types, Enum, Literal,
+    and list, tuple, dict and unions of those (what transformers' ``get_json_schema``
+    documents; some of its versions map any other class to ``"object"`` silently)."""
+    origin = typing.get_origin(hint)
+    if origin is None:
+        return hint in _BASIC or (isinstance(hint, type) and issubclass(hint, enum.Enum))
+    if origin is typing.Literal:
+        return True
+    return all(_basic_hint(arg) for arg in typing.get_args(hint) if arg is not Ellipsis)
 
 
 def check_tools(tools, who: str) -> dict:
@@ -67,6 +84,11 @@ def check_tools(tools, who: str) -> dict:
             )
         name = getattr(tool, "__name__", type(tool).__name__)
         try:
+            hints = typing.get_type_hints(tool)
+            hints.pop("return", None)
+            odd = [arg for arg, hint in hints.items() if not _basic_hint(hint)]
+            if odd:
+                raise TypeError(f"the type hint of {', '.join(odd)} is not a basic type")
             schema = get_json_schema(tool)
         except Exception as error:  # noqa: BLE001 - transformers' own parsing exceptions
             raise ValueError(
