@@ -17,7 +17,7 @@ from prefopt import (
 )
 from prefopt.backend import distributed, samplers, vllm_engine
 from prefopt.policies import BasePolicy, make_init
-from prefopt.policies.loop import _rollout, _update
+from prefopt.policies.loop import _update, _view
 
 PROMPTS = ["the movie was", "the plot was", "the movie", "the plot"]
 
@@ -238,7 +238,7 @@ def test_an_engine_rollout_runs_one_forward_pass_of_the_policy(monkeypatch, cls,
     # PPO recomputes its old log-probs (a ratio policy), RLOO reads the sampling pass's:
     # under an engine the sampler's own pass of the policy serves both, one pass a rollout.
     calls = []
-    for module in (_rollout, samplers):
+    for module in (_view, samplers):
         counted = module.response_logprobs
 
         def counting(model, *args, counted=counted, **kwargs):
@@ -247,8 +247,10 @@ def test_an_engine_rollout_runs_one_forward_pass_of_the_policy(monkeypatch, cls,
 
         monkeypatch.setattr(module, "response_logprobs", counting)
     monkeypatch.setattr(vllm_engine, "_sample", fake_engine)
+    # A fixed rate: the adaptive default's measuring pass after the update (one more pass
+    # of the policy, counted by test_forward_counts) is not the rollout's.
     policy = cls(model=tiny_lm(), batch_size=8, max_new_tokens=5, n_steps=1, random_state=0,
-                 vllm_importance_sampling_cap=2.0, **extra)  # fmt: skip
+                 learning_rate=1e-3, vllm_importance_sampling_cap=2.0, **extra)  # fmt: skip
     with prefopt.config_context(generation="vllm"):
         policy.fit(PROMPTS, reward)
     assert sum(model is policy.model_ for model in calls) == 1

@@ -14,7 +14,7 @@ import time
 import numpy as np
 import torch
 
-from ...backend import response_logprobs, sequence_values, uses_bf16
+from ...backend import sequence_values, uses_bf16
 from ...kl import kl_estimate
 from ...rewards import WeightedRewards, call_with_columns, check_rewards, check_token_rewards
 from ._batch import RolloutBatch, last_token_index
@@ -120,20 +120,7 @@ class Rollout:
             # sampling pass differs from a full pass too much. In micro-batches, when the
             # update takes them, so that this pass is no larger than the training passes.
             part = chunk if view.micro_batch_size is not None else len(rows)
-            old = torch.cat(
-                [
-                    response_logprobs(
-                        view.model,
-                        prompts[i : i + part],
-                        response_ids[i : i + part],
-                        attend[i : i + part],
-                        temperature=view.temperature,
-                        suppress_ids=view.suppress_ids,
-                        prompt_index=index[i : i + part],
-                    )
-                    for i in range(0, len(rows), part)
-                ]
-            )
+            old = view.logprobs(view.model, prompts, response_ids, attend, index, part)
             if seen is not None:
                 old = old.masked_fill(response_mask == 0, 0.0)
         else:
@@ -144,20 +131,7 @@ class Rollout:
             old = sampled.logprobs.masked_fill(response_mask == 0, 0.0)
         if view.needs_reference:
             with view.reference() as reference:
-                ref = torch.cat(
-                    [
-                        response_logprobs(
-                            reference,
-                            prompts[i : i + chunk],
-                            response_ids[i : i + chunk],
-                            attend[i : i + chunk],
-                            temperature=view.temperature,
-                            suppress_ids=view.suppress_ids,
-                            prompt_index=index[i : i + chunk],
-                        )
-                        for i in range(0, len(rows), chunk)
-                    ]
-                )
+                ref = view.logprobs(reference, prompts, response_ids, attend, index, chunk)
             if seen is not None:
                 ref = ref.masked_fill(response_mask == 0, 0.0)
         else:  # the KL weighs nothing (GRPO at beta = 0): no reference pass, a KL of 0

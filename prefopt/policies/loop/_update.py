@@ -359,22 +359,10 @@ def policy_change(view, batch: RolloutBatch) -> float:
     (the KL between the policies before and after an update that rsl_rl's and
     rl_games' adaptive schedules read). A change of ``NO_CHANGE`` (1e-9) or less is 0.
     """
-    chunk = view.pass_rows(len(batch))
-    with torch.no_grad():
-        after = torch.cat(
-            [
-                response_logprobs(
-                    view.model,
-                    batch.prompts[i : i + chunk],
-                    batch.response_ids[i : i + chunk],
-                    batch.seen_mask[i : i + chunk],
-                    temperature=view.temperature,
-                    suppress_ids=view.suppress_ids,
-                    prompt_index=batch.prompt_index[i : i + chunk],
-                )
-                for i in range(0, len(batch), chunk)
-            ]
-        )
+    after = view.logprobs(
+        view.model, batch.prompts, batch.response_ids, batch.seen_mask, batch.prompt_index,
+        view.pass_rows(len(batch)),
+    )  # fmt: skip
     if distributed.is_sharded(view.model):
         # FSDP2 leaves the root module's parameters gathered after a forward pass (it
         # expects the backward next); with none coming, put them back in their shards, or

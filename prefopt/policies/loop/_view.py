@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ...backend import response_logprobs
+
 
 @dataclass(frozen=True)
 class StepView:
@@ -87,6 +89,29 @@ class StepView:
         if self.micro_batch_size is not None:
             return self.micro_batch_size
         return max(1, n // self.n_minibatches)
+
+    def logprobs(self, model, prompts, response_ids, attend, prompt_index, rows: int):
+        """``model``'s log-probs of the responses, without gradients, ``rows`` rows a pass.
+
+        At the sampling temperature with the suppressed ids, as the rollout's and the
+        update's passes take them; in passes of ``rows`` rows (:meth:`pass_rows`) so that
+        the peak memory (logits over the vocabulary) is no more than a training pass's.
+        """
+        with torch.no_grad():
+            return torch.cat(
+                [
+                    response_logprobs(
+                        model,
+                        prompts[i : i + rows],
+                        response_ids[i : i + rows],
+                        attend[i : i + rows],
+                        temperature=self.temperature,
+                        suppress_ids=self.suppress_ids,
+                        prompt_index=prompt_index[i : i + rows],
+                    )
+                    for i in range(0, len(response_ids), rows)
+                ]
+            )
 
     @property
     def models(self) -> tuple:
