@@ -363,11 +363,6 @@ def policy_change(view, batch: RolloutBatch) -> float:
         view.model, batch.prompts, batch.response_ids, batch.seen_mask, batch.prompt_index,
         view.pass_rows(len(batch)),
     )  # fmt: skip
-    if distributed.is_sharded(view.model):
-        # FSDP2 leaves the root module's parameters gathered after a forward pass (it
-        # expects the backward next); with none coming, put them back in their shards, or
-        # the optimiser no longer finds its parameters in the model (a checkpoint fails).
-        view.model.reshard()
     mask = batch.response_mask
     if batch.attention_mask is not None:  # an episode: the policy's own tokens
         after = after.masked_fill(mask == 0, 0.0)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ...backend import response_logprobs
+from ...backend import distributed, response_logprobs
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,7 @@ class StepView:
         the peak memory (logits over the vocabulary) is no more than a training pass's.
         """
         with torch.no_grad():
-            return torch.cat(
+            out = torch.cat(
                 [
                     response_logprobs(
                         model,
@@ -112,6 +112,13 @@ class StepView:
                     for i in range(0, len(response_ids), rows)
                 ]
             )
+        if distributed.is_sharded(model):
+            # FSDP2 leaves a root module's parameters gathered after a forward pass (it
+            # expects the backward next); with none coming, put them back in their shards,
+            # or the optimiser no longer finds its parameters in the model (a checkpoint
+            # after the adaptive rate's measuring pass failed with KeyError 0).
+            model.reshard()
+        return out
 
     @property
     def models(self) -> tuple:
