@@ -318,6 +318,7 @@ def _all_scenarios(rank, out):
     resumed = RLOOPolicy(model=world.policy_model(), checkpoint_dir=folder, **kw)
     resumed.fit(world.prompts, world.reward)
     _save(out, "resumed", rank, {"weights": _weights(resumed.model_), "n_iter": resumed.n_iter_})
+    _overlapped(rank, out, world, kw, die)
     # FSDP (fully_shard on CPU with gloo) against DDP, same seed.
     fkw = dict(RL_KW, n_steps=2)
     ddp = RLOOPolicy(model=world.policy_model(), **fkw).fit(world.prompts, world.reward)
@@ -353,6 +354,35 @@ def _all_scenarios(rank, out):
     _save(out, "early", rank, {"history": early.history_})
     _fsdp_checkpoints_and_sharded_reference(rank, out, world, fsdp, fsdp_weights)
     _online_refits(rank, out)
+
+
+def _overlapped(rank, out, world, kw, die):
+    """Each rank overlaps its own sampling: staleness 0 is the synchronous run; 1 resumes."""
+    stale0 = RLOOPolicy(model=world.policy_model(), max_staleness=0, **kw)
+    stale0.fit(world.prompts, world.reward)
+    stale1 = RLOOPolicy(model=world.policy_model(), max_staleness=1, **kw)
+    stale1.fit(world.prompts, world.reward)
+    folder = str(out / "killed-overlapped")
+    try:
+        RLOOPolicy(model=world.policy_model(), max_staleness=1, checkpoint_dir=folder, **kw).fit(
+            world.prompts, world.reward, callback=die
+        )
+    except _Killed:
+        pass
+    resumed = RLOOPolicy(model=world.policy_model(), max_staleness=1, checkpoint_dir=folder, **kw)
+    resumed.fit(world.prompts, world.reward)
+    _save(
+        out,
+        "overlapped",
+        rank,
+        {
+            "stale0": _weights(stale0.model_),
+            "stale1": _weights(stale1.model_),
+            "stale1_history": stale1.history_,
+            "resumed": _weights(resumed.model_),
+            "resumed_n_iter": resumed.n_iter_,
+        },
+    )
 
 
 def _fsdp_stopped_and_resumed(cls, kw, world, folder):
@@ -562,6 +592,35 @@ def test_a_stopped_two_process_run_resumes_to_the_uninterrupted_result(runs):
     for rank in range(2):
         for name, value in whole[rank].items():
             torch.testing.assert_close(resumed[rank]["weights"][name], value, rtol=0, atol=0)
+
+
+@pytest.mark.slow  # one launch of 2 processes for all of these: about 60-90 s here
+def test_each_rank_overlaps_its_own_sampling_and_resumes_mid_pipeline(runs):
+    whole = _load(runs, "whole")  # the synchronous run, 4 steps
+    got = _load(runs, "overlapped")
+    for rank in range(2):
+        for name, value in whole[rank].items():  # staleness 0: the synchronous fit exactly
+            torch.testing.assert_close(got[rank]["stale0"][name], value, rtol=0, atol=0)
+        for name, value in got[rank]["stale1"].items():  # resumed mid-pipeline: the same run
+            torch.testing.assert_close(got[rank]["resumed"][name], value, rtol=0, atol=0)
+            # the ranks stay in step (DDP averages their gradients)
+            torch.testing.assert_close(got[1 - rank]["stale1"][name], value, rtol=0, atol=0)
+        assert got[rank]["resumed_n_iter"] == 4
+    # One step off-policy from the second step on, and the weights moved off the
+    # synchronous run's (the batches came from older weights).
+    history = got[0]["stale1_history"]
+    assert [row["overlap/staleness"] for row in history] == [0.0, 1.0, 1.0, 1.0]
+    assert all(np.isfinite(row["overlap/is_weight_mean"]) for row in history)
+    assert any(not torch.equal(got[0]["stale1"][name], value) for name, value in whole[0].items())
+
+
+def test_overlap_with_fsdp_is_refused_before_training(monkeypatch):
+    monkeypatch.setattr(distributed, "world_size", lambda: 2)  # as if under torchrun
+    monkeypatch.setattr(distributed, "sharded", lambda: True)
+    world = _world()
+    policy = RLOOPolicy(model=world.policy_model(), max_staleness=1, **RL_KW)
+    with pytest.raises(ValueError, match="distributed='ddp'.*max_staleness=None"):
+        policy.fit(world.prompts, world.reward)
 
 
 @pytest.mark.slow  # one launch of 2 processes for all of these: about 60-90 s here

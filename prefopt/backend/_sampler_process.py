@@ -63,11 +63,13 @@ def _views(flat: dict, layout: list) -> dict:
     return out
 
 
-def _serve(payload, buffers, layout, requests, replies, threads, config, generator_device):
+def _serve(payload, buffers, layout, requests, replies, threads, config, generator_device,
+           device):  # fmt: skip
     """The child's loop: load the named weights, sample, reply; ``None`` ends it."""
     torch.set_num_threads(threads)
     set_config(**config)
-    model = pickle.loads(payload)  # by value: its own copy, non-persistent buffers too
+    # By value: its own copy (non-persistent buffers too), on the training model's device.
+    model = pickle.loads(payload).to(device)
     slots = [_views(flat, layout) for flat in buffers]
     sampler = NativeSampler()
     generator = torch.Generator(device=generator_device)
@@ -84,7 +86,7 @@ def _serve(payload, buffers, layout, requests, replies, threads, config, generat
             elif request.get("seed") is not None:
                 generator.manual_seed(request["seed"])
             ids, mask, index = (
-                None if a is None else torch.from_numpy(a) for a in request["tensors"]
+                None if a is None else torch.from_numpy(a).to(device) for a in request["tensors"]
             )
             with torch.inference_mode():
                 out = sampler.sample(model, EncodedPrompts(ids, mask), generator=generator,
@@ -126,8 +128,9 @@ class SamplerProcess:
     Parameters
     ----------
     model : torch.nn.Module
-        The policy; a copy of it (its weights in shared memory) goes to the child,
-        which loads pushed weights into that copy before each request.
+        The policy; a copy of it goes to the child, on the policy's device (the
+        CPU or a CUDA device: both processes then share the GPU), which loads the
+        pushed weights (through the CPU's shared memory) before each request.
     n_buffers : int, default=2
         Weight buffers in the ring: at least the requests in flight plus one.
     threads : int, default=None
@@ -144,15 +147,21 @@ class SamplerProcess:
         self.n_buffers = int(n_buffers)
         # The weights travel in one flat shared buffer per dtype and slot (a handful of file
         # descriptors, where one a tensor would pass the forkserver's limit of 256).
+        # On a GPU the buffers stay in the CPU's shared memory: a push copies the weights
+        # device to host, the child's load host to device (CUDA tensors shared between
+        # processes would have to outlive every reader, and a ring of them the same).
+        self.device = next((p.device for p in model.parameters()), torch.device("cpu"))
         self.layout, sizes = _layout(model.state_dict())
         self.buffers = [
             {dtype: torch.zeros(n, dtype=dtype).share_memory_() for dtype, n in sizes.items()}
             for _ in range(self.n_buffers)
         ]
         self.views = [_views(flat, self.layout) for flat in self.buffers]
+        # The parameters keep requires_grad as the training process has them: the child
+        # samples under inference_mode anyway, and a frozen weight takes another CPU kernel
+        # path (one ulp apart in the log-probs), which would part staleness 0 from a
+        # synchronous fit.
         shadow = copy.deepcopy(model).eval()
-        for p in shadow.parameters():
-            p.requires_grad_(False)
         payload = pickle.dumps(shadow.cpu())  # by value, once: the child's own copy
         del shadow
         context = _context(model)
@@ -172,13 +181,13 @@ class SamplerProcess:
                 threads,
                 get_config(),
                 str(generator_device),
+                str(self.device),
             ),  # fmt: skip
             daemon=True,  # never outlives the parent
             name="prefopt-sampler",
         )
         self.process.start()
         writer.close()
-        self.device = next((p.device for p in model.parameters()), torch.device("cpu"))
         self.submitted = 0
         self.received: dict = {}
         self.slots: dict = {}  # request number -> the buffer holding its weights

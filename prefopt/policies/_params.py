@@ -388,8 +388,8 @@ COMMON_PARAMETERS: dict[str, Parameter] = {
         """Overlapped rollouts (docs/guide/overlap.rst): a process of its own samples
         the next batches while this one trains, so a batch is up to this many
         updates old; the loss corrects for it (``off_policy_cap``). 0: the
-        synchronous fit exactly. CPU, one process, native sampler; a script
-        needs ``if __name__ == "__main__":``. ``None``: synchronous.""",
+        synchronous fit exactly. CPU or CUDA, a process a rank under DDP; a
+        script needs ``if __name__ == "__main__":``. ``None``: synchronous.""",
     ),
     "off_policy_cap": Parameter(
         2.0,

@@ -61,12 +61,13 @@ def check_overlap(view) -> None:
         return
     name = view.name
     where = "prefopt/policies/loop/_overlap.py"
-    if distributed.world_size() > 1:
+    if distributed.world_size() > 1 and distributed.sharded():
         raise ValueError(
-            f"{name}(max_staleness={view.max_staleness}) under a launcher "
-            f"({distributed.world_size()} ranks): overlapped rollouts start one sampler process "
-            f"per fit ({where}) and do not yet shard or gather its work across ranks. Use "
-            "max_staleness=None in a distributed fit, or run one process."
+            f"{name}(max_staleness={view.max_staleness}) with set_config(distributed='fsdp') "
+            f"({distributed.world_size()} ranks): each rank's sampler process ({where}) holds "
+            "the whole model, which FSDP keeps in shards across the ranks. Use "
+            "distributed='ddp' (each rank then overlaps its own sampling and training), or "
+            "max_staleness=None."
         )
     if get_config()["generation"] == "vllm":
         raise ValueError(
@@ -74,11 +75,11 @@ def check_overlap(view) -> None:
             f"overlap runs the native sampler in a process of its own ({where}); the vLLM "
             "engine is not yet fed from it. Use generation='native', or max_staleness=None."
         )
-    if torch.device(view.device).type != "cpu":
+    if torch.device(view.device).type not in ("cpu", "cuda"):
         raise ValueError(
             f"{name}(max_staleness={view.max_staleness}) on {view.device}: the sampler "
-            f"process ({where}) is built and tested on the CPU only. On a GPU use "
-            "max_staleness=None (and set_config(generation='vllm') for fast sampling)."
+            f"process ({where}) runs on the CPU or a CUDA device. Use max_staleness=None "
+            "there."
         )
 
 
@@ -112,6 +113,14 @@ class OverlapPipeline:
         self.seconds = 0.0  # the sampler process's own seconds for the last batch handed
         self.start_state = None  # the first request's generator state (resumed runs)
         self.seed = None
+        if state and "ranks" in state:  # a distributed run's checkpoint: each rank its own
+            if len(state["ranks"]) != distributed.world_size():
+                raise ValueError(
+                    f"This checkpoint's overlapped rollouts were in flight on "
+                    f"{len(state['ranks'])} rank(s); resume it on as many (this run has "
+                    f"{distributed.world_size()}), since each rank samples its own batches."
+                )
+            state = state["ranks"][distributed.rank()]
         if self.staleness > 0:
             if state:
                 self.start_state = state["generator"]
@@ -194,9 +203,17 @@ class OverlapPipeline:
 
         A checkpoint then holds what the uninterrupted run will train on next, so a
         resumed run equals it; with ``max_staleness=0`` there is nothing in flight.
+        In a distributed fit (a collective) every rank's, under ``"ranks"``, in rank
+        order: each rank samples its own share of the prompts.
         """
         if self.staleness == 0:
             return {}
+        if distributed.world_size() > 1:
+            return {"ranks": distributed.gather_objects(self._own_state())}
+        return self._own_state()
+
+    def _own_state(self) -> dict:
+        """This process's batches in flight and its sampler's stream."""
         for entry in self.pending:
             if entry["samples"] is None:
                 samples, self.last_state, seconds = self.process.receive(entry["number"])
