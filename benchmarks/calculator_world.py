@@ -33,6 +33,10 @@ def main():
     parser.add_argument("--sft-epochs", type=int, default=4)
     parser.add_argument("--start", default="/tmp/prefopt-calculator-sft")
     parser.add_argument("--out", default="benchmarks/calculator_world.csv")
+    parser.add_argument(
+        "--sft-only", action="store_true",
+        help="fit and save the SFT start (--start) and stop: parallel runs then share it",
+    )  # fmt: skip
     args = parser.parse_args()
     prefopt.set_config(show_progress_bar=False)
     world = CalculatorWorld(random_state=0)
@@ -42,6 +46,8 @@ def main():
         sft = SFTPolicy(model=world.model_config(), n_epochs=args.sft_epochs, random_state=0)
         sft.fit(world.demonstrations)
         prefopt.save(sft, args.start)
+    if args.sft_only:
+        return
     rows = []
     for name in args.algorithms:
         for seed in args.seeds:
