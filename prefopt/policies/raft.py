@@ -22,16 +22,20 @@ from .loop import masked_mean
 __all__ = ["RAFTPolicy", "best_of_k_mask"]
 
 
-def best_of_k_mask(rewards: torch.Tensor, k: int) -> torch.Tensor:
+def best_of_k_mask(rewards: torch.Tensor, k: int, *, skip_dead_groups: bool = False) -> torch.Tensor:
     """Boolean mask selecting the highest-reward sample of each group of k.
 
-    Ties go to the first sample of the group.
+    Ties go to the first sample of the group. With ``skip_dead_groups``, a group
+    of ``k >= 2`` samples whose rewards are all equal (a dead group: no ranking)
+    keeps no sample.
 
     Examples
     --------
     >>> import torch
     >>> best_of_k_mask(torch.tensor([0.1, 0.9, 0.5, 0.2]), k=2).tolist()
     [False, True, True, False]
+    >>> best_of_k_mask(torch.tensor([0.0, 1.0, 0.0, 0.0]), k=2, skip_dead_groups=True).tolist()
+    [False, True, False, False]
     """
     if k < 1 or rewards.shape[0] % k:
         raise ValueError(f"{rewards.shape[0]} rewards do not split into groups of k={k}.")
@@ -39,6 +43,8 @@ def best_of_k_mask(rewards: torch.Tensor, k: int) -> torch.Tensor:
     best = grouped.argmax(1)
     mask = torch.zeros_like(grouped, dtype=torch.bool)
     mask[torch.arange(grouped.shape[0]), best] = True
+    if skip_dead_groups and k > 1:
+        mask &= (grouped != grouped[:, :1]).any(1, keepdim=True)
     return mask.reshape(-1)
 
 
@@ -101,11 +107,12 @@ class RAFTPolicy(BasePolicy):
         **BasePolicy._parameter_constraints,
         "k": [Interval(Integral, 1, None, closed="left")],
         "rank_by": [StrOptions({"score", "shaped"})],
+        "skip_dead_groups": ["boolean"],
     }
 
     # Only what this algorithm changes of the common parameters (policies/_params.py)
     # and its own parameters; make_init writes the explicit keyword-only signature.
-    __init__ = make_init(n_epochs=4, k=4, rank_by="score")
+    __init__ = make_init(n_epochs=4, k=4, rank_by="score", skip_dead_groups=True)
 
     samples_per_prompt = "k"
     tiny_model_learning_rate = 3e-5  # learning_rate=None on a tiny model: LR_SWEEP.md, rule 2
@@ -129,7 +136,8 @@ class RAFTPolicy(BasePolicy):
         advantages : torch.Tensor of shape (n,)
         """
         ranking = batch.scores if self.rank_by == "score" else batch.rlhf_rewards
-        return best_of_k_mask(ranking, self.k).to(batch.scores.dtype)
+        mask = best_of_k_mask(ranking, self.k, skip_dead_groups=self.skip_dead_groups)
+        return mask.to(batch.scores.dtype)
 
     def compute_loss(self, batch, minibatch):
         """Next-token cross-entropy on the kept responses, averaged over their tokens.
