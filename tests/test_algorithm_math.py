@@ -457,6 +457,25 @@ def test_best_of_k_with_k1_keeps_everything():
     assert best_of_k_mask(t([3.0, -1.0]), k=1).tolist() == [True, True]
 
 
+def test_best_of_k_skips_dead_groups_when_asked():
+    # (0, 0, 0): all failed, nothing ranks them; (1, 1, 1): all equal too; (0, 1, 1): the first 1
+    rewards = t([0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0, 1.0])
+    mask = best_of_k_mask(rewards, k=3, skip_dead_groups=True)
+    assert mask.tolist() == [False, False, False, False, False, False, False, True, False]
+    # groups of one are not dead: k=1 keeps everything either way
+    assert best_of_k_mask(t([3.0, 3.0]), k=1, skip_dead_groups=True).tolist() == [True, True]
+
+
+def test_raft_skips_dead_groups_by_default():
+    # two prompts, k=2: the first group all failed, the second is ranked
+    batch = SimpleNamespace(scores=t([0.0, 0.0, 0.0, 1.0]), rlhf_rewards=t([0.0, 0.0, 0.0, 1.0]))
+    close(RAFTPolicy(k=2).compute_advantages(batch), [0.0, 0.0, 0.0, 1.0])
+    close(RAFTPolicy(k=2, skip_dead_groups=False).compute_advantages(batch), [1.0, 0.0, 0.0, 1.0])
+    # ranked by the shaped reward, the group is dead by that ranking, not by the score
+    shaped = SimpleNamespace(scores=t([0.0, 0.0]), rlhf_rewards=t([-0.2, -0.1]))
+    close(RAFTPolicy(k=2, rank_by="shaped").compute_advantages(shaped), [0.0, 1.0])
+
+
 def test_raft_rank_by_score_or_shaped():
     # scores (1.0, 0.9); KL sums (1.0, 0.0); beta 0.5: shaped (0.5, 0.9)
     batch = SimpleNamespace(scores=t([1.0, 0.9]), rlhf_rewards=t([0.5, 0.9]))

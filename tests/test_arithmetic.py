@@ -448,16 +448,7 @@ def test_the_sanity_start_solves_between_20_and_80_percent(sanity):
         ("PPOPolicy", 0.975),
         ("ReinforcePolicy", 1.000),
         ("ReinforcePlusPlusPolicy", 0.975),
-        pytest.param(
-            "RAFTPolicy",
-            0.900,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="RAFT at its defaults (from 3e-5) stays below 0.95 on the sanity "
-                "check (issue 35: does not hold for RAFT; LR_SWEEP.md, rule 2, found no "
-                "fixed rate that passes every cell for it either)",
-            ),
-        ),
+        ("RAFTPolicy", 1.000),  # 0.900 before it skipped dead groups (RAFTPolicy's Notes)
     ],
 )
 def test_every_rl_policy_passes_the_sanity_check_at_its_defaults(sanity, name, measured):

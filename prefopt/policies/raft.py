@@ -22,12 +22,27 @@ from .loop import masked_mean
 __all__ = ["RAFTPolicy", "best_of_k_mask"]
 
 
-def best_of_k_mask(rewards: torch.Tensor, k: int, *, skip_dead_groups: bool = False) -> torch.Tensor:
+def best_of_k_mask(
+    rewards: torch.Tensor, k: int, *, skip_dead_groups: bool = False
+) -> torch.Tensor:
     """Boolean mask selecting the highest-reward sample of each group of k.
 
     Ties go to the first sample of the group. With ``skip_dead_groups``, a group
     of ``k >= 2`` samples whose rewards are all equal (a dead group: no ranking)
     keeps no sample.
+
+    Parameters
+    ----------
+    rewards : torch.Tensor of shape (n,)
+        The ranking of each sample, the k samples of a prompt together.
+    k : int
+        Samples per group; ``n`` must be a multiple of it.
+    skip_dead_groups : bool, default=False
+        Keep nothing of a group whose rewards are all equal.
+
+    Returns
+    -------
+    mask : torch.Tensor of shape (n,), dtype bool
 
     Examples
     --------
@@ -60,6 +75,15 @@ class RAFTPolicy(BasePolicy):
         Rank by the reward-model score, or by the KL-shaped reward
         score - beta * KL (the paper's KL variant, which changes only which
         sample is kept).
+    skip_dead_groups : bool, default=True
+        Keep no sample of a dead group, one whose k rankings are all equal
+        (logged as ``objective/dead_group_share``): nothing ranks its samples, so
+        its "best" would be an arbitrary one. Under a 0/1 verifiable reward a
+        group that all fail would then be fine-tuned on a wrong answer, which
+        grows more likely, until the prompt is answered wrong every time and
+        never again gives a correct sample to keep. Xiong et al. (2025) train
+        RAFT on correct samples only for this reason. ``False`` keeps the first
+        sample of a dead group (Dong et al. 2023 state no rule for ties).
 
     Attributes
     ----------
@@ -78,6 +102,15 @@ class RAFTPolicy(BasePolicy):
     of the way to the reward-maximising policy over seeds 0-2: 1 pass 0.73,
     2 passes 0.88-0.92, 4 passes 0.97 (PPO's number of epochs).
 
+    Skipping dead groups, measured on the sanity configuration of
+    :class:`~prefopt.worlds.ArithmeticWorld` (the defaults, 250 steps, training
+    accuracy, seeds 0-4): 1.000 on every seed; keeping their first sample 0.900
+    on seeds 0, 2, 3 and 4 (one of the 10 problems answered wrong every time; on
+    seed 0, 6+7 always "11", the answer kept from groups that all failed) and
+    1.000 on seed 1. On the exact worlds it costs little: share of the way to the
+    reward-maximising policy, seeds 0-2, preference world 0.994 (0.997 when
+    kept), TinyLMWorld at 1e-3 0.958-0.965 (0.966-0.970).
+
     RAFT ignores the KL-regularised objective: one step moves pi towards the
     best-of-k distribution of pi, whose only fixed points put all mass on the
     responses of highest reward. On the preference world it therefore converges
@@ -88,6 +121,9 @@ class RAFTPolicy(BasePolicy):
     ----------
     H. Dong et al., "RAFT: Reward rAnked FineTuning for Generative Foundation
     Model Alignment", TMLR 2023.
+
+    W. Xiong et al., "A Minimalist Approach to LLM Reasoning: from Rejection
+    Sampling to Reinforce", arXiv:2504.11343, 2025.
 
     Examples
     --------
@@ -124,7 +160,7 @@ class RAFTPolicy(BasePolicy):
     loss_reduction = "minibatch"
 
     def compute_advantages(self, batch):
-        """1 for the best of each prompt's k samples, 0 for the rest: a selection.
+        """1 for the best of each prompt's k samples, 0 for the rest (and dead groups).
 
         Parameters
         ----------
