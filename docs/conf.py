@@ -54,6 +54,7 @@ prefopt_api_modules = [
     "prefopt.policies",
     "prefopt.lm",
     "prefopt.worlds",
+    "prefopt.environments",
     "prefopt.model_selection",
     "prefopt.metrics",
     "prefopt.plotting",

@@ -9,6 +9,7 @@ import pytest
 import prefopt
 
 MODULES = ["prefopt.policies", "prefopt.rewards", "prefopt.worlds", "prefopt.metrics"]
+MODULES += ["prefopt.environments"]
 MODULES += ["prefopt.model_selection", "prefopt.kl", "prefopt.validation"]
 # A placeholder of str.format or of the shared fragments: {name}; not a set literal, nor
 # LaTeX's arguments and subscripts (\mathrm{clip}, KL_{target}).

@@ -19,7 +19,9 @@ _spec.loader.exec_module(import_graph)
 # The layers of shared/DESIGN.md as the code has them, lowest first: a module may import its
 # own package and the layers before its own, never a later layer or a peer of the same one.
 # lm (the shared base of every estimator holding a language model) sits under rewards, which
-# builds RewardModel on it; tracking (loggers the loops open) under lm.
+# builds RewardModel on it; tracking (loggers the loops open) under lm. environments (other
+# libraries' environments as the policies' environment=) sits under the worlds, which may
+# build on it.
 LAYERS = [
     ("_config",),
     ("backend",),
@@ -29,6 +31,7 @@ LAYERS = [
     ("lm",),
     ("rewards",),
     ("policies",),
+    ("environments",),
     ("worlds",),
     ("model_selection", "metrics", "plotting"),
     ("__init__",),  # prefopt itself

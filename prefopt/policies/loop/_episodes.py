@@ -6,7 +6,8 @@ and out, as OpenEnv and OpenRLHF's executors take them)::
     reset(prompt) -> None or str        # starts an episode; text shown before turn 1
     step(completion) -> (observation, reward, done)   # after each policy turn
 
-either of which may be ``async``. The estimator's ``environment`` is a class (or
+either of which may be ``async``, and an optional ``close()`` (also possibly
+``async``), called when the episode ends. The estimator's ``environment`` is a class (or
 any function returning a fresh environment), one instance per episode, or an
 instance, deep-copied per episode. **Tools** are plain functions
 (:mod:`~prefopt.policies.loop._tools`).
@@ -225,6 +226,9 @@ class EpisodeSampler:
         for episode in episodes:
             if episode.live:  # turns left over: the turn limit
                 episode.finish(False)
+        # An environment holding a resource (a server session) may have close(): every
+        # episode has ended, whether the environment said done or a limit cut it.
+        gather([env.close() for env in envs if callable(getattr(env, "close", None))])
         out = self.assemble(episodes, max_new_tokens, pad_token_id, prompts, counts)
         out.full_pass = full_pass
         return out
