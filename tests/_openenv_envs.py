@@ -1,6 +1,7 @@
 """Environments defined with OpenEnv's own classes, for tests/test_openenv.py (needs openenv-core).
 
-``Words`` pays the number of "good" in each turn and ends after two; ``WordsNative`` is the
+``Words`` pays the number of "good" in each turn and ends after two (``Together``: its
+resets wait for each other); ``WordsNative`` is the
 same environment in prefopt's protocol; ``WordsClient`` is its typed client, as an OpenEnv
 environment package ships one; ``Unclear`` has two text fields in its action and its
 observation; ``serve`` runs an environment's server in a thread on 127.0.0.1.
@@ -49,6 +50,16 @@ class Words(Environment[Say, Heard, State]):
 
     def close(self):
         type(self).closed += 1
+
+
+class Together(Words):
+    """``Words`` whose ``reset`` waits until ``barrier.parties`` resets are in flight at once."""
+
+    barrier = None  # a threading.Barrier, set by the test
+
+    def reset(self, seed=None, episode_id=None, **kwargs):
+        type(self).barrier.wait(timeout=10)  # broken (an error) unless all arrive together
+        return super().reset(seed, episode_id, **kwargs)
 
 
 class WordsNative:

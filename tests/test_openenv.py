@@ -8,6 +8,7 @@ of this process on 127.0.0.1 (nothing leaves the machine).
 import asyncio
 import copy
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from _tiny import tiny_lm
 
 from prefopt import GRPOPolicy
 from prefopt.environments import OpenEnvEnvironment
+from prefopt.policies.loop._environment import gather
 
 PROMPTS = ["the movie was", "the plot was"]
 
@@ -149,6 +151,8 @@ def test_a_client_instance_is_refused_and_step_before_reset_is_an_error(oe):
         OpenEnvEnvironment(oe.WordsClient)
     with pytest.raises(RuntimeError, match="before reset"):
         run(OpenEnvEnvironment(oe.Words).step("good"))
+    with pytest.raises(RuntimeError, match="server at http://127.0.0.1:1 refused or closed"):
+        run(OpenEnvEnvironment("http://127.0.0.1:1").reset("p"))  # nothing listens there
 
 
 def test_a_fit_through_the_adapter_is_the_fit_with_the_environment_written_for_prefopt(oe):
@@ -189,3 +193,14 @@ def test_a_server_without_room_for_a_step_is_named_with_the_fix(oe):
     with oe.serve(oe.Words, oe.Say, oe.Heard, sessions=2) as url:
         with pytest.raises(RuntimeError, match="max_concurrent_envs of at least the estimator"):
             policy(OpenEnvEnvironment(url), n_steps=1).fit(PROMPTS)
+
+
+def test_the_episodes_of_a_turn_wait_on_the_server_together(oe):
+    # Eight resets gathered as the episode loop gathers a turn's calls: each waits at a
+    # barrier of 8 in the server, so this passes only if all eight are in flight at once
+    # (a shared pool of fewer threads would queue them and break the barrier).
+    oe.Together.barrier = threading.Barrier(8)
+    with oe.serve(oe.Together, oe.Say, oe.Heard, sessions=8) as url:
+        episodes = [copy.deepcopy(OpenEnvEnvironment(url)) for _ in range(8)]
+        assert gather([episode.reset("p") for episode in episodes]) == [None] * 8
+        gather([episode.close() for episode in episodes])

@@ -14,30 +14,14 @@ extra: ``pip install "prefopt[openenv]"``.
 
 from __future__ import annotations
 
-import asyncio
 import inspect
-import typing
 from numbers import Integral
+
+from ._sessions import BOOKKEEPING, open_session, openenv_classes
 
 __all__ = ["OpenEnvEnvironment"]
 
-_INSTALL = 'pip install "prefopt[openenv]" (or pip install openenv-core)'
-# What every OpenEnv Action and Observation carries besides its own content.
-_BOOKKEEPING = frozenset({"metadata", "done", "reward"})
 _URL_SCHEMES = ("http://", "https://", "ws://", "wss://")
-
-
-def _openenv():
-    """OpenEnv's ``Environment``, ``EnvClient`` and ``SyncEnvClient``, or an error naming pip."""
-    try:
-        from openenv.core.env_client import EnvClient
-        from openenv.core.env_server.interfaces import Environment
-        from openenv.core.sync_client import SyncEnvClient
-    except ImportError:
-        raise ImportError(
-            f"OpenEnvEnvironment needs the openenv-core package, an optional extra: {_INSTALL}."
-        ) from None
-    return Environment, EnvClient, SyncEnvClient
 
 
 class OpenEnvEnvironment:
@@ -153,7 +137,7 @@ class OpenEnvEnvironment:
 
     # ----- checks, at construction: a wrong environment is named before any fit ---------
     def _check(self) -> None:
-        Environment, EnvClient, SyncEnvClient = _openenv()
+        Environment, EnvClient, SyncEnvClient = openenv_classes()
         env, who = self.env, "OpenEnvEnvironment"
         if isinstance(env, (EnvClient, SyncEnvClient)):
             raise TypeError(
@@ -216,7 +200,7 @@ class OpenEnvEnvironment:
         await self.close()
         self._steps = 0
         kwargs = {} if self.reset_kwargs is None else dict(self.reset_kwargs(prompt))
-        self._session = _open(self)
+        self._session = open_session(self)
         obs, _, _ = await self._session.reset(**kwargs)
         return self._text(obs) if self.reset_observation else None
 
@@ -324,153 +308,4 @@ def _fields(obs) -> dict:
         items = ((name, getattr(obs, name)) for name in type(obs).model_fields)
     else:
         items = vars(obs).items()
-    return {name: value for name, value in items if name not in _BOOKKEEPING}
-
-
-def _text_field(fields: dict, required: set, what: str):
-    """The one text field of an action, which every other field lets be left out."""
-    texts = [name for name, is_text in fields.items() if is_text and name not in _BOOKKEEPING]
-    others = sorted(required - set(texts[:1]) - _BOOKKEEPING)
-    if len(texts) == 1 and not others:
-        return texts[0]
-    raise TypeError(
-        f"OpenEnvEnvironment: the action {what} has the fields "
-        f"{sorted(set(fields) - _BOOKKEEPING)}, not a single text field that is the only "
-        "required one, so how a completion becomes an action is not clear; pass "
-        "action=lambda completion: ... returning the action."
-    )
-
-
-def _action_class(cls, base):
-    """The ``Action`` class of an ``Environment`` or ``EnvClient`` subclass, or ``None``."""
-    for klass in inspect.getmro(cls):
-        for parent in getattr(klass, "__orig_bases__", ()):
-            origin = typing.get_origin(parent)
-            if inspect.isclass(origin) and issubclass(origin, base):
-                args = typing.get_args(parent)
-                if args and inspect.isclass(args[0]) and hasattr(args[0], "model_fields"):
-                    return args[0]
-    try:  # the annotation of step's action
-        hint = typing.get_type_hints(cls.step).get("action")
-    except Exception:  # unresolvable annotations: no class to read
-        hint = None
-    return hint if inspect.isclass(hint) and hasattr(hint, "model_fields") else None
-
-
-def _class_field(action_cls, what: str):
-    fields = {name: info.annotation is str for name, info in action_cls.model_fields.items()}
-    required = {name for name, info in action_cls.model_fields.items() if info.is_required()}
-    field = _text_field(fields, required, what)
-    return lambda completion: action_cls(**{field: completion})
-
-
-# ----- sessions: one episode's environment, in-process or a server's ---------------------
-def _open(adapter: OpenEnvEnvironment):
-    """The session of one episode: a fresh environment or client, per ``adapter.env``."""
-    Environment, EnvClient, SyncEnvClient = _openenv()
-    env = adapter.env
-    if isinstance(env, str):
-        from openenv.core import GenericEnvClient
-
-        return _Remote(GenericEnvClient(base_url=env).sync(), url=env)
-    if isinstance(env, Environment):
-        return _Local(env)
-    made = env(base_url=adapter.base_url) if adapter.base_url is not None else env()
-    if isinstance(made, Environment):
-        return _Local(made)
-    if isinstance(made, EnvClient):
-        made = made.sync()
-    if isinstance(made, SyncEnvClient):
-        return _Remote(made, url=None)
-    raise TypeError(
-        f"OpenEnvEnvironment: env() returned a {type(made).__name__}; it returns an OpenEnv "
-        "Environment or a client (EnvClient)."
-    )
-
-
-class _Local:
-    """An ``Environment`` in this process; its async methods (sync by default) are awaited."""
-
-    def __init__(self, env):
-        self.env, self.build = env, None
-
-    async def reset(self, **kwargs):
-        obs = await self.env.reset_async(**kwargs)
-        return obs, obs.reward, obs.done
-
-    async def step(self, action):
-        obs = await self.env.step_async(action)
-        return obs, obs.reward, obs.done
-
-    async def action_builder(self):
-        Environment = _openenv()[0]
-        cls = _action_class(type(self.env), Environment)
-        if cls is None:
-            raise TypeError(
-                f"OpenEnvEnvironment: the action class of {type(self.env).__name__} cannot be "
-                "read (declare it as Environment[MyAction, ...]); or pass action=lambda "
-                "completion: MyAction(...)."
-            )
-        return _class_field(cls, cls.__name__)
-
-    async def close(self):
-        self.env.close()
-
-
-class _Remote:
-    """A server session through OpenEnv's sync client, whose calls run in a worker thread.
-
-    The client keeps its WebSocket on an event loop of its own, which outlives the loop
-    each turn's calls are gathered on; a thread per call lets the episodes of a turn wait
-    on the server together.
-    """
-
-    def __init__(self, client, url):
-        self.client, self.url, self.build = client, url, None
-
-    async def reset(self, **kwargs):
-        try:  # the session opens here: a server that refuses it is named with the likely cause
-            result = await asyncio.to_thread(self.client.reset, **kwargs)
-        except Exception as exc:
-            raise RuntimeError(
-                f"OpenEnvEnvironment: the OpenEnv server {self.client.async_client._ws_url} "
-                f"refused or closed a new session ({type(exc).__name__}: {exc}). Every "
-                "episode of a step holds a session of its own at the same time: start the "
-                "server with max_concurrent_envs of at least the estimator's batch_size (its "
-                "Environment with SUPPORTS_CONCURRENT_SESSIONS = True), and check that it runs."
-            ) from exc
-        return result.observation, result.reward, result.done
-
-    async def step(self, action):
-        result = await asyncio.to_thread(self.client.step, action)
-        return result.observation, result.reward, result.done
-
-    async def action_builder(self):
-        EnvClient = _openenv()[1]
-        if self.url is None:  # a typed client: its declared action class
-            cls = _action_class(type(self.client.async_client), EnvClient)
-            if cls is None:
-                raise TypeError(
-                    f"OpenEnvEnvironment: the action class of "
-                    f"{type(self.client.async_client).__name__} cannot be read; pass "
-                    "action=lambda completion: MyAction(...)."
-                )
-            return _class_field(cls, cls.__name__)
-        schema = await asyncio.to_thread(_schema, self.url)
-        properties = schema.get("properties", {})
-        fields = {name: p.get("type") == "string" for name, p in properties.items()}
-        field = _text_field(fields, set(schema.get("required", ())), schema.get("title", "?"))
-        return lambda completion: {field: completion}
-
-    async def close(self):
-        await asyncio.to_thread(self.client.close)
-
-
-def _schema(url: str) -> dict:
-    """The action's JSON schema, from the server's ``/schema`` endpoint."""
-    import requests  # openenv-core's own dependency
-
-    http = url.replace("wss://", "https://", 1).replace("ws://", "http://", 1).rstrip("/")
-    response = requests.get(f"{http}/schema", timeout=30)
-    response.raise_for_status()
-    return response.json()["action"]
+    return {name: value for name, value in items if name not in BOOKKEEPING}
