@@ -168,6 +168,15 @@ def test_a_fit_through_the_adapter_is_the_fit_with_the_environment_written_for_p
     assert oe.Words.closed - closed == 2 * 4  # every episode of both steps closed its environment
 
 
+@pytest.mark.filterwarnings("ignore:.*ended with EOS:RuntimeWarning")
+def test_a_changed_adapter_is_not_resumed_as_the_same_run(oe, tmp_path):
+    policy(OpenEnvEnvironment(oe.Words), n_steps=1, checkpoint_dir=tmp_path,
+           checkpoint_every=1).fit(PROMPTS)  # fmt: skip
+    with pytest.raises(ValueError, match=r"environment.state.max_steps=None, but this fit has"):
+        policy(OpenEnvEnvironment(oe.Words, max_steps=1), n_steps=2, checkpoint_dir=tmp_path,
+               checkpoint_every=1).fit(PROMPTS)  # fmt: skip
+
+
 # ----- a server on localhost ---------------------------------------------------------------
 def test_a_served_environment_through_its_url_and_through_a_typed_client(oe, server):
     by_url = OpenEnvEnvironment(server)  # dict observations; the action field from /schema
