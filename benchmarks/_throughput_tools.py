@@ -149,8 +149,8 @@ def demonstrations(world, tokenizer, tools):
             messages, tools=tools, add_generation_prompt=True, tokenize=False
         )
         if RESPONSE_CLOSE in demo:  # a call, its result, the answer
-            call = {"type": "function", "function": {
-                "name": "calculator", "arguments": {"expression": problem.rstrip("=")}}}  # fmt: skip
+            arguments = {"expression": problem.rstrip("=")}
+            call = {"type": "function", "function": {"name": "calculator", "arguments": arguments}}
             messages = messages + [
                 {"role": "assistant", "content": "", "tool_calls": [call]},
                 {"role": "tool", "name": "calculator", "content": answer},

@@ -117,11 +117,10 @@ def run_prefopt(spec: dict, prompts: list) -> dict:
 def run_trl(spec: dict, prompts: list) -> dict:
     import tempfile
 
+    from _throughput_trl import PhaseTimer, trl_config
     from datasets import Dataset
     from transformers import AutoTokenizer, TrainerCallback
     from trl import GRPOTrainer
-
-    from _throughput_trl import PhaseTimer, trl_config
 
     reward = ToolReward()
     clock = StepClock()
@@ -163,7 +162,6 @@ def run_trl(spec: dict, prompts: list) -> dict:
 
 def worker(spec: dict) -> dict:
     import torch
-
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
@@ -209,27 +207,30 @@ def main(argv=None) -> None:
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--max-turns", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=64,
-                        help="tokens of an episode after its prompt (TRL: max_completion_length)")  # fmt: skip
+                        help="tokens of an episode after its prompt (TRL: max_completion_length)",
+                        )  # fmt: skip
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--learning-rate", type=float, default=1e-4)
     parser.add_argument("--beta", type=float, default=0.0)
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--n-prompts", type=int, default=512)
-    parser.add_argument("--sft-epochs", type=int, default=4)
+    parser.add_argument("--sft-epochs", type=int, default=12)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--cache", default="/tmp/prefopt-throughput-tools",
-                        help="folder of the starting model (fitted once)")  # fmt: skip
+    parser.add_argument("--cache", default=None,
+                        help="folder of the starting model, fitted once (default: "
+                        "/tmp/prefopt-throughput-tools-e<sft epochs>)")  # fmt: skip
     parser.add_argument("--in-process", action="store_true")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         print("RESULT " + json.dumps(worker(json.loads(args.worker))), flush=True)
         return
-    task = build_tool_task(args.cache, n_prompts=args.n_prompts, sft_epochs=args.sft_epochs)
+    cache = args.cache or f"/tmp/prefopt-throughput-tools-e{args.sft_epochs}"
+    task = build_tool_task(cache, n_prompts=args.n_prompts, sft_epochs=args.sft_epochs)
     from transformers import AutoTokenizer
 
     spec = dict(
@@ -239,12 +240,13 @@ def main(argv=None) -> None:
         threads=args.threads, device=args.device, dtype=args.dtype,
         pad_token_id=AutoTokenizer.from_pretrained(task["path"]).pad_token_id,
     )  # fmt: skip
+    prompts_a_step = args.batch_size // args.k
     print(
         f"task: tiny GPT-2 ({task['n_params'] / 1e6:.2f}M parameters, {task['vocab']} tokens), "
         f"SFT {task['sft_epochs']} epochs on {task['n_demonstrations']} demonstrations "
         f"({task['tool_share']:.0%} call the tool); prompts of ~{task['prompt_tokens']} tokens "
         f"(chat template, tools rendered)\n{_versions(args.peer == 'trl')}; GRPO beta "
-        f"{args.beta}, DAPO, group-scaled rewards; batch {args.batch_size} ({args.batch_size // args.k}"
+        f"{args.beta}, DAPO, group-scaled rewards; batch {args.batch_size} ({prompts_a_step}"
         f" prompts x k={args.k}), up to {args.max_turns} turns and {args.max_tokens} tokens an "
         f"episode, temperature {args.temperature}, lr {args.learning_rate:g}; {args.warmup} "
         f"warm-up + {args.steps} measured steps; each run in its own process"
