@@ -163,7 +163,8 @@ def demonstrations(world, tokenizer, tools):
     return pd.DataFrame({"prompt": prompts, "completion": completions})
 
 
-def build_tool_task(out_dir: str, *, n_prompts: int, sft_epochs: int, seed: int = 0) -> dict:
+def build_tool_task(out_dir: str, *, n_prompts: int, sft_epochs: int, n_demonstrations: int = 2000,
+                    seed: int = 0) -> dict:  # fmt: skip
     """Fit the starting model (cached in ``out_dir``) and save it, the tokenizer and the prompts."""
     done = os.path.join(out_dir, "task.json")
     if os.path.exists(done):
@@ -177,7 +178,7 @@ def build_tool_task(out_dir: str, *, n_prompts: int, sft_epochs: int, seed: int 
     from prefopt.worlds import CalculatorWorld
 
     prefopt.set_config(show_progress_bar=False)
-    world = CalculatorWorld(random_state=seed)
+    world = CalculatorWorld(n_demonstrations=n_demonstrations, random_state=seed)
     tok = tool_tokenizer()
     demos = demonstrations(world, tok, world.tools)
     lengths = [len(tok(p + c, add_special_tokens=False)["input_ids"]) + 1

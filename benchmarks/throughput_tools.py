@@ -13,9 +13,10 @@ message and the policy goes on; a turn without a call ends the episode.
     python benchmarks/throughput_tools.py --threads 1 --peer none    # prefopt alone
 
 Each run is a fresh Python subprocess (the two of a pair alternate which goes first);
-it prints episodes/s over the measured steps, tool calls per episode and the reward,
-both counted by the same reward function from what each implementation hands it, and
-the time split by phase. The starting model is fitted once and kept in ``--cache``.
+it prints episodes/s over the measured steps, tool calls per episode (the tools each
+implementation ran: prefopt's ``tools/calls`` in ``history_``, TRL's tool messages in the
+completions it scores), the reward (one function reads both) and the time split by phase.
+The starting model is fitted once and kept in ``--cache``.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ from _throughput_tools import build_tool_task, product_reward, tool_calls  # noq
 
 
 class ToolReward:
-    """The task's reward, recording each batch's mean, tool calls and transcript tokens."""
+    """The task's reward, recording each batch's mean and, for TRL's conversational
+    completions, the tool messages and transcript tokens of each episode."""
 
     __name__ = "product_reward"
 
@@ -49,9 +51,9 @@ class ToolReward:
     def __call__(self, prompts, completions, completion_ids=None, **kwargs):
         rewards = product_reward(list(prompts), list(completions))
         self.means.append(float(rewards.mean()))
-        self.calls.append(float(np.mean([tool_calls(c) for c in completions])))
-        if completion_ids is None:  # prefopt: an array
+        if completion_ids is None:  # prefopt: an array (its history_ counts the calls)
             return rewards
+        self.calls.append(float(np.mean([tool_calls(c) for c in completions])))
         self.tokens.append(float(np.mean([len(ids) for ids in completion_ids])))
         return rewards.tolist()
 
@@ -105,8 +107,8 @@ def run_prefopt(spec: dict, prompts: list) -> dict:
     return {
         **clock.rates(spec["warmup"], spec["batch_size"], [0.0] * len(rows)),
         **{key: mean(key) for key in PHASES},
-        "tool_calls": float(np.mean(reward.calls[spec["warmup"] :])),
-        "tool_calls_history": mean("tools/calls"),
+        # prefopt's own count: the tools it ran (errors included) an episode.
+        "tool_calls": mean("tools/calls"),
         "turns": mean("episode/turns"),
         "transcript_tokens": mean("episode/length"),
         "reward": float(np.mean(reward.means[spec["warmup"] :])),
@@ -153,6 +155,7 @@ def run_trl(spec: dict, prompts: list) -> dict:
     return {
         **clock.rates(spec["warmup"], spec["batch_size"], [0.0] * len(clock.wall)),
         **phases.per_step(clock, spec["warmup"]),
+        # TRL's own count: the tool messages of each completion (its tools/call_frequency).
         "tool_calls": float(np.mean(reward.calls[spec["warmup"] :])),
         "transcript_tokens": float(np.mean(reward.tokens[spec["warmup"] :])),
         "reward": float(np.mean(reward.means[spec["warmup"] :])),
@@ -190,8 +193,6 @@ def run_spec(spec: dict, in_process: bool) -> dict:
 
 def _line(impl: str, r: dict) -> str:
     calls = f"{r['tool_calls']:.2f}"
-    if "tool_calls_history" in r:  # prefopt's own count (history_), the same episodes
-        calls += f" ({r['tool_calls_history']:.2f} in history_)"
     return (
         f"{impl:<8} {r['episodes_per_s']:7.1f} episodes/s  {r['seconds_per_step']:.3f} s/step  "
         f"tool calls/episode {calls}  reward {r['reward']:.3f}  transcript tokens "
@@ -216,21 +217,25 @@ def main(argv=None) -> None:
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--n-prompts", type=int, default=512)
     parser.add_argument("--sft-epochs", type=int, default=12)
+    parser.add_argument("--n-demonstrations", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--cache", default=None,
-                        help="folder of the starting model, fitted once (default: "
-                        "/tmp/prefopt-throughput-tools-e<sft epochs>)")  # fmt: skip
+                        help="folder of the starting model, fitted once (default: /tmp/"
+                        "prefopt-throughput-tools-e<epochs>-d<demonstrations>-p<prompts>)",
+                        )  # fmt: skip
     parser.add_argument("--in-process", action="store_true")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         print("RESULT " + json.dumps(worker(json.loads(args.worker))), flush=True)
         return
-    cache = args.cache or f"/tmp/prefopt-throughput-tools-e{args.sft_epochs}"
-    task = build_tool_task(cache, n_prompts=args.n_prompts, sft_epochs=args.sft_epochs)
+    name = f"e{args.sft_epochs}-d{args.n_demonstrations}-p{args.n_prompts}"
+    cache = args.cache or f"/tmp/prefopt-throughput-tools-{name}"
+    task = build_tool_task(cache, n_prompts=args.n_prompts, sft_epochs=args.sft_epochs,
+                           n_demonstrations=args.n_demonstrations)  # fmt: skip
     from transformers import AutoTokenizer
 
     spec = dict(

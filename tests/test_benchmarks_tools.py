@@ -5,6 +5,8 @@ reward, call counts) against hand-written transcripts.
 """
 
 import importlib.util
+import re
+import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -138,3 +140,25 @@ def test_trl_accepts_the_chat_template_and_parses_its_calls():
     assert parsed["tool_calls"] == [CALL]
     answer = tok("408" + task.END, add_special_tokens=False)["input_ids"]
     assert parse_response(tok, answer, prefix=prefix) == {"role": "assistant", "content": "408"}
+
+
+@pytest.mark.slow
+def test_throughput_tools_runs_and_prints_its_line(tmp_path):
+    # A smoke run: a start fitted on 32 demonstrations for 1 epoch, 1 warm-up + 1 step.
+    script = BENCHMARKS / "throughput_tools.py"
+    arguments = "--peer none --threads 1 --in-process --steps 1 --warmup 1 --batch-size 8 "
+    arguments += f"--n-demonstrations 32 --sft-epochs 1 --n-prompts 8 --cache {tmp_path}"
+    proc = subprocess.run([sys.executable, str(script), *arguments.split()], capture_output=True,
+                          text=True, timeout=600, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = re.search(
+        r"^\[pair 1/1\] prefopt +([\d.]+) episodes/s .* tool calls/episode ([\d.]+) "
+        r"+reward ([\d.]+)",
+        proc.stdout,
+        flags=re.MULTILINE,
+    )
+    assert line, proc.stdout
+    episodes_per_s, calls, reward = map(float, line.groups())
+    assert episodes_per_s > 0 and 0.0 <= reward <= 1.0
+    assert 0.0 <= calls <= 2.0  # at most max_turns - 1 = 2 rounds of calls that are run
+    assert "SFT 1 epochs on 32 demonstrations" in proc.stdout
