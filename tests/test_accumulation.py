@@ -15,7 +15,7 @@ from prefopt import (
     ReinforcePolicy,
     RLOOPolicy,
 )
-from prefopt.backend import distributed, samplers, vllm_engine
+from prefopt.backend import distributed, samplers
 from prefopt.policies import BasePolicy, make_init
 from prefopt.policies.loop import _update, _view
 
@@ -216,21 +216,28 @@ def test_micro_batches_keep_less_for_the_backward_pass():
 
 
 # ----- the old log-probs' forward pass under a sampling engine ------------------------------
-def fake_engine(
-    model, prompts, *, max_new_tokens, temperature, generator, suppress_ids=(),
-    return_logprobs=False, eos_token_id=None, prompt_index=None, policy_pass=True,
-):  # fmt: skip
-    """vLLM's ``_sample`` without vLLM: the native sampler draws, the engine's log-probs are
-    its cached ones less 0.01 (another engine's kernels), stop ids repeated after the stop."""
-    from prefopt.backend.generation import sample
+class FakeEngine:
+    """A vLLM engine without vLLM: the native sampler draws, the engine's log-probs are its
+    cached ones less 0.01 (another engine's kernels), stop ids repeated after the stop."""
 
-    tokens, logprobs = sample(
-        model, prompts, max_new_tokens=max_new_tokens, temperature=temperature,
-        generator=generator, suppress_ids=suppress_ids, return_logprobs=True,
-        eos_token_id=eos_token_id, prompt_index=prompt_index,
-    )  # fmt: skip
-    assert return_logprobs and not policy_pass  # what VLLMSampler asks for
-    return tokens, None, logprobs - 0.01
+    def __init__(self):
+        self.watched = []
+
+    def watch(self, optimizer):
+        handle = optimizer.register_step_post_hook(lambda *args: None)
+        self.watched.append((optimizer, handle))
+        return handle
+
+    def generate(self, model, prompts, *, max_new_tokens, temperature, generator,
+                 suppress_ids=(), eos_token_id=None, prompt_index=None):  # fmt: skip
+        from prefopt.backend.generation import sample
+
+        tokens, logprobs = sample(
+            model, prompts, max_new_tokens=max_new_tokens, temperature=temperature,
+            generator=generator, suppress_ids=suppress_ids, return_logprobs=True,
+            eos_token_id=eos_token_id, prompt_index=prompt_index,
+        )  # fmt: skip
+        return tokens, logprobs - 0.01
 
 
 @pytest.mark.parametrize("cls, extra", [(PPOPolicy, {}), (RLOOPolicy, {"k": 2})])
@@ -246,12 +253,12 @@ def test_an_engine_rollout_runs_one_forward_pass_of_the_policy(monkeypatch, cls,
             return counted(model, *args, **kwargs)
 
         monkeypatch.setattr(module, "response_logprobs", counting)
-    monkeypatch.setattr(vllm_engine, "_sample", fake_engine)
+    engine = FakeEngine()  # the engine object a fit is given (set_config(generation=engine))
     # A fixed rate: the adaptive default's measuring pass after the update (one more pass
     # of the policy, counted by test_forward_counts) is not the rollout's.
     policy = cls(model=tiny_lm(), batch_size=8, max_new_tokens=5, n_steps=1, random_state=0,
                  learning_rate=1e-3, vllm_importance_sampling_cap=2.0, **extra)  # fmt: skip
-    with prefopt.config_context(generation="vllm"):
+    with prefopt.config_context(generation=engine):
         policy.fit(PROMPTS, reward)
     assert sum(model is policy.model_ for model in calls) == 1
     row = policy.history_[0]

@@ -24,19 +24,13 @@ from prefopt.policies import Algorithm, BasePolicy
 
 PACKAGE = Path(__file__).resolve().parents[1] / "prefopt"
 LOOP = sorted((PACKAGE / "policies" / "loop").glob("*.py"))
-# The torch layer (sampling engines, forward passes, the data-parallel engines and the
-# reductions) and every module of the step: no module-level state (the distributed means
-# say across_ranks at their call sites; a DDP wrapper is held by the fit that made it).
-# The one exception, named: vLLM's engine, one a process (its KV cache holds GPU memory
-# for good), shared by every fit and sampling call of the process.
-PROCESS_WIDE = {"vllm_engine.py"}
+# The torch layer (sampling engines, vLLM's among them, forward passes, the data-parallel
+# engines and the reductions) and every module of the step: no module-level state (the
+# distributed means say across_ranks at their call sites; a DDP wrapper is held by the fit
+# that made it; a vLLM engine is a VLLMEngine object, held by a fit or by its user).
 # The supervised loop's modules too (its shared constraint table is a constant elsewhere).
 SUPERVISED = [PACKAGE / "lm" / "supervised" / name for name in ("_loop.py", "_step.py")]
-STATELESS = (
-    [p for p in sorted((PACKAGE / "backend").glob("*.py")) if p.name not in PROCESS_WIDE]
-    + LOOP
-    + SUPERVISED
-)
+STATELESS = sorted((PACKAGE / "backend").glob("*.py")) + LOOP + SUPERVISED
 HEALTH_AND_PERSISTENCE = [
     PACKAGE / "lm" / name
     for name in ("_health.py", "_persist.py", "_loadable.py", "_checkpoint.py", "_identity.py")
@@ -87,6 +81,14 @@ def test_the_sampling_engine_carries_no_result_through_module_state():
     from prefopt.backend import vllm_engine
 
     assert not hasattr(vllm_engine, "_LAST") and not hasattr(vllm_engine, "last_logprobs")
+    # Nor the engine itself, its options or a global optimiser hook counting steps.
+    for name in ("_ENGINE", "engine_options", "_STEPS", "_HOOK", "_AT_EXIT"):
+        assert not hasattr(vllm_engine, name)
+
+
+def test_the_vllm_modules_are_scanned():
+    names = {p.name for p in STATELESS}
+    assert {"vllm_engine.py", "_vllm_llm.py", "samplers.py"} <= names
 
 
 def test_the_loop_reads_no_private_member_of_the_policy():

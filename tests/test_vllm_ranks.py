@@ -39,38 +39,40 @@ def _rank_main(out: Path) -> None:
 
     import prefopt
     from prefopt import RLOOPolicy
-    from prefopt.backend import vllm_engine
+    from prefopt.backend import VLLMEngine
 
-    calls, pushes = [], []
-    generate, sync = vllm.LLM.generate, vllm_engine._Engine.sync
+    calls, pushes, executors, built = [], [], [], []
+    generate, sync, engine_generate = vllm.LLM.generate, VLLMEngine.sync, VLLMEngine.generate
 
     def recording_generate(llm, requests, params, **kwargs):
         outputs = generate(llm, requests, params, **kwargs)
         calls.append({
             "requests": [[r["prompt_token_ids"], p.n] for r, p in zip(requests, params)],
             "outputs": [[list(c.token_ids) for c in o.outputs] for o in outputs]})  # fmt: skip
+        executors.append(llm.llm_engine.vllm_config.parallel_config.distributed_executor_backend)
         return outputs
 
     def recording_sync(engine, model, *, force=False):
         pushed = sync(engine, model, force=force)
         pushes.append(pushed)
+        if engine not in built:
+            built.append(engine)
         return pushed
 
-    vllm.LLM.generate, vllm_engine._Engine.sync = recording_generate, recording_sync
-    sample = vllm_engine._sample
-
-    def recording_sample(model, prompts, **options):
+    def recording_engine_generate(engine, model, prompts, **options):
         ids, mask = prompts.input_ids, prompts.attention_mask.bool()
         rows = [ids[i][mask[i]].tolist() for i in range(len(ids))]
-        result = sample(model, prompts, **options)  # (tokens, policy's, engine's log-probs)
+        result = engine_generate(engine, model, prompts, **options)  # (tokens, engine's)
         calls[-1].update(rows=rows, tokens=result[0].tolist())
         return result
 
-    vllm_engine._sample = recording_sample  # what the sampler object and the dispatcher call
+    vllm.LLM.generate, VLLMEngine.sync = recording_generate, recording_sync
+    VLLMEngine.generate = recording_engine_generate  # what the sampler and sample() call
     rank = int(os.environ["RANK"])
+    held = VLLMEngine()  # an engine this script holds, left open at its end
 
     def at_exit():  # registered first, so it runs last: after prefopt's own exit handlers
-        seen = {"engine_open": bool(vllm_engine._ENGINE), "group_up": dist.is_initialized()}
+        seen = {"engine_open": held.llm is not None, "group_up": dist.is_initialized()}
         (out / f"exit-{rank}.json").write_text(json.dumps(seen))
 
     atexit.register(at_exit)
@@ -80,38 +82,37 @@ def _rank_main(out: Path) -> None:
     with prefopt.config_context(generation="vllm"):
         policy.fit(PROMPTS, _reward)  # the process group starts here (torchrun's variables)
     fit_calls, fit_pushes = list(calls), list(pushes)
-    llm = vllm_engine._ENGINE["engine"].llm
-    executor = llm.llm_engine.vllm_config.parallel_config.distributed_executor_backend
+    fit_engine_closed = len(built) == 1 and built[0].llm is None  # the fit's own, closed
 
     def all_reduce() -> float:
         x = torch.tensor([rank + 1.0])
         dist.all_reduce(x)
         return x.item()
 
-    after_fit = all_reduce()  # the group the fit trained with is intact, the engine open
-    # The engine after the last update's push against the policy, greedy, on prompts of
-    # this rank's own (each rank its own half).
+    after_fit = all_reduce()  # the group the fit trained with is intact, its engine closed
+    # An engine held here, after the last update, against the policy, greedy, on prompts
+    # of this rank's own (each rank its own half).
     mine = PROMPTS[rank::2]
     policy.temperature_ = 1e-6  # greedy from here on (sample reads the fitted temperature)
     native = policy.sample(mine, random_state=0)
-    with prefopt.config_context(generation="vllm"):
+    with prefopt.config_context(generation=held):
         engine = policy.sample(mine, random_state=0)
     unfitted = RLOOPolicy(model=start, **{**FIT, "n_steps": 0, "temperature": 1e-6})
     before = unfitted.fit(PROMPTS, _reward).sample(mine, random_state=0)  # the start's
-    vllm_engine.close()
+    held.close()
     after_close = all_reduce()
-    with prefopt.config_context(generation="vllm"):  # a new engine on both ranks, left open
+    with prefopt.config_context(generation=held):  # built again on both ranks, left open
         again = policy.sample(mine, random_state=0)
     torch.save({name: p.detach() for name, p in policy.model_.state_dict().items()},
                out / f"model-{rank}.pt")  # fmt: skip
     (out / f"rank-{rank}.json").write_text(json.dumps({
-        "world_size": dist.get_world_size(), "executor": executor,
-        "calls": fit_calls, "pushes": fit_pushes,
+        "world_size": dist.get_world_size(), "executors": executors[: len(fit_calls)],
+        "calls": fit_calls, "pushes": fit_pushes, "fit_engine_closed": fit_engine_closed,
         "n_iter": policy.n_iter_, "after_fit": after_fit, "after_close": after_close,
         "native": native, "engine": engine, "before": before, "again": again,
         "rewards": [row["objective/reward"] for row in policy.history_],
     }))  # fmt: skip
-    # The script ends with the engine open and the group up, as a user's would.
+    # The script ends with the held engine open and the group up, as a user's would.
 
 
 _skip = pytest.mark.skipif(
@@ -136,7 +137,8 @@ def test_two_ranks_each_sample_their_own_prompts_with_their_own_engine(tmp_path)
     ranks = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in (0, 1)]
     for r, seen in enumerate(ranks):
         assert seen["world_size"] == 2 and seen["n_iter"] == FIT["n_steps"]
-        assert seen["executor"] == "external_launcher"  # vLLM's mode for torchrun's ranks
+        # vLLM's mode for torchrun's ranks; the fit's own engine closed with the fit.
+        assert set(seen["executors"]) == {"external_launcher"} and seen["fit_engine_closed"]
         # The training group survived the engine, open and closed: an all-reduce of 1 + 2.
         assert seen["after_fit"] == seen["after_close"] == 3.0
         # One sampling call a step, each after a push of the weights the step's update made

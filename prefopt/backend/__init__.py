@@ -34,7 +34,7 @@ from .models import (
     model_vocab_size,
 )
 from .scoring import join_right_padded, score_sequences, sequence_values, unpad
-from .vllm_engine import dispatch
+from .vllm_engine import VLLMEngine, dispatch
 
 # The sampler every estimator calls: prefopt's own, or under set_config(generation="vllm")
 # the same call answered by a vLLM engine (vllm_engine builds on generation, not the reverse).
@@ -44,6 +44,7 @@ __all__ = [
     "EncodedPrompts",
     "ScalarHeadModel",
     "TokenValueTable",
+    "VLLMEngine",
     "adamw",
     "autocast",
     "gradient_step",

@@ -35,7 +35,7 @@ def default_group_kept():
         dist.destroy_process_group = destroy
 
 
-def check_ranks(engine_options: dict) -> None:
+def check_ranks(options=None) -> None:
     """Refuse what prefopt's engine cannot sample with, before vLLM starts (never silently).
 
     Each rank's engine holds the whole policy and samples that rank's prompts. A
@@ -45,18 +45,19 @@ def check_ranks(engine_options: dict) -> None:
     """
     from . import distributed
 
+    options = options or {}  # None: the fit's ranks alone (an engine checked its own)
     split = {
-        name: engine_options[name]
+        name: options[name]
         for name in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")
-        if engine_options.get(name, 1) != 1
+        if options.get(name, 1) != 1
     }
     if split:  # in one process too: vLLM would fail on an assertion of its own
         raise ValueError(
-            f"engine_options {split} would split the vLLM engine over several processes; "
+            f"VLLMEngine options {split} would split the vLLM engine over several processes; "
             "prefopt pushes the policy's weights into one engine holding the whole model "
             "(in a fit of several ranks, one such engine per rank: a split one would have them "
             "sample the same prompts together), so it is not supported. Remove them from "
-            "engine_options."
+            "the options."
         )
     if distributed.world_size() <= 1:
         return

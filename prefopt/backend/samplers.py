@@ -5,7 +5,9 @@ returns a :class:`Samples`: the responses truncated after their first stop id,
 their mask, whether each ended, the policy's log-probs of the sampled tokens (the
 sampling pass's), and the engine's own log-probs when an engine other than the
 policy drew them. Nothing the sampler measured travels through module state.
-:func:`sampler_for` picks the one ``set_config(generation=...)`` names.
+:func:`sampler_for` picks the one ``set_config(generation=...)`` names; a vLLM
+sampler is given its engine (:class:`~prefopt.backend.vllm_engine.VLLMEngine`), an
+object, and the fit's optimiser, whose steps the engine counts as weight changes.
 """
 
 from __future__ import annotations
@@ -129,19 +131,28 @@ class NativeSampler:
         ids, mask, ended = truncate_after_eos(raw, stops, pad_token_id)
         return Samples(ids, mask, ended, logprobs)
 
+    def close(self) -> None:
+        """Nothing to release: the native sampler holds no engine."""
+
 
 class VLLMSampler:
-    """The sampler of a fit under ``set_config(generation="vllm")``: a rollout holds one.
+    """The sampler of a fit under a vLLM engine (``set_config(generation=...)``): a rollout holds one.
 
     Its :meth:`sample` answers as :class:`~prefopt.backend.samplers.NativeSampler`'s
     does, and returns the engine's own log-probs of the sampled tokens beside the
-    policy's (``Samples.engine_logprobs``). The engine itself is the process's one
-    (see :func:`~prefopt.backend.vllm_engine.engine_for`), built on first use.
+    policy's (``Samples.engine_logprobs``). It is given its engine (the fit's,
+    see :func:`~prefopt.backend.vllm_engine.shared_engine`) and the optimiser whose
+    steps change the weights the engine must hold.
 
     Parameters
     ----------
     model : torch.nn.Module
         The policy, a transformers causal LM (checked here, before any work).
+    engine : VLLMEngine, default=None
+        The engine to sample with; ``None`` builds one that :meth:`close` closes.
+    optimizer : torch.optim.Optimizer, default=None
+        The fit's optimiser: the engine counts its steps as weight changes (a
+        fused AdamW bumps no version counter) until :meth:`close`.
 
     Examples
     --------
@@ -152,9 +163,12 @@ class VLLMSampler:
     ValueError: generation='vllm' samples transformers causal LMs; Linear is not one...
     """
 
-    def __init__(self, model):
+    def __init__(self, model, engine=None, optimizer=None):
         vllm_engine._check_model(model)
-        vllm_engine.check_ranks(vllm_engine.engine_options)
+        vllm_engine.check_ranks()  # the fit's ranks; an engine refused a split of its own
+        self.owns_engine = engine is None
+        self.engine = vllm_engine.VLLMEngine() if engine is None else engine
+        self._watch = None if optimizer is None else self.engine.watch(optimizer)
 
     def sample(self, model, prompts, *, max_new_tokens, temperature, generator, pad_token_id,
                suppress_ids=(), stop_ids=(), prompt_index=None):  # fmt: skip
@@ -178,11 +192,10 @@ class VLLMSampler:
             With ``engine_logprobs``, the engine's log-probs after temperature.
         """
         stops = tuple(stop_ids) or None
-        tokens, _, engine = vllm_engine._sample(model, prompts, max_new_tokens=max_new_tokens,
-                                    temperature=temperature, generator=generator,
-                                    suppress_ids=suppress_ids, return_logprobs=True,
-                                    eos_token_id=stops, prompt_index=prompt_index,
-                                    policy_pass=False)  # fmt: skip
+        tokens, engine = self.engine.generate(model, prompts, max_new_tokens=max_new_tokens,
+                                              temperature=temperature, generator=generator,
+                                              suppress_ids=suppress_ids, eos_token_id=stops,
+                                              prompt_index=prompt_index)  # fmt: skip
         ids, mask, ended = truncate_after_eos(tokens, stops, pad_token_id)
         # The policy's log-probs of the sampled tokens: one forward pass over the responses
         # as the rollout and the update read them (padded with pad_token_id), the very pass
@@ -193,24 +206,38 @@ class VLLMSampler:
         )  # fmt: skip
         return Samples(ids, mask, ended, policy, engine * mask, full_pass=True)
 
+    def close(self) -> None:
+        """Stop counting the optimiser's steps; close the engine if this sampler built it."""
+        if self._watch is not None:
+            self._watch.remove()
+            self._watch = None
+        if self.owns_engine:
+            self.engine.close()
 
-def sampler_for(model):
+
+def sampler_for(model, optimizer=None):
     """The sampler ``set_config(generation=...)`` names, for ``model``.
 
     Parameters
     ----------
     model : torch.nn.Module
-        The policy; ``generation="vllm"`` needs a transformers causal LM.
+        The policy; an engine needs a transformers causal LM.
+    optimizer : torch.optim.Optimizer, default=None
+        The fit's optimiser, whose steps an engine counts as weight changes.
 
     Returns
     -------
-    sampler : NativeSampler or prefopt.backend.vllm_engine.VLLMSampler
+    sampler : NativeSampler or VLLMSampler
+        Under ``generation="vllm"`` the sampler builds its own engine (a fit's
+        :func:`~prefopt.backend.vllm_engine.shared_engine` block names one
+        instead); under an engine object, that one.
 
     Examples
     --------
     >>> type(sampler_for(None)).__name__
     'NativeSampler'
     """
-    if get_config()["generation"] != "vllm":
+    generation = get_config()["generation"]
+    if generation == "native":
         return NativeSampler()
-    return VLLMSampler(model)
+    return VLLMSampler(model, None if generation == "vllm" else generation, optimizer)

@@ -17,6 +17,7 @@ from sklearn.utils.validation import check_is_fitted
 from .._config import get_config
 from ..backend import local_seed, make_generator, response_logprobs
 from ..backend.progress import verbose_log
+from ..backend.vllm_engine import shared_engine
 from ..data import check_pairs, check_prompts
 from ..validation import validate_parameter_constraints
 from ._base import LanguageModelEstimator
@@ -182,15 +183,16 @@ class GenerativeEstimator(LanguageModelEstimator):
         rows = np.repeat(np.arange(len(prompts)), n)
         out = []
         size = get_config()["eval_batch_size"]
-        for start in range(0, len(rows), size):
-            chunk = rows[start : start + size]
-            ids, mask, _ = self._generate(
-                self._encode([tokens[i] for i in chunk]),
-                generator,
-                temperature=temperature,
-                max_new_tokens=max_new_tokens,
-            )
-            out.extend(self._decode(ids, mask))
+        with shared_engine():  # under generation="vllm", one engine for every chunk
+            for start in range(0, len(rows), size):
+                chunk = rows[start : start + size]
+                ids, mask, _ = self._generate(
+                    self._encode([tokens[i] for i in chunk]),
+                    generator,
+                    temperature=temperature,
+                    max_new_tokens=max_new_tokens,
+                )
+                out.extend(self._decode(ids, mask))
         return [out[i * n : (i + 1) * n] for i in range(len(prompts))]
 
     @torch.no_grad()

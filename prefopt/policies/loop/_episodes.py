@@ -32,6 +32,7 @@ from sklearn.utils import check_random_state
 
 from ...backend import make_generator
 from ...backend.samplers import Samples, sampler_for
+from ...backend.vllm_engine import shared_engine
 from ...data import is_conversation
 from ...lm import context_length
 from ._environment import checked_step, gather
@@ -391,20 +392,22 @@ def run_episodes(view, prompts, *, random_state) -> dict:
     and the episodes' figures (``stats``).
     """
     tokens = view.tokenize_prompts(prompts)
-    sampler = episode_sampler(sampler_for(view.model), view, prompts, tokens)
     seed = check_random_state(random_state).randint(np.iinfo(np.int32).max)
-    with torch.inference_mode():
-        out = sampler.sample(
-            view.model,
-            view.encode(sampler.prompt_tokens),
-            max_new_tokens=view.max_new_tokens,
-            temperature=view.temperature,
-            generator=make_generator(int(seed)),
-            pad_token_id=view.pad_token_id,
-            suppress_ids=view.suppress_ids,
-            stop_ids=view.stop_ids,
-            prompt_index=torch.arange(len(prompts)),
-        )
+    # Under generation="vllm", one engine for the episodes' turns, closed after them.
+    with shared_engine():
+        sampler = episode_sampler(sampler_for(view.model), view, prompts, tokens)
+        with torch.inference_mode():
+            out = sampler.sample(
+                view.model,
+                view.encode(sampler.prompt_tokens),
+                max_new_tokens=view.max_new_tokens,
+                temperature=view.temperature,
+                generator=make_generator(int(seed)),
+                pad_token_id=view.pad_token_id,
+                suppress_ids=view.suppress_ids,
+                stop_ids=view.stop_ids,
+                prompt_index=torch.arange(len(prompts)),
+            )
     return {
         "transcript": view.decode(out.response_ids, out.attention_mask),
         "environment_reward": out.token_rewards.sum(1).cpu().numpy().astype(np.float64),

@@ -185,15 +185,20 @@ class PolicyLoop:
         self.n_episodes = policy.n_episodes_
         self.totals = _budget_totals(policy.history_[-1] if policy.history_ else {})
         self.kl = policy.kl_  # the fit's KL controller
-        episodes = None
+        # The sampling engine: the fit's (set_config(generation=...)), told of the fit's
+        # optimiser, whose steps change the weights an engine must hold.
+        self.sampler = episodes = None
         if view.episodes is not None:  # multi-turn: the environment's turns between the policy's
-            episodes = episode_sampler(sampler_for(view.model), view, prompts, self.prompt_tokens)
+            self.sampler = sampler_for(view.model, run.optimizer)
+            episodes = episode_sampler(self.sampler, view, prompts, self.prompt_tokens)
             self.prompt_tokens = episodes.prompt_tokens  # with the tools' schemas
         # max_staleness: the sampler process and its queue of batches (_overlap.py), or None
         self.overlap = overlapped(view, run, prompt_tokens=self.prompt_tokens, state=overlap)
+        if self.sampler is None and self.overlap is None:
+            self.sampler = sampler_for(view.model, run.optimizer)
         self.rollouts = Rollout(
             view,
-            episodes or self.overlap or sampler_for(view.model),
+            episodes or self.overlap or self.sampler,
             run=run,
             prompts=prompts,
             prompt_tokens=self.prompt_tokens,
@@ -408,9 +413,11 @@ class PolicyLoop:
         self.checkpoint.save(self.policy, state)
 
     def close(self) -> None:
-        """End the fit's sampler process, if any (overlapped rollouts)."""
+        """End the fit's sampler process, if any (overlapped rollouts), and its sampler."""
         if self.overlap is not None:
             self.overlap.close()
+        if self.sampler is not None:  # an engine stops counting the optimiser's steps
+            self.sampler.close()
 
     # ----- distributed fits ---------------------------------------------------------------
     def prepare_distributed(self) -> None:

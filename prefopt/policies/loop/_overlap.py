@@ -69,7 +69,7 @@ def check_overlap(view) -> None:
             "distributed='ddp' (each rank then overlaps its own sampling and training), or "
             "max_staleness=None."
         )
-    if get_config()["generation"] == "vllm":
+    if get_config()["generation"] != "native":  # "vllm" or an engine object
         raise ValueError(
             f"{name}(max_staleness={view.max_staleness}) with set_config(generation='vllm'): "
             f"overlap runs the native sampler in a process of its own ({where}); the vLLM "
