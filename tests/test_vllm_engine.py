@@ -343,7 +343,7 @@ def test_greedy_completions_equal_native_before_and_after_a_weight_push(make, en
 
 @needs_vllm
 def test_each_sampling_call_under_vllm_builds_an_engine_and_closes_it(monkeypatch):
-    # generation="vllm" outside a fit or a shared_engine block: one engine for the call.
+    # generation="vllm" outside a fit or a sampling_engine block: one engine for the call.
     opened, closed = [], []
     build, close = vllm_engine.BuiltLLM.__init__, vllm_engine.BuiltLLM.close
 
@@ -362,7 +362,7 @@ def test_each_sampling_call_under_vllm_builds_an_engine_and_closes_it(monkeypatc
     assert torch.equal(from_engine, native)
     assert len(opened) == 1 and closed == [True] and opened[0].llm is None
     with prefopt.config_context(generation="vllm"):
-        with vllm_engine.shared_engine() as block:  # one engine for the block's calls
+        with vllm_engine.sampling_engine() as block:  # one engine for the block's calls
             both(model, prefopt.get_config()["generation"])
             both(model, prefopt.get_config()["generation"])
             assert len(opened) == 2 and block.llm is opened[1].llm is not None

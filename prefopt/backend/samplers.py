@@ -136,12 +136,12 @@ class NativeSampler:
 
 
 class VLLMSampler:
-    """The sampler of a fit under a vLLM engine (``set_config(generation=...)``): a rollout holds one.
+    """The sampler of a fit under a vLLM engine (``set_config(generation=...)``); rollouts hold it.
 
     Its :meth:`sample` answers as :class:`~prefopt.backend.samplers.NativeSampler`'s
     does, and returns the engine's own log-probs of the sampled tokens beside the
     policy's (``Samples.engine_logprobs``). It is given its engine (the fit's,
-    see :func:`~prefopt.backend.vllm_engine.shared_engine`) and the optimiser whose
+    see :func:`~prefopt.backend.vllm_engine.sampling_engine`) and the optimiser whose
     steps change the weights the engine must hold.
 
     Parameters
@@ -229,7 +229,7 @@ def sampler_for(model, optimizer=None):
     -------
     sampler : NativeSampler or VLLMSampler
         Under ``generation="vllm"`` the sampler builds its own engine (a fit's
-        :func:`~prefopt.backend.vllm_engine.shared_engine` block names one
+        :func:`~prefopt.backend.vllm_engine.sampling_engine` block names one
         instead); under an engine object, that one.
 
     Examples

@@ -27,7 +27,7 @@ owns its ``vllm.LLM``, the folder of its config, what it last pushed and its
   module dict ``engine_options``. Pickled (a search's workers), it travels as
   its options and builds anew where it samples.
 
-:func:`shared_engine` is that rule, one ``with`` block: the fit's and the
+:func:`sampling_engine` is that rule, one ``with`` block: the fit's and the
 estimators' sampling methods open one. A module global held the engine before;
 an object makes the engine's life the fit's or its holder's, visible where it is
 built and closed, and lets two configurations hold two engines without a global
@@ -107,7 +107,7 @@ __all__ = [
     "logprob_gap",
     "named_weights",
     "sample",
-    "shared_engine",
+    "sampling_engine",
     "truncated_importance_weights",
 ]
 
@@ -294,7 +294,7 @@ class VLLMEngine:
 
 
 @contextlib.contextmanager
-def shared_engine():
+def sampling_engine():
     """The sampling engine of a block: one for every sampling call in it, closed at its end.
 
     Under ``set_config(generation="vllm")`` a :class:`VLLMEngine` is built for the
@@ -309,7 +309,7 @@ def shared_engine():
 
     Examples
     --------
-    >>> with shared_engine() as engine:  # generation="native" by default
+    >>> with sampling_engine() as engine:  # generation="native" by default
     ...     engine is None
     True
     """
@@ -338,7 +338,7 @@ def sample(
 ):
     """:func:`prefopt.backend.sample` through the engine ``set_config(generation=...)`` names.
 
-    Under ``generation="vllm"`` outside a :func:`shared_engine` block, an engine
+    Under ``generation="vllm"`` outside a :func:`sampling_engine` block, an engine
     is built for this call and closed after it.
 
     Parameters
@@ -383,7 +383,7 @@ def sample(
     ValueError: generation='vllm' samples transformers causal LMs; Linear is not one...
     """
     _check_model(model)
-    with shared_engine() as engine:
+    with sampling_engine() as engine:
         tokens, _ = engine.generate(model, prompts, max_new_tokens=max_new_tokens,
                                     temperature=temperature, generator=generator,
                                     suppress_ids=suppress_ids, eos_token_id=eos_token_id,

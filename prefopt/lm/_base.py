@@ -33,7 +33,7 @@ from ..backend import (
 from ..backend.models import clone_keeping_models
 from ..backend.progress import quiet_transformers
 from ..backend.serialization import dump_state, restore_state
-from ..backend.vllm_engine import shared_engine
+from ..backend.vllm_engine import sampling_engine
 from ..data import PreferenceData
 from . import _persist
 from ._checkpoint import check_folder
@@ -292,7 +292,7 @@ class LanguageModelEstimator(TokenEncoding, BaseEstimator):
         """Responses (token lists, up to and including the stop token) for prompt token lists."""
         out = []
         size = get_config()["eval_batch_size"]
-        with shared_engine():  # under generation="vllm", one engine for every chunk
+        with sampling_engine():  # under generation="vllm", one engine for every chunk
             for start in range(0, len(token_rows), size):
                 ids, mask, _ = self._generate(
                     self._encode(token_rows[start : start + size]), generator, model=model

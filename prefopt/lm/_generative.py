@@ -17,7 +17,7 @@ from sklearn.utils.validation import check_is_fitted
 from .._config import get_config
 from ..backend import local_seed, make_generator, response_logprobs
 from ..backend.progress import verbose_log
-from ..backend.vllm_engine import shared_engine
+from ..backend.vllm_engine import sampling_engine
 from ..data import check_pairs, check_prompts
 from ..validation import validate_parameter_constraints
 from ._base import LanguageModelEstimator
@@ -183,7 +183,7 @@ class GenerativeEstimator(LanguageModelEstimator):
         rows = np.repeat(np.arange(len(prompts)), n)
         out = []
         size = get_config()["eval_batch_size"]
-        with shared_engine():  # under generation="vllm", one engine for every chunk
+        with sampling_engine():  # under generation="vllm", one engine for every chunk
             for start in range(0, len(rows), size):
                 chunk = rows[start : start + size]
                 ids, mask, _ = self._generate(

@@ -22,7 +22,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from ..backend import default_learning_rate, distributed, make_generator, maybe_compile
 from ..backend.memory import checkpointable, enable_gradient_checkpointing
-from ..backend.vllm_engine import shared_engine
+from ..backend.vllm_engine import sampling_engine
 from ..data import PreferenceData, check_prompt_table
 from ..kl import FixedKLController
 from ..learning_rate import AdaptiveLR, policy_default
@@ -253,8 +253,8 @@ class BasePolicy(Algorithm, GenerativeEstimator):
         # A reward not described exactly is also told apart by its outputs on a seeded probe.
         probes = {"reward": lambda: reward_behaviour(reward, prompts, columns)}
         resumable = ckpt.resumable(self, data_key, probes, reward=reward, labeler=labeler)
-        # shared_engine: under generation="vllm", the fit's own engine, closed at its end.
-        with one_fit_at_a_time(self), resumable as resume, shared_engine():
+        # sampling_engine: under generation="vllm", the fit's own engine, closed at its end.
+        with one_fit_at_a_time(self), resumable as resume, sampling_engine():
             previous = self._loop
             if (resume is not None and resume.saved is not None) or not (
                 self.warm_start and previous is not None

@@ -32,7 +32,7 @@ from sklearn.utils import check_random_state
 
 from ...backend import make_generator
 from ...backend.samplers import Samples, sampler_for
-from ...backend.vllm_engine import shared_engine
+from ...backend.vllm_engine import sampling_engine
 from ...data import is_conversation
 from ...lm import context_length
 from ._environment import checked_step, gather
@@ -394,7 +394,7 @@ def run_episodes(view, prompts, *, random_state) -> dict:
     tokens = view.tokenize_prompts(prompts)
     seed = check_random_state(random_state).randint(np.iinfo(np.int32).max)
     # Under generation="vllm", one engine for the episodes' turns, closed after them.
-    with shared_engine():
+    with sampling_engine():
         sampler = episode_sampler(sampler_for(view.model), view, prompts, tokens)
         with torch.inference_mode():
             out = sampler.sample(
