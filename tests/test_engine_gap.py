@@ -143,7 +143,7 @@ def test_the_gap_is_logged_each_step_when_an_engine_sampled(world, monkeypatch):
     # nats above the policy's on every token.
     from prefopt.policies.loop import _loop
 
-    monkeypatch.setattr(_loop, "sampler_for", lambda model: OffsetEngine(0.25))
+    monkeypatch.setattr(_loop, "sampler_for", lambda model, optimizer: OffsetEngine(0.25))
     policy = RLOOPolicy(model=world.policy_model(), k=2, n_steps=3, batch_size=8,
                         vllm_importance_sampling_cap=2.0, random_state=0)  # fmt: skip
     policy.fit(world.prompts, world.true_quality)
