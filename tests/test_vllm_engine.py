@@ -11,6 +11,7 @@ import importlib.util
 import sys
 import weakref
 
+import numpy as np
 import pytest
 import torch
 from _tiny import word_tokenizer
@@ -663,3 +664,57 @@ def test_a_weight_push_hides_vllms_info_lines_unless_prefopt_logs_debug():
     finally:
         vllm_log.setLevel(before[0])
         prefopt_log.setLevel(before[1])
+
+
+@needs_vllm
+def test_tool_episodes_run_on_the_engine_turn_by_turn_over_its_prefix_cache(monkeypatch):
+    # Issue 37, point 4: multi-turn episodes (tools) on the vLLM engine too. A start that
+    # calls the calculator: SFT on the world's tool-use demonstrations (20 epochs: at 10
+    # it called in 1 episode of 4, measured).
+    import vllm
+
+    from prefopt import GRPOPolicy, SFTPolicy
+    from prefopt.worlds import CalculatorWorld
+
+    world = CalculatorWorld(n_eval=8, n_demonstrations=64, random_state=0)
+    calling = world.demonstrations[world.calls_tool(world.demonstrations.completion)]
+    config = world.model_config(n_head=1)  # one head of width 64 (vLLM's CPU attention)
+    with prefopt.config_context(show_progress_bar=False):
+        sft = SFTPolicy(model=config, n_epochs=20, learning_rate=3e-3,
+                        random_state=0).fit(calling)  # fmt: skip
+    asked, generate = [], vllm.LLM.generate
+
+    def recording(llm, requests, params, **kwargs):
+        caching = llm.llm_engine.vllm_config.cache_config.enable_prefix_caching
+        asked.append(([r["prompt_token_ids"] for r in requests], caching))
+        return generate(llm, requests, params, **kwargs)
+
+    monkeypatch.setattr(vllm.LLM, "generate", recording)
+    policy = GRPOPolicy(model=sft, tools=world.tools, max_turns=3, k=2, batch_size=8, n_steps=2,
+                        max_new_tokens=world.max_new_tokens, random_state=0)  # fmt: skip
+    with prefopt.config_context(generation="vllm", show_progress_bar=False):
+        policy.fit(world.prompts, world.correctness_reward)
+        episodes = policy.sample_episodes(world.eval_prompts, random_state=0)
+    assert len(policy.history_) == 2
+    print("\ntool calls and turns an episode through vLLM:",
+          [(row["tools/calls"], row["episode/turns"]) for row in policy.history_],
+          "sample_episodes:", episodes["stats"])  # fmt: skip
+    for row in policy.history_:
+        numbers = {k: v for k, v in row.items() if isinstance(v, float)}
+        assert all(np.isfinite(v) for v in numbers.values()), numbers
+        assert row["engine/logprob_gap_max"] < 1e-5  # float32 both sides, as single-turn
+    # The engine's completions were read as tool calls, run, and answered in later turns.
+    assert sum(row["tools/calls"] for row in policy.history_) > 0
+    assert max(row["episode/turns"] for row in policy.history_) > 1
+    assert any("<tool_response>" in text for text in episodes["transcript"])
+    assert episodes["stats"]["tools/calls"] > 0
+    # A later turn asks for each live episode's whole context, which starts with an earlier
+    # request's tokens: the prefix the engine's cache holds (prefix caching is on, and no
+    # weight push, which resets it, happens between the turns of a rollout).
+    assert all(caching for _, caching in asked)
+    earlier, continued = [], 0
+    for prompts, _ in asked:
+        for ids in prompts:
+            continued += any(len(p) < len(ids) and ids[: len(p)] == p for p in earlier)
+        earlier += prompts
+    assert continued > 0
