@@ -45,16 +45,17 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))  # lr_sweep.py beside this script, however it is loaded
+if str(HERE) not in sys.path:  # lr_sweep.py beside this script, however it is loaded
+    sys.path.append(str(HERE))
 
+import lr_sweep as sweep  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 from joblib import Parallel, delayed  # noqa: E402
-
-import lr_sweep as sweep  # noqa: E402
-import prefopt  # noqa: E402
 from lr_sweep_rule3 import OLD_DEFAULT  # noqa: E402
+
+import prefopt  # noqa: E402
 from prefopt.exceptions import RunHealthWarning  # noqa: E402
 
 WORLDS = ("arithmetic/gpt2", "arithmetic/llama", "review/gpt2", "review/llama")
