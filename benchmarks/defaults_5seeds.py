@@ -12,7 +12,10 @@ scored by held-out pass@1 (8 samples of each of 200 held-out problems); ``review
 the gold (VADER) reward of 2/3 of the prompts, scored by the gold of 4 samples of each
 held-out prompt. Each policy (PPO, RLOO, GRPO, REINFORCE, REINFORCE++, RAFT) runs on the
 sweep's seeds 1000-1004 in two arms: ``default`` (``learning_rate=None``: the adaptive rate)
-and ``old`` (the fixed tiny-model default before issue 35, ``lr_sweep_rule3.OLD_DEFAULT``).
+and ``old`` (the fixed tiny-model default before issue 35, ``lr_sweep_rule3.OLD_DEFAULT``);
+``--arms default,old,annealed`` adds the default's controller with ``anneal=True`` (the
+rate decayed linearly to 0 over the fit, as the fixed rates are; every world here is a tiny
+model, so the controller starts at the class's ``tiny_model_learning_rate``).
 Everything else is the policy's default, ``on_unhealthy`` included ("warn"): every
 :class:`~prefopt.exceptions.RunHealthWarning` is counted.
 
@@ -57,12 +60,13 @@ from lr_sweep_rule3 import OLD_DEFAULT  # noqa: E402
 
 import prefopt  # noqa: E402
 from prefopt.exceptions import RunHealthWarning  # noqa: E402
+from prefopt.learning_rate import policy_default  # noqa: E402
 
 WORLDS = ("arithmetic/gpt2", "arithmetic/llama", "review/gpt2", "review/llama")
 # The slowest first (measured one seed per world: PPO, then RAFT), so that no worker is
 # left alone with a long fit at the end.
 POLICIES = ("PPO", "RAFT", "RLOO", "GRPO", "REINFORCE", "REINFORCE++")
-ARMS = ("default", "old")
+ARMS = ("default", "old", "annealed")  # the last only when asked (--arms)
 
 
 def build(world: str, quick: bool) -> dict:
@@ -78,9 +82,12 @@ def fit_one(spec: dict, world: str, name: str, arm: str, seed: int, budget: dict
     torch.set_num_threads(1)
     prefopt.set_config(show_progress_bar=False)
     task, arch = world.split("/")
-    rate = None if arm == "default" else OLD_DEFAULT[name]
+    rate = {"default": None, "old": OLD_DEFAULT[name]}.get(arm)
+    if arm == "annealed":  # the default's controller, decayed linearly to 0 over the fit
+        rate = policy_default(sweep.POLICIES[name].tiny_model_learning_rate)
+        rate.set_params(anneal=True)
     row = {"world": world, "policy": name, "arm": arm, "seed": seed, "start": spec["start"]}
-    row.update(learning_rate="adaptive" if rate is None else rate, **budget)
+    row.update(learning_rate=rate if isinstance(rate, float) else arm, **budget)
     wall, cpu = time.perf_counter(), time.process_time()
     error, policy, caught = "", None, []
     try:
@@ -124,15 +131,31 @@ def summary(rows: pd.DataFrame, n_seeds: int = 5) -> pd.DataFrame:
 
     ``holds``: the default arm ran ``n_seeds`` seeds, none with a health warning, a fired
     detector or an error, each ending above the start. ``gain over old``: the mean over the
-    seeds both arms ran of (default's end - old's end).
+    seeds both arms ran of (default's end - old's end). With an ``annealed`` arm, its mean end,
+    warned runs, seeds above the start and gain over the old default too.
     """
     out = []
+    annealed = "arm" in rows and (rows.arm == "annealed").any()
     for (world, name), g in rows.groupby(["world", "policy"], sort=False):
         ada = g[g.arm == "default"].set_index("seed")
         old = g[g.arm == "old"].set_index("seed")
         both = sorted(set(ada.index) & set(old.index))
         bad = (ada.health_warnings > 0) | (ada.fired != "") | (ada.error != "")
         above = int((ada["end"] > ada["start"]).sum())
+        entry = {}
+        if annealed:
+            ann = g[g.arm == "annealed"].set_index("seed")
+            paired = sorted(set(ann.index) & set(old.index))
+            entry = {
+                "annealed end": float(ann["end"].mean()) if len(ann) else np.nan,
+                "annealed above": int((ann["end"] > ann["start"]).sum()),
+                "annealed warned": int(((ann.health_warnings > 0) | (ann.fired != "")).sum()),
+                "annealed gain over old": (
+                    float((ann.loc[paired, "end"] - old.loc[paired, "end"]).mean())
+                    if paired
+                    else np.nan
+                ),
+            }
         out.append(
             {
                 "world": world,
@@ -151,6 +174,7 @@ def summary(rows: pd.DataFrame, n_seeds: int = 5) -> pd.DataFrame:
                 "paired seeds": len(both),
                 "fit s (mean)": float(ada.cpu_seconds.mean()),
                 "holds": bool(len(ada) >= n_seeds and not bad.any() and above == len(ada)),
+                **entry,
             }
         )
     return pd.DataFrame(out)
@@ -167,6 +191,11 @@ def markdown(table: pd.DataFrame) -> str:
         lines.append(
             f"\n{world}: gain over the old defaults, mean over policies "
             f"{g['gain over old'].mean():+.3f}; {int(g.holds.sum())}/{len(g)} policies hold"
+            + (
+                f"; annealed: gain over the old defaults {g['annealed gain over old'].mean():+.3f}"
+                if "annealed gain over old" in g
+                else ""
+            )
         )
     return "\n".join(lines)
 
@@ -177,7 +206,7 @@ def main(argv=None) -> pd.DataFrame:
     parser.add_argument("--out", type=Path, default=HERE / "defaults_5seeds.jsonl")
     parser.add_argument("--worlds", default=",".join(WORLDS))
     parser.add_argument("--policies", default=",".join(POLICIES))
-    parser.add_argument("--arms", default=",".join(ARMS))
+    parser.add_argument("--arms", default="default,old")
     parser.add_argument("--seeds", type=int, default=5, help="the first N of 1000-1004")
     parser.add_argument("--resume", action="store_true", help="skip the fits in --out")
     parser.add_argument("--summary", action="store_true", help="only print --out's table")

@@ -63,6 +63,12 @@ class AdaptiveLR(BaseEstimator):
         The lowest rate (rl_games' bound).
     max_lr : float, default=1e-2
         The highest rate (rl_games' and rsl_rl's bound).
+    anneal : bool, default=False
+        Multiply the rate a fit uses by ``1 - done``, the share of the fit's
+        steps done (:meth:`rate_at`): the linear decay to 0 of a fixed rate
+        (``lr_schedule="linear"``, Ziegler et al.'s code), over the adapted rate.
+        The rule adapts the rate before the decay; the decay ends the fit's
+        steps small, where an adapted rate keeps its size to the last step.
 
     Attributes
     ----------
@@ -129,12 +135,14 @@ class AdaptiveLR(BaseEstimator):
         factor: float = 1.5,
         min_lr: float = 1e-6,
         max_lr: float = 1e-2,
+        anneal: bool = False,
     ):
         self.learning_rate = learning_rate
         self.target = target
         self.factor = factor
         self.min_lr = min_lr
         self.max_lr = max_lr
+        self.anneal = anneal
 
     def _check_params(self) -> None:
         _positive_finite("learning_rate", self.learning_rate, allow_none=True)
@@ -147,6 +155,8 @@ class AdaptiveLR(BaseEstimator):
                 f"AdaptiveLR: factor must be > 1 (it multiplies the rate up and divides it "
                 f"down); got {self.factor!r}. rl_games and rsl_rl use 1.5."
             )
+        if not isinstance(self.anneal, (bool, np.bool_)):
+            raise TypeError(f"AdaptiveLR: anneal must be True or False; got {self.anneal!r}.")
         if self.min_lr > self.max_lr:
             raise ValueError(
                 f"AdaptiveLR: min_lr={self.min_lr!r} is above max_lr={self.max_lr!r}; "
@@ -226,6 +236,31 @@ class AdaptiveLR(BaseEstimator):
             self.learning_rate_ = min(self.learning_rate_ * self.factor, self.max_lr)
         self.n_updates_ += 1
         return self.learning_rate_
+
+    def rate_at(self, done: float) -> float:
+        """The rate to use when the share ``done`` of the fit's steps is done.
+
+        ``learning_rate_``, times ``1 - done`` when ``anneal``.
+
+        Parameters
+        ----------
+        done : float
+            The share of the fit's steps done before this one, in ``[0, 1]``.
+
+        Returns
+        -------
+        learning_rate : float
+
+        Examples
+        --------
+        >>> from prefopt import AdaptiveLR
+        >>> AdaptiveLR(learning_rate=1e-3, anneal=True).fit().rate_at(0.25)
+        0.00075
+        """
+        check_is_fitted(self)
+        if not 0.0 <= done <= 1.0:
+            raise ValueError(f"AdaptiveLR.rate_at: done must be in [0, 1]; got {done!r}.")
+        return self.learning_rate_ * (1.0 - done) if self.anneal else self.learning_rate_
 
     def sample(self, kls) -> np.ndarray:
         """The rates this controller would set for a sequence of measured KLs.

@@ -136,6 +136,7 @@ def test_it_is_a_nested_estimator_with_searchable_parameters():
         "factor": 1.5,
         "min_lr": 1e-6,
         "max_lr": 1e-2,
+        "anneal": False,
     }
     other = clone(lr).set_params(target=0.05)
     assert other.target == 0.05 and lr.target == 0.02
@@ -196,6 +197,28 @@ def test_the_fit_sets_each_steps_rate_from_the_last_updates_measured_change():
     }
     assert policy.learning_rate_ == 1e-3  # the starting rate
     assert not hasattr(policy.learning_rate, "learning_rate_")  # the parameter is untouched
+
+
+def test_anneal_decays_the_rate_used_linearly_to_zero():
+    lr = AdaptiveLR(learning_rate=1e-3, anneal=True).fit()
+    assert [lr.rate_at(done) for done in (0.0, 0.25, 1.0)] == [1e-3, 7.5e-4, 0.0]
+    assert AdaptiveLR(learning_rate=1e-3).fit().rate_at(0.5) == 1e-3  # off by default
+    assert lr.learning_rate_ == 1e-3  # the adapted rate itself is not decayed
+    with pytest.raises(ValueError, match=r"done must be in \[0, 1\]"):
+        lr.rate_at(1.5)
+    with pytest.raises(TypeError, match="anneal must be True or False"):
+        AdaptiveLR(learning_rate=1e-3, anneal="yes").fit()
+
+
+def test_an_annealed_fit_uses_the_adapted_rate_times_the_share_of_steps_left():
+    rate = AdaptiveLR(learning_rate=1e-3, target=0.01, anneal=True)
+    policy = lm_policy(learning_rate=rate).fit(PROMPTS, says_good)
+    used, kls = column(policy, "optim/learning_rate"), column(policy, "optim/policy_kl")
+    replay = AdaptiveLR(learning_rate=1e-3, target=0.01).fit().sample(kls)
+    adapted = [1e-3, *replay[:-1]]  # the rule adapts the rate before the decay
+    np.testing.assert_allclose(used, [a * (1 - i / 6) for i, a in enumerate(adapted)], rtol=1e-12)
+    assert column(policy, "charts/learning_rate") == used  # what the optimiser used
+    assert policy.lr_controller_.learning_rate_ == replay[-1]
 
 
 def test_no_measured_change_leaves_the_fits_rate_alone():

@@ -229,10 +229,11 @@ class PolicyLoop:
     def set_learning_rate(self) -> None:
         """The learning rate of the next step: the adaptive rate's, or the schedule's."""
         view = self.view
-        if view.lr_controller is not None:  # adapted after every update; no schedule
-            rate = view.lr_controller.learning_rate_
+        done = (self.n_iter - self.run.start_step) / view.n_steps
+        if view.lr_controller is not None:  # adapted after every update (annealed if asked)
+            rate = view.lr_controller.rate_at(min(max(done, 0.0), 1.0))
         elif view.lr_schedule == "linear":  # annealed linearly to 0, as the original code
-            rate = (1.0 - (self.n_iter - self.run.start_step) / view.n_steps) * view.learning_rate
+            rate = (1.0 - done) * view.learning_rate
         else:
             rate = view.learning_rate
         for group in self.run.optimizer.param_groups:
