@@ -229,7 +229,7 @@ class PolicyLoop:
     def set_learning_rate(self) -> None:
         """The learning rate of the next step: the adaptive rate's, or the schedule's."""
         view = self.view
-        done = (self.n_iter - self.run.start_step) / view.n_steps
+        done = (self.n_iter - self.run.start_step) / max(view.n_steps, 1)  # share of steps done
         if view.lr_controller is not None:  # adapted after every update (annealed if asked)
             rate = view.lr_controller.rate_at(min(max(done, 0.0), 1.0))
         elif view.lr_schedule == "linear":  # annealed linearly to 0, as the original code
