@@ -35,12 +35,8 @@ from ..rewards._probe import reward_behaviour
 from ..tracking import check_callback
 from ..validation import validate_params
 from ._inputs import check_ptx, starting_policy
-from ._params import (  # noqa: F401 (make_init and store_params re-exported)
-    COMMON_CONSTRAINTS,
-    COMMON_PARAMETERS,
-    make_init,
-    store_params,
-)
+from ._params import COMMON_CONSTRAINTS, COMMON_PARAMETERS
+from ._signatures import make_init, store_params  # noqa: F401 (re-exported)
 from .loop import Algorithm
 from .loop import _online as online
 from .loop._environment import check_episode_inputs, environment_rewards_only
