@@ -74,22 +74,29 @@ def trl_config(spec: dict, output_dir: str):
     )
 
 
+def rollout_clock(args, clock: StepClock):
+    """A TRL callback ticking ``clock`` once a rollout batch (after its last optimiser step)."""
+    from transformers import TrainerCallback
+
+    per_rollout = args.steps_per_generation * args.num_iterations
+
+    class Clock(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step % per_rollout == 0:
+                clock.tick()
+
+    return Clock()
+
+
 def run_trl(spec: dict, prompts: list[str], reward) -> dict:
     from datasets import Dataset
-    from transformers import AutoTokenizer, TrainerCallback
+    from transformers import AutoTokenizer
     from trl import GRPOTrainer, RLOOTrainer
 
     recorder = RecordingReward(reward)
     clock = StepClock()
     with tempfile.TemporaryDirectory() as out:
         args = trl_config(spec, out)
-        per_rollout = args.steps_per_generation * args.num_iterations
-
-        class Clock(TrainerCallback):
-            def on_step_end(self, args, state, control, **kwargs):
-                if state.global_step % per_rollout == 0:
-                    clock.tick()
-
         tokenizer = AutoTokenizer.from_pretrained(spec["path"], padding_side="left")
         memory = PeakMemory(spec["device"])
         memory.start()
@@ -100,7 +107,7 @@ def run_trl(spec: dict, prompts: list[str], reward) -> dict:
             args=args,
             train_dataset=Dataset.from_dict({"prompt": prompts}),
             processing_class=tokenizer,
-            callbacks=[Clock()],
+            callbacks=[rollout_clock(args, clock)],
         )
         phases = PhaseTimer(trainer)
         trainer.train()

@@ -119,9 +119,9 @@ def run_prefopt(spec: dict, prompts: list) -> dict:
 def run_trl(spec: dict, prompts: list) -> dict:
     import tempfile
 
-    from _throughput_trl import PhaseTimer, trl_config
+    from _throughput_trl import PhaseTimer, rollout_clock, trl_config
     from datasets import Dataset
-    from transformers import AutoTokenizer, TrainerCallback
+    from transformers import AutoTokenizer
     from trl import GRPOTrainer
 
     reward = ToolReward()
@@ -130,12 +130,6 @@ def run_trl(spec: dict, prompts: list) -> dict:
         args = trl_config({**spec, "algorithm": "grpo", "max_new_tokens": spec["max_tokens"]}, out)
         # TRL's turn limit counts tool rounds: max_turns policy turns are max_turns - 1 of them.
         args.max_tool_calling_iterations = spec["max_turns"] - 1
-        per_rollout = args.steps_per_generation * args.num_iterations
-
-        class Clock(TrainerCallback):
-            def on_step_end(self, args, state, control, **kwargs):
-                if state.global_step % per_rollout == 0:
-                    clock.tick()
 
         tokenizer = AutoTokenizer.from_pretrained(spec["path"], padding_side="left")
         memory = PeakMemory(spec["device"])
@@ -147,7 +141,7 @@ def run_trl(spec: dict, prompts: list) -> dict:
             train_dataset=Dataset.from_dict({"prompt": prompts}),
             processing_class=tokenizer,
             tools=_tools(),
-            callbacks=[Clock()],
+            callbacks=[rollout_clock(args, clock)],
         )
         phases = PhaseTimer(trainer)
         trainer.train()
