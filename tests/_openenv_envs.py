@@ -12,9 +12,14 @@ import threading
 import time
 from contextlib import contextmanager
 
-from openenv.core.client_types import StepResult
-from openenv.core.env_client import EnvClient
-from openenv.core.env_server import Action, Environment, Observation, State, create_fastapi_app
+import pytest
+
+# Collected by the suite's doctest run too: without the openenv extra, the module is skipped.
+pytest.importorskip("openenv")
+
+from openenv.core.client_types import StepResult  # noqa: E402
+from openenv.core.env_client import EnvClient  # noqa: E402
+from openenv.core.env_server import Action, Environment, Observation, State, create_fastapi_app  # noqa: E402
 
 
 class Say(Action):
