@@ -97,6 +97,7 @@ def test_the_rlvr_grpo_names_every_setting_and_the_shared_rate():
     policy = rlvr.grpo("sft", n_steps=3, batch_size=16, tokenizer=None)
     assert isinstance(policy.learning_rate, AdaptiveLR)
     assert policy.learning_rate.get_params() == {
+        "anneal": False,
         "factor": 1.5,
         "learning_rate": 3e-5,
         "max_lr": 3e-4,

@@ -107,7 +107,10 @@ def rlvr_rate():
     """
     from prefopt import AdaptiveLR
 
-    return AdaptiveLR(learning_rate=3e-5, target=0.002, factor=1.5, min_lr=1e-6, max_lr=3e-4)
+    # anneal=False: the behaviour of the rules as committed, named since the option exists.
+    return AdaptiveLR(
+        learning_rate=3e-5, target=0.002, factor=1.5, min_lr=1e-6, max_lr=3e-4, anneal=False
+    )
 
 
 # Every GRPOPolicy hyperparameter, named (issue 36, point 5: no library default decides a
