@@ -256,7 +256,9 @@ def main(argv=None) -> pd.DataFrame:
     for w, spec in specs.items():
         print(f"  {w}: start {spec['start']:.4f}", flush=True)
     print(f"{len(todo)} fits on {args.jobs} processes; rows to {out}", flush=True)
-    results = Parallel(n_jobs=args.jobs, backend="loky", return_as="generator_unordered")(
+    # In task order ("generator"): joblib's unordered generator needs joblib 1.4, above the
+    # oldest joblib prefopt supports (1.3.2).
+    results = Parallel(n_jobs=args.jobs, backend="loky", return_as="generator")(
         delayed(fit_one)(specs[w], w, n, a, s, budget[w.split("/")[0]]) for w, n, a, s in todo
     )
     for i, row in enumerate(results, 1):
