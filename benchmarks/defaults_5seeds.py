@@ -12,7 +12,10 @@ scored by held-out pass@1 (8 samples of each of 200 held-out problems); ``review
 the gold (VADER) reward of 2/3 of the prompts, scored by the gold of 4 samples of each
 held-out prompt. Each policy (PPO, RLOO, GRPO, REINFORCE, REINFORCE++, RAFT) runs on the
 sweep's seeds 1000-1004 in two arms: ``default`` (``learning_rate=None``: the adaptive rate)
-and ``old`` (the fixed tiny-model default before issue 35, ``lr_sweep_rule3.OLD_DEFAULT``);
+and ``old`` (the fixed tiny-model default before issue 35, ``lr_sweep_rule3.OLD_DEFAULT``,
+at the batch of 64 episodes every policy had then); the default arm takes each policy's own
+default batch (256 for GRPO and RLOO since issue 35, point 5; 64 for the others), the steps
+of the budget;
 ``--arms default,old,annealed`` adds the default's controller with ``anneal=True`` (the
 rate decayed linearly to 0 over the fit, as the fixed rates are; every world here is a tiny
 model, so the controller starts at the class's ``tiny_model_learning_rate``).
@@ -84,8 +87,14 @@ def build(world: str, quick: bool) -> dict:
     return spec
 
 
-def fit_one(spec: dict, world: str, name: str, arm: str, seed: int, budget: dict) -> dict:
-    """One policy at one arm and seed: its health warnings, held-out end score and time."""
+def fit_one(
+    spec: dict, world: str, name: str, arm: str, seed: int, budget: dict, quick: bool = False
+) -> dict:
+    """One policy at one arm and seed: its health warnings, held-out end score and time.
+
+    The ``old`` arm runs the budget's batch (64 episodes, every policy's default before
+    issue 35); the others each policy's own default batch, unless ``quick``.
+    """
     torch.set_num_threads(1)
     prefopt.set_config(show_progress_bar=False)
     task, arch = world.split("/")
@@ -93,6 +102,8 @@ def fit_one(spec: dict, world: str, name: str, arm: str, seed: int, budget: dict
     if arm == "annealed":  # the default's controller, decayed linearly to 0 over the fit
         rate = policy_default(sweep.POLICIES[name].tiny_model_learning_rate)
         rate.set_params(anneal=True)
+    if arm != "old" and not quick:  # the defaults' own batch (GRPO and RLOO: 256)
+        budget = {key: v for key, v in budget.items() if key != "batch_size"}
     row = {"world": world, "policy": name, "arm": arm, "seed": seed, "start": spec["start"]}
     row.update(learning_rate=rate if isinstance(rate, float) else arm, **budget)
     wall, cpu = time.perf_counter(), time.process_time()
@@ -115,6 +126,7 @@ def fit_one(spec: dict, world: str, name: str, arm: str, seed: int, budget: dict
         score = sweep.review_gold if task == "review" else sweep.arithmetic_gold
         last = policy.history_[-1]
         row.update(
+            batch_size=policy.batch_size,
             end=score(spec, policy),
             fired=";".join(d for d, v in policy.health_["detectors"].items() if v["fired"]),
             steps=len(policy.history_),
@@ -259,7 +271,8 @@ def main(argv=None) -> pd.DataFrame:
     # In task order ("generator"): joblib's unordered generator needs joblib 1.4, above the
     # oldest joblib prefopt supports (1.3.2).
     results = Parallel(n_jobs=args.jobs, backend="loky", return_as="generator")(
-        delayed(fit_one)(specs[w], w, n, a, s, budget[w.split("/")[0]]) for w, n, a, s in todo
+        delayed(fit_one)(specs[w], w, n, a, s, budget[w.split("/")[0]], args.quick)
+        for w, n, a, s in todo
     )
     for i, row in enumerate(results, 1):
         with out.open("a") as f:

@@ -56,7 +56,11 @@ def main(argv=None):
 
     search = SeedSearchCV(
         RLOOPolicy(
-            model=world.policy_model(), learning_rate=2.0, optimizer="sgd", n_steps=args.steps
+            model=world.policy_model(),
+            learning_rate=2.0,
+            optimizer="sgd",
+            batch_size=64,
+            n_steps=args.steps,
         ),
         {"beta": [0.03, 0.1, 0.3, 1.0, 3.0], "k": [2, 4]},
         seeds=args.seeds,

@@ -414,7 +414,9 @@ def test_scratchpad_is_for_sums_only():
 # at its defaults pushes training accuracy above 95%. The sanity configuration of the world
 # (ArithmeticWorld's docstring): 10 training problems of one-digit sums, a one-layer model,
 # SFT for 60 epochs on them.
-SANITY_STEPS = 250  # the budget: 250 steps of the default 64 episodes (16,000 episodes)
+# The budget: 250 steps of each policy's default batch: 64 episodes (16,000 in all), 256
+# for GRPO and RLOO (64,000; 14.5 s and 18.2 s of one core on the development machine).
+SANITY_STEPS = 250
 
 
 @pytest.fixture(scope="module")
@@ -444,7 +446,7 @@ def test_the_sanity_start_solves_between_20_and_80_percent(sanity):
     "name, measured",
     [  # final training accuracy measured at SANITY_STEPS, seed 0 (the threshold is 0.95)
         ("GRPOPolicy", 1.000),
-        ("RLOOPolicy", 0.988),
+        ("RLOOPolicy", 1.000),  # 0.988 at its old batch of 64
         ("PPOPolicy", 0.975),
         ("ReinforcePolicy", 1.000),
         ("ReinforcePlusPlusPolicy", 0.975),

@@ -32,8 +32,8 @@ BUILT_IN = [
 # the table: n_epochs, n_minibatches and beta.)
 CHANGED = {
     prefopt.PPOPolicy: {"n_epochs": 4},
-    prefopt.RLOOPolicy: {"n_minibatches": 2},
-    prefopt.GRPOPolicy: {"beta": 0.04},
+    prefopt.RLOOPolicy: {"batch_size": 256, "n_minibatches": 2},
+    prefopt.GRPOPolicy: {"batch_size": 256, "beta": 0.04},
     prefopt.ReinforcePolicy: {"n_minibatches": 2},
     prefopt.ReinforcePlusPlusPolicy: {"beta": 0.01},
     prefopt.RAFTPolicy: {"n_epochs": 4},
