@@ -81,10 +81,28 @@ def plan(seeds) -> list[tuple]:
     return first + later
 
 
+def budget_of(name: str, budget: dict, quick: bool = False) -> dict:
+    """A run's budget: the task's, with GRPO's and RLOO's own default batch (256).
+
+    LR_SWEEP.md, rule 3's second amendment: since issue 35, point 5, GRPO and RLOO default
+    to batches of 256 episodes, and every rate of their cells runs at it (``quick``: the
+    quick budget's batch, for seconds).
+
+    >>> budget_of("GRPO", {"n_steps": 300, "batch_size": 64})
+    {'n_steps': 300, 'batch_size': 256}
+    >>> budget_of("PPO", {"n_steps": 300, "batch_size": 64})
+    {'n_steps': 300, 'batch_size': 64}
+    """
+    if name in ("GRPO", "RLOO") and not quick:
+        return {**budget, "batch_size": sweep.POLICIES[name]().batch_size}
+    return dict(budget)
+
+
 def run(spec, job, budget) -> dict:
     name, task, arch, rate, seed = job
     row = sweep.one_run(spec, name, task, arch, None if rate == DEFAULT else rate, seed, budget)
     row["rate"] = rate
+    row["batch_size"] = budget["batch_size"]
     return row
 
 
@@ -117,7 +135,8 @@ def main(argv=None) -> pd.DataFrame | None:
     todo = [j for j in jobs if (*map(str, j[:4]), j[4]) not in done]
     print(f"{len(todo)} runs to do ({len(rows)} kept)", flush=True)
     results = Parallel(n_jobs=args.workers, backend="loky", return_as="generator")(
-        delayed(run)(tasks[j[1], j[2]], j, budget[j[1]]) for j in todo
+        delayed(run)(tasks[j[1], j[2]], j, budget_of(j[0], budget[j[1]], args.quick))
+        for j in todo
     )
     for i, row in enumerate(results, 1):
         rows.append(row)
