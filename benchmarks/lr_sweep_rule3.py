@@ -135,8 +135,7 @@ def main(argv=None) -> pd.DataFrame | None:
     todo = [j for j in jobs if (*map(str, j[:4]), j[4]) not in done]
     print(f"{len(todo)} runs to do ({len(rows)} kept)", flush=True)
     results = Parallel(n_jobs=args.workers, backend="loky", return_as="generator")(
-        delayed(run)(tasks[j[1], j[2]], j, budget_of(j[0], budget[j[1]], args.quick))
-        for j in todo
+        delayed(run)(tasks[j[1], j[2]], j, budget_of(j[0], budget[j[1]], args.quick)) for j in todo
     )
     for i, row in enumerate(results, 1):
         rows.append(row)
