@@ -149,7 +149,11 @@ def fmt(mean: float, low: float, high: float, digits: int = 3) -> str:
     --------
     >>> fmt(1.0, 0.5, 1.5)
     '1.000 [0.500, 1.500]'
+    >>> fmt(-0.126, float("nan"), float("nan"))  # one seed: no interval
+    '-0.126 [no interval]'
     """
+    if not (np.isfinite(low) and np.isfinite(high)):
+        return f"{mean:.{digits}f} [no interval]"
     return f"{mean:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
 
 

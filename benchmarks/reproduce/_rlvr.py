@@ -341,11 +341,17 @@ def control_summary(ev_rows, control_rows, start_pass1: float, arm_label: str) -
 
     parts = []
     real = [r["pass1"] - start_pass1 for r in ev_rows]
-    parts.append(f"{arm_label} pass@1 gain, real reward {fmt(*mean_ci(real))} ({len(real)} seeds)")
+    parts.append(
+        f"{arm_label} pass@1 gain, real reward {fmt(*mean_ci(real))} ({_seeds(len(real))})"
+    )
     for name in sorted({r["reward_name"] for r in control_rows}):
         gains = [r["pass1"] - start_pass1 for r in control_rows if r["reward_name"] == name]
-        parts.append(f"{name} control {fmt(*mean_ci(gains))} ({len(gains)} seeds)")
+        parts.append(f"{name} control {fmt(*mean_ci(gains))} ({_seeds(len(gains))})")
     return "; ".join(parts)
+
+
+def _seeds(n: int) -> str:
+    return f"{n} seed" + ("" if n == 1 else "s")
 
 
 PHASES = ("tuning", "evaluation", "control")
