@@ -127,6 +127,20 @@ def test_a_reward_that_makes_the_empty_answer_best_fires_empty_responses():
     assert policy.history_[-1]["response/empty_share"] == 1.0
 
 
+def test_rafts_kl_blowup_advice_names_what_moves_raft():
+    # RAFT ignores beta unless it ranks by the KL-shaped reward: its warning says so.
+    from prefopt import RAFTPolicy
+
+    with pytest.warns(RunHealthWarning, match="'kl_blowup' fired") as record:
+        policy = lm_policy(RAFTPolicy, learning_rate=1e-2, n_steps=20).fit(PROMPTS, empty_is_best)
+    assert "kl_blowup" in fired(policy)
+    (message,) = [m for m in health_warnings(record) if "'kl_blowup'" in m]
+    assert "rank_by='shaped'" in message and "adaptive KL controller" not in message
+    rloo = lm_policy(learning_rate=1e-2, n_steps=20)
+    with pytest.warns(RunHealthWarning, match="adaptive KL controller"):
+        rloo.fit(PROMPTS, empty_is_best)
+
+
 def count_good(prompts, completions):
     return np.array([float(c.split().count("good")) for c in completions])
 

@@ -150,6 +150,14 @@ class RAFTPolicy(BasePolicy):
     # and its own parameters; make_init writes the explicit keyword-only signature.
     __init__ = make_init(n_epochs=4, k=4, rank_by="score", skip_dead_groups=True)
 
+    # The kl_blowup health warning's advice (policies/loop/_health.py): beta alone does not
+    # hold RAFT near the reference, whose fixed points are the reward's argmax (Notes).
+    kl_advice = (
+        "RAFT's objective has no KL term: each step fine-tunes on its best samples and moves "
+        "on from the reference. Rank by the KL-shaped reward (rank_by='shaped' with beta > 0; "
+        "a larger beta if it already does), take fewer steps, or lower learning_rate."
+    )
+
     samples_per_prompt = "k"
     tiny_model_learning_rate = 3e-5  # learning_rate=None on a tiny model: LR_SWEEP.md, rule 2
     # The kept responses are trained on with the ordinary next-token loss, at

@@ -116,6 +116,14 @@ KL_LOSING = 1.2
 KL_CAP = 2.1
 
 
+# What kl_blowup and max_kl tell a user to do; a policy whose objective beta does not
+# hold near the reference says its own (its class attribute ``kl_advice``: RAFTPolicy's).
+KL_ADVICE = (
+    "The policy ran far from the reference: raise beta, use an adaptive KL controller or "
+    "lower learning_rate."
+)
+
+
 def _start(rows, key: str) -> float:
     """The first step's value: its samples are the starting policy's (no update yet)."""
     return float(rows[0][key])
@@ -281,8 +289,7 @@ def policy_monitor(policy, view, *, first_row: int) -> HealthMonitor:
             "kl_blowup",
             KL_BLOWUP,
             kl_blowup,
-            advice="The policy ran far from the reference: raise beta, use an adaptive KL "
-            "controller or lower learning_rate.",
+            advice=getattr(policy, "kl_advice", None) or KL_ADVICE,
         ),
     ]
     if view.k > 1:
