@@ -127,9 +127,13 @@ def test_a_reward_that_makes_the_empty_answer_best_fires_empty_responses():
     assert policy.history_[-1]["response/empty_share"] == 1.0
 
 
-def test_rafts_kl_blowup_advice_names_what_moves_raft():
-    # RAFT ignores beta unless it ranks by the KL-shaped reward: its warning says so.
+def test_rafts_kl_advice_names_what_moves_raft():
+    # RAFT ignores beta unless it ranks by the KL-shaped reward: its warnings of a policy far
+    # from the reference (kl_blowup, and max_kl) say so; the others' name beta.
     from prefopt import RAFTPolicy
+
+    with pytest.warns(RuntimeWarning, match="beyond max_kl.*rank_by='shaped'"):
+        lm_policy(RAFTPolicy, learning_rate=1e-2, n_steps=2, max_kl=1e-9).fit(PROMPTS, says_good)
 
     with pytest.warns(RunHealthWarning, match="'kl_blowup' fired") as record:
         policy = lm_policy(RAFTPolicy, learning_rate=1e-2, n_steps=20).fit(PROMPTS, empty_is_best)

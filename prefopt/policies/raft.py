@@ -150,8 +150,8 @@ class RAFTPolicy(BasePolicy):
     # and its own parameters; make_init writes the explicit keyword-only signature.
     __init__ = make_init(n_epochs=4, k=4, rank_by="score", skip_dead_groups=True)
 
-    # The kl_blowup health warning's advice (policies/loop/_health.py): beta alone does not
-    # hold RAFT near the reference, whose fixed points are the reward's argmax (Notes).
+    # The advice of the warnings of a policy far from the reference (Algorithm.kl_advice):
+    # beta alone does not hold RAFT there; its fixed points are the reward's argmax (Notes).
     kl_advice = (
         "RAFT's objective has no KL term: each step fine-tunes on its best samples and moves "
         "on from the reference. Rank by the KL-shaped reward (rank_by='shaped' with beta > 0; "

@@ -115,6 +115,12 @@ class Algorithm:
         ``sampling/rounds``. GRPO takes both as parameters.
     max_resamples : int, default=0
         The cap on those extra rounds per step.
+    kl_advice : str
+        What the run-health warnings for a policy far from the reference
+        (``kl_blowup``, and a KL beyond ``max_kl``) tell the user to do. The
+        default names beta, an adaptive KL controller and the learning rate;
+        an algorithm whose objective beta does not hold near the reference
+        says its own (RAFT's, unless it ranks by the KL-shaped reward).
     tiny_model_learning_rate : float, default=1e-3
         Where ``learning_rate=None`` (an adaptive rate) starts for a model
         under 10M parameters (a tiny transformer built from a config); see
@@ -133,6 +139,10 @@ class Algorithm:
     needs_reference: bool = True
     dynamic_sampling: bool = False
     max_resamples: int = 0
+    kl_advice: str = (
+        "The policy ran far from the reference: raise beta, use an adaptive KL controller or "
+        "lower learning_rate."
+    )
     tiny_model_learning_rate: float = 1e-3
 
     @property
@@ -272,6 +282,7 @@ class Algorithm:
             compute_loss=self.compute_loss,
             after_update=self.after_update,
             kl_penalty=self.kl_penalty,
+            kl_advice=self.kl_advice,
             recomputes_old_logprobs=bool(self.recomputes_old_logprobs),
             loss_reduction=self.loss_reduction,
             needs_reference=bool(self.needs_reference),

@@ -116,14 +116,6 @@ KL_LOSING = 1.2
 KL_CAP = 2.1
 
 
-# What kl_blowup and max_kl tell a user to do; a policy whose objective beta does not
-# hold near the reference says its own (its class attribute ``kl_advice``: RAFTPolicy's).
-KL_ADVICE = (
-    "The policy ran far from the reference: raise beta, use an adaptive KL controller or "
-    "lower learning_rate."
-)
-
-
 def _start(rows, key: str) -> float:
     """The first step's value: its samples are the starting policy's (no update yet)."""
     return float(rows[0][key])
@@ -289,7 +281,7 @@ def policy_monitor(policy, view, *, first_row: int) -> HealthMonitor:
             "kl_blowup",
             KL_BLOWUP,
             kl_blowup,
-            advice=getattr(policy, "kl_advice", None) or KL_ADVICE,
+            advice=view.kl_advice,  # the algorithm's declaration (Algorithm.kl_advice)
         ),
     ]
     if view.k > 1:
@@ -346,8 +338,7 @@ def check_health(loop, row: dict) -> None:
     if view.max_kl is not None and kl > view.max_kl:
         message = (
             f"{view.name}: the KL to the reference reached {kl:.3g} nats at "
-            f"step {step}, beyond max_kl={view.max_kl}; raise beta, use an adaptive "
-            "KL controller or lower learning_rate."
+            f"step {step}, beyond max_kl={view.max_kl}. {view.kl_advice}"
         )
         if view.max_kl_action == "raise":
             raise RuntimeError(message + " The last checkpoint (if any) is intact.")

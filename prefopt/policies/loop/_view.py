@@ -53,6 +53,7 @@ class StepView:
     compute_loss: Callable
     after_update: Callable
     kl_penalty: str
+    kl_advice: str  # what a warning of a policy far from the reference advises
     recomputes_old_logprobs: bool
     loss_reduction: str  # how compute_loss sums over a minibatch's parts
     needs_reference: bool
