@@ -158,18 +158,20 @@ class GRPOPolicy(BasePolicy):
     64, this policy's default until issue 35) the default adaptive rate
     spends each update's small, fixed policy change mostly on sampling
     noise, and GRPO does not learn ArithmeticWorld: after 300 steps
-    held-out pass@1 0.307, 0.318 from a start of 0.331 (seeds 1000 and
-    1001; ``benchmarks/defaults_5seeds.py``), where 256 gives 0.410, 0.410,
-    0.426 (seeds 1000-1002) and Llama's shape 0.149 -> 0.197. The 4 times
+    held-out pass@1 ended below the start of 0.331 on all five seeds
+    (mean 0.315), where 256 ends at 0.408-0.434 (mean 0.417; Llama's
+    shape 0.149 -> 0.190; ``benchmarks/defaults_5seeds.py``). The 4 times
     as many episodes are not the reason: 75 steps of 256 (the episodes of
-    300 of 64) ended at 0.309. The field's GRPO runs take more prompts still
-    (DeepSeekMath: 1,024 samples a step). ``n_epochs=1`` and ``n_minibatches=1``: one gradient
-    step per batch, as DeepSeekMath ("a single update following each
-    exploration stage") and TRL's ``num_iterations=1``; the ratio is then
-    exactly 1, the clip never binds, and the old log-probs are the training
-    pass's own, detached (no extra forward pass). With ``n_epochs`` > 1 or
-    ``n_minibatches`` > 1 the old log-probs come from a pass identical to
-    training and the clip binds (``policy/clipfrac`` > 0).
+    300 of 64) ended at 0.309 (seed 1000). The field's GRPO runs take more
+    prompts still (DeepSeekMath: 1,024 samples a step).
+
+    ``n_epochs=1`` and ``n_minibatches=1``: one gradient step per batch, as
+    DeepSeekMath ("a single update following each exploration stage") and
+    TRL's ``num_iterations=1``; the ratio is then exactly 1, the clip never
+    binds, and the old log-probs are the training pass's own, detached (no
+    extra forward pass). With ``n_epochs`` > 1 or ``n_minibatches`` > 1 the
+    old log-probs come from a pass identical to training and the clip binds
+    (``policy/clipfrac`` > 0).
 
     ``"dapo"`` divides by the response tokens of the step's whole batch even
     when the batch is split into ``n_minibatches`` gradient steps, as TRL

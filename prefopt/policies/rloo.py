@@ -98,8 +98,10 @@ class RLOOPolicy(BasePolicy):
     ``batch_size=256`` (64 prompts a step, as many as the single-sample
     policies' default 64 episodes): with the default adaptive rate, a batch
     of 64 (16 prompts; the default until issue 35) learns ArithmeticWorld
-    barely or not at all (held-out pass@1 0.331 -> 0.328 after 300 steps,
-    seed 1000), a batch of 256 does (0.399; Llama's shape 0.149 -> 0.175):
+    barely or not at all (held-out pass@1 0.331 -> 0.340 after 300 steps,
+    mean of five seeds, two of them at or below the start), a batch of 256
+    does (0.391-0.399 on every seed; Llama's shape 0.149 -> 0.178;
+    ``benchmarks/defaults_5seeds.py``):
     each update's policy change is held near a fixed target, so the
     gradient's noise, which a larger batch averages away, decides how much
     of that change is learning (``GRPOPolicy``'s Notes).
