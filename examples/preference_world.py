@@ -15,8 +15,9 @@ around it (about +-0.02 in reward at these settings). The exact path is recorded
 with a ``callback`` that evaluates the policy after every step.
 
 RLOO, REINFORCE and RAFT get the same number of episodes for comparison. RAFT
-ignores beta: it converges towards the reward model's best response, not the
-optimum.
+ranked by the score alone (``rank_by="score"``, Dong et al.'s ranking; the default
+ranks by the KL-shaped reward) ignores beta: it converges towards the reward model's
+best response, not the optimum.
 
 Run::
 
@@ -72,7 +73,9 @@ def make_policies(world, *, beta, n_steps, seed):
         ),
         "RLOO (k=4)": RLOOPolicy(model=world.policy_model(), k=4, learning_rate=2.0, **common),
         "REINFORCE": ReinforcePolicy(model=world.policy_model(), learning_rate=2.0, **common),
-        "RAFT (k=4)": RAFTPolicy(model=world.policy_model(), k=4, learning_rate=0.3, **common),
+        "RAFT (k=4)": RAFTPolicy(
+            model=world.policy_model(), k=4, rank_by="score", learning_rate=0.3, **common
+        ),
     }
 
 
@@ -168,7 +171,7 @@ def main(argv=None):
         ],
     )
 
-    # RAFT keeps the best of k and ignores beta, so it heads for the reward
+    # RAFT keeps the best of k by score and ignores beta, so it heads for the reward
     # model's argmax response instead of pi_ref exp(r/beta)/Z.
     rewards = world.rewards(rm)
     best = rewards.argmax(axis=1)

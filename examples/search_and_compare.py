@@ -79,7 +79,10 @@ def main(argv=None):
         "PPO": PPOPolicy(model=world.policy_model(), learning_rate=0.3, **common),
         "RLOO": RLOOPolicy(model=world.policy_model(), k=4, learning_rate=2.0, **common),
         "REINFORCE": ReinforcePolicy(model=world.policy_model(), learning_rate=2.0, **common),
-        "RAFT": RAFTPolicy(model=world.policy_model(), k=4, learning_rate=0.3, **common),
+        # ranked by the score alone (Dong et al.), RAFT ignores beta
+        "RAFT": RAFTPolicy(
+            model=world.policy_model(), k=4, rank_by="score", learning_rate=0.3, **common
+        ),
     }
     comparison = compare(
         algorithms,

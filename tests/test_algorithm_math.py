@@ -471,16 +471,34 @@ def test_raft_skips_dead_groups_by_default():
     batch = SimpleNamespace(scores=t([0.0, 0.0, 0.0, 1.0]), rlhf_rewards=t([0.0, 0.0, 0.0, 1.0]))
     close(RAFTPolicy(k=2).compute_advantages(batch), [0.0, 0.0, 0.0, 1.0])
     close(RAFTPolicy(k=2, skip_dead_groups=False).compute_advantages(batch), [1.0, 0.0, 0.0, 1.0])
-    # ranked by the shaped reward, the group is dead by that ranking, not by the score
+    # ranked by the shaped reward, a group is dead by its scores: the KL term tells two
+    # wrong answers apart, and the one nearer the reference is no better an answer
     shaped = SimpleNamespace(scores=t([0.0, 0.0]), rlhf_rewards=t([-0.2, -0.1]))
-    close(RAFTPolicy(k=2, rank_by="shaped").compute_advantages(shaped), [0.0, 1.0])
+    close(RAFTPolicy(k=2, rank_by="shaped").compute_advantages(shaped), [0.0, 0.0])
+    close(RAFTPolicy(k=2, skip_dead_groups=False).compute_advantages(shaped), [0.0, 1.0])
+    # ... and a group the scores rank keeps its best by the shaped reward
+    ranked = SimpleNamespace(scores=t([1.0, 0.0]), rlhf_rewards=t([-0.5, -0.1]))
+    close(RAFTPolicy(k=2, rank_by="shaped").compute_advantages(ranked), [0.0, 1.0])
 
 
 def test_raft_rank_by_score_or_shaped():
     # scores (1.0, 0.9); KL sums (1.0, 0.0); beta 0.5: shaped (0.5, 0.9)
     batch = SimpleNamespace(scores=t([1.0, 0.9]), rlhf_rewards=t([0.5, 0.9]))
-    close(RAFTPolicy(k=2).compute_advantages(batch), [1.0, 0.0])
+    close(RAFTPolicy(k=2, rank_by="score").compute_advantages(batch), [1.0, 0.0])
     close(RAFTPolicy(k=2, rank_by="shaped").compute_advantages(batch), [0.0, 1.0])
+    # the default is the shaped ranking, as Ahmadian et al. (2024) run RAFT
+    close(RAFTPolicy(k=2).compute_advantages(batch), [0.0, 1.0])
+
+
+def test_best_of_k_judges_dead_groups_by_the_scores_it_is_given():
+    shaped, scores = t([0.3, 0.1, 0.2, 0.4]), t([1.0, 1.0, 0.0, 1.0])
+    assert best_of_k_mask(shaped, k=2, skip_dead_groups=True).tolist() == [
+        True, False, False, True
+    ]
+    kept = best_of_k_mask(shaped, k=2, skip_dead_groups=True, scores=scores)
+    assert kept.tolist() == [False, False, False, True]
+    with pytest.raises(ValueError, match="scores have shape \\(3,\\).*one score for each"):
+        best_of_k_mask(shaped, k=2, skip_dead_groups=True, scores=t([1.0, 1.0, 0.0]))
 
 
 # ---------------------------------------------------------------------------

@@ -182,6 +182,7 @@ def test_raft_ignores_beta_and_sharpens_towards_the_argmax(world, rm):
             world,
             RAFTPolicy,
             beta=beta,
+            rank_by="score",
             k=4,
             learning_rate=0.3,
             lr_schedule="constant",

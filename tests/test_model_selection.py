@@ -259,7 +259,8 @@ def test_compare_on_policy_algorithms_reach_the_optimum_and_raft_does_not(rm):
         "RLOO": RLOOPolicy(model=model(), learning_rate=2.0, **common),
         "PPO": PPOPolicy(model=model(), learning_rate=0.3, **common),
         "REINFORCE": ReinforcePolicy(model=model(), learning_rate=2.0, **common),
-        "RAFT": RAFTPolicy(model=model(), learning_rate=0.3, **common),
+        # the score ranking (Dong et al.'s), in which beta plays no part
+        "RAFT": RAFTPolicy(model=model(), rank_by="score", learning_rate=0.3, **common),
     }
     scoring = {
         "objective": WORLD.scorer("objective"),
