@@ -492,9 +492,7 @@ def test_raft_rank_by_score_or_shaped():
 
 def test_best_of_k_judges_dead_groups_by_the_scores_it_is_given():
     shaped, scores = t([0.3, 0.1, 0.2, 0.4]), t([1.0, 1.0, 0.0, 1.0])
-    assert best_of_k_mask(shaped, k=2, skip_dead_groups=True).tolist() == [
-        True, False, False, True
-    ]
+    assert best_of_k_mask(shaped, k=2, skip_dead_groups=True).tolist() == [True, False, False, True]
     kept = best_of_k_mask(shaped, k=2, skip_dead_groups=True, scores=scores)
     assert kept.tolist() == [False, False, False, True]
     with pytest.raises(ValueError, match="scores have shape \\(3,\\).*one score for each"):
