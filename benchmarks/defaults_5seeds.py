@@ -13,7 +13,8 @@ the gold (VADER) reward of 2/3 of the prompts, scored by the gold of 4 samples o
 held-out prompt. Each policy (PPO, RLOO, GRPO, REINFORCE, REINFORCE++, RAFT) runs on the
 sweep's seeds 1000-1004 in two arms: ``default`` (``learning_rate=None``: the adaptive rate)
 and ``old`` (the fixed tiny-model default before issue 35, ``lr_sweep_rule3.OLD_DEFAULT``,
-at the batch of 64 episodes every policy had then); the default arm takes each policy's own
+at the batch of 64 episodes every policy had then, and RAFT ranked by the score alone,
+``OLD_PARAMS``); the default arm takes each policy's own
 default batch (256 for GRPO and RLOO since issue 35, point 5; 64 for the others), the steps
 of the budget;
 ``--arms default,old,annealed`` adds the default's controller with ``anneal=True`` (the
@@ -77,6 +78,9 @@ WORLDS = ("arithmetic/gpt2", "arithmetic/llama", "review/gpt2", "review/llama")
 # left alone with a long fit at the end.
 POLICIES = ("PPO", "RAFT", "RLOO", "GRPO", "REINFORCE", "REINFORCE++")
 ARMS = ("default", "old", "annealed")  # the last only when asked (--arms)
+# The old arm's other defaults that issue 35 changed: RAFT ranked by the score alone before
+# its default became the KL-shaped reward (RAFTPolicy's Notes).
+OLD_PARAMS = {"RAFT": {"rank_by": "score"}}
 
 
 def build(world: str, quick: bool) -> dict:
@@ -104,6 +108,8 @@ def fit_one(
         rate.set_params(anneal=True)
     if arm != "old" and not quick:  # the defaults' own batch (GRPO and RLOO: 256)
         budget = {key: v for key, v in budget.items() if key != "batch_size"}
+    if arm == "old":
+        budget = {**budget, **OLD_PARAMS.get(name, {})}
     row = {"world": world, "policy": name, "arm": arm, "seed": seed, "start": spec["start"]}
     row.update(learning_rate=rate if isinstance(rate, float) else arm, **budget)
     wall, cpu = time.perf_counter(), time.process_time()

@@ -79,3 +79,25 @@ def test_unknown_choices_are_refused(bench):
         bench.main(["--quick", "--policies", "DPO"])
     with pytest.raises(SystemExit):
         bench.main(["--quick", "--seeds", "6"])
+
+
+def test_the_old_arm_runs_the_old_defaults_issue_35_changed(bench, monkeypatch):
+    seen = []
+
+    class Stub:  # records what the arm passes, and fails the fit (a row with its error)
+        def __init__(self, **params):
+            seen.append(params)
+            raise RuntimeError("stub")
+
+    monkeypatch.setitem(bench.sweep.POLICIES, "RAFT", Stub)
+    budget = {"n_steps": 1, "batch_size": 64}
+    spec = {"start": 0.0, "sft": "the SFT start"}
+    old = bench.fit_one(spec, "review/gpt2", "RAFT", "old", 0, budget)
+    new = bench.fit_one(spec, "review/gpt2", "RAFT", "default", 0, budget)
+    # the old arm: RAFT ranked by score at its old fixed rate and batch; the default arm
+    # leaves the ranking, the rate and the batch to the policy
+    assert seen[0]["rank_by"] == "score" and seen[0]["learning_rate"] == 3e-5
+    assert seen[0]["batch_size"] == 64 and old["rank_by"] == "score"
+    assert "rank_by" not in seen[1] and seen[1]["learning_rate"] is None
+    assert "batch_size" not in seen[1]
+    assert old["error"] == new["error"] == "RuntimeError: stub"
