@@ -95,7 +95,8 @@ class AdaptiveLR(BaseEstimator):
     It is the default learning rate of every reinforcement-learning policy on a
     language model: ``learning_rate=None`` there means ``AdaptiveLR(target=0.002,
     max_lr=10 * start)``, starting at the rate the model's size calls for (``start``;
-    the target and the ceiling measured beside ``POLICY_TARGET`` below);
+    the target and the ceiling measured beside ``POLICY_TARGET`` below; PPO's is
+    ``AdaptiveLR(target=0.01, anneal=True, max_lr=10 * start)``, its Notes);
     ``learning_rate=AdaptiveLR(...)`` sets another target or bounds, and a number
     there stays a fixed rate. A fit sets each step's rate from ``learning_rate_``,
     measures the update's change with one forward pass without gradients on the step's own
@@ -350,18 +351,26 @@ CEILING_RATIO = 10.0
 POLICY_TARGET = 0.002
 
 
-def policy_default(start: float) -> AdaptiveLR:
+def policy_default(
+    start: float, *, target: float = POLICY_TARGET, anneal: bool = False
+) -> AdaptiveLR:
     """The default learning rate of a reinforcement-learning policy on a language model.
 
     ``AdaptiveLR(target=0.002, min_lr=1e-6, max_lr=10 * start)``: the rule of
     :class:`AdaptiveLR` at a target and a ceiling measured on the project's worlds
     (the comments beside ``POLICY_TARGET`` and ``CEILING_RATIO``); the policy
-    starts it at ``start``, the fixed rate its model's size calls for.
+    starts it at ``start``, the fixed rate its model's size calls for. A policy
+    declares its own ``target`` and ``anneal`` (``adaptive_lr_target`` and
+    ``adaptive_lr_anneal``; PPO's are 0.01 and ``True``, its Notes).
 
     Parameters
     ----------
     start : float
         The rate the controller starts at (> 0).
+    target : float, default=0.002
+        The KL per token an update should make (``POLICY_TARGET``).
+    anneal : bool, default=False
+        Decay the adapted rate linearly to 0 over the fit.
 
     Returns
     -------
@@ -375,6 +384,10 @@ def policy_default(start: float) -> AdaptiveLR:
     0.001
     >>> policy_default(1e-4).start(1e-4).update(0.0005)  # below half the target: raised
     0.00015000000000000001
+    >>> policy_default(3e-4, target=0.01, anneal=True).get_params()["anneal"]
+    True
     """
     _positive_finite("start", start)
-    return AdaptiveLR(target=POLICY_TARGET, min_lr=min(1e-6, start), max_lr=CEILING_RATIO * start)
+    return AdaptiveLR(
+        target=target, min_lr=min(1e-6, start), max_lr=CEILING_RATIO * start, anneal=anneal
+    )

@@ -388,7 +388,9 @@ class BasePolicy(Algorithm, GenerativeEstimator):
         start = default_learning_rate(self.model_, large=3e-6, tiny=self.tiny_model_learning_rate)
         if rate is None and not getattr(self.model_, "is_log_linear", False):
             # The default on a language model (issue 35): no fixed rate suits every task.
-            rate = policy_default(start)
+            rate = policy_default(
+                start, target=self.adaptive_lr_target, anneal=self.adaptive_lr_anneal
+            )
         if not isinstance(rate, AdaptiveLR):
             return (float(rate) if rate is not None else start), None
         # The fit's own copy; with no starting rate of its own it starts at the rate the

@@ -8,6 +8,7 @@ shared fragment here.
 import inspect
 import re
 
+from ..learning_rate import POLICY_TARGET
 from ._params import COMMON_PARAMETERS
 
 COMMON_ATTRIBUTES = """model_ : torch.nn.Module
@@ -108,6 +109,15 @@ def fill(cls) -> str:
     shared_text = "\n".join(line for entry in shared.values() for line in entry).strip()
     tiny = getattr(cls, "tiny_model_learning_rate", 1e-3)
     shared_text = shared_text.replace("{tiny_learning_rate}", f"{tiny:g}")
+    target = getattr(cls, "adaptive_lr_target", POLICY_TARGET)  # the default rate's rule
+    anneal = "; decayed linearly to 0 over the fit" if getattr(cls, "adaptive_lr_anneal", 0) else ""
+    for key, value in {
+        "{lr_high}": f"{2 * target:g}",
+        "{lr_low}": f"{target / 2:g}",
+        "{lr_target}": f"{target:g}",
+        "{lr_anneal}": anneal,
+    }.items():
+        shared_text = shared_text.replace(key, value)
     doc = doc.replace("{common_parameters}", shared_text)
     doc = doc.replace("{common_attributes}", COMMON_ATTRIBUTES)
     return _in_signature_order(doc, signature, cls.__name__)

@@ -111,10 +111,10 @@ COMMON_PARAMETERS: dict[str, Parameter] = {
         """``None`` (the default) on a language model adapts the rate: after each
         update one pass without gradients measures the policy's change on the
         step's tokens (``optim/policy_kl``, the mean KL per token between the
-        policy before and after), and the rate is cut by 1.5 above 0.004,
-        raised by 1.5 below 0.001 (an :class:`~prefopt.AdaptiveLR` of target
-        0.002: rl_games' and rsl_rl's rule; Schulman et al. 2017 adapt PPO's
-        KL penalty so), within [1e-6, 10 times its start]: {tiny_learning_rate}
+        policy before and after), and the rate is cut by 1.5 above {lr_high},
+        raised by 1.5 below {lr_low} (an :class:`~prefopt.AdaptiveLR` of target
+        {lr_target}: rl_games' and rsl_rl's rule; Schulman et al. 2017 adapt PPO's
+        KL penalty so{lr_anneal}), within [1e-6, 10 times its start]: {tiny_learning_rate}
         under 10M parameters (``tiny_model_learning_rate``), else 3e-6 (Huang
         et al.); log-linear policies (exact worlds): a fixed 0.1. A number is a
         fixed rate (``lr_schedule`` applies); an ``AdaptiveLR`` its own rule.""",

@@ -15,6 +15,7 @@ import re
 import torch
 
 from ...backend import disable_dropout, distributed
+from ...learning_rate import POLICY_TARGET
 from ._batch import Minibatch, RolloutBatch
 from ._environment import check_environment
 from ._tools import check_tools
@@ -128,6 +129,16 @@ class Algorithm:
         declare the rate ``benchmarks/lr_sweep.py`` chose for them (rule 2 of
         ``benchmarks/LR_SWEEP.md``); 1e-3 is the rate for a new algorithm that
         declares none.
+    adaptive_lr_target : float, default=0.002
+        The target of the default adaptive rate (``learning_rate=None`` on a
+        language model): the KL per token between the policy before and after
+        an update that :class:`~prefopt.AdaptiveLR` keeps each update near
+        (:func:`prefopt.learning_rate.policy_default`). PPO declares 0.01: its
+        four epochs an update move the policy further than one pass does.
+    adaptive_lr_anneal : bool, default=False
+        Whether that default rate decays linearly to 0 over the fit
+        (``AdaptiveLR(anneal=True)``), as PPO's original code decays its rate;
+        PPO declares ``True``.
     """
 
     samples_per_prompt: int | str = 1
@@ -144,6 +155,8 @@ class Algorithm:
         "lower learning_rate."
     )
     tiny_model_learning_rate: float = 1e-3
+    adaptive_lr_target: float = POLICY_TARGET
+    adaptive_lr_anneal: bool = False
 
     @property
     def recomputes_old_logprobs(self) -> bool:
