@@ -7,8 +7,9 @@ defaults (seeds 0 and 1): preference world, Adam 0.1 (the log-linear default),
 RAFT 0.992 / 0.994 of the way to the reward-maximising policy. TinyLMWorld
 (seed 0) at 1e-3, the rate for a tiny model trained from scratch: PPO 0.989 /
 0.991, RLOO 0.914 / 0.962, REINFORCE 0.936 / 0.969. The thresholds are the
-issue's 0.9. At the tiny-model defaults (LR_SWEEP.md, rule 2) TinyLMWorld learns
-more slowly; the review-world tests below check the defaults on a fine-tuned start.
+issue's 0.9. At the defaults (the adaptive rate, from the tiny-model rates of
+LR_SWEEP.md's rule 2) TinyLMWorld gets 0.89-1.00 of it; the review-world tests below
+check the defaults on a fine-tuned start.
 """
 
 import numpy as np
@@ -87,12 +88,12 @@ def test_a_tiny_lm_trained_from_scratch_learns_at_1e3(cls, beta):
 @pytest.mark.slow
 @pytest.mark.parametrize("cls", [PPOPolicy, RLOOPolicy, GRPOPolicy, ReinforcePolicy])
 def test_the_new_defaults_still_learn_on_the_tiny_lm_world(cls):
-    # The tiny-model defaults of LR_SWEEP.md's rule 2 (PPO and REINFORCE 3e-4, RLOO and GRPO
-    # 1e-4) were chosen where 1e-3 collapses fine-tuned models; on TinyLMWorld they still
-    # learn, more slowly: what rule 1's tiny_lm cells ask (objective share > 0, expected
-    # gold above the reference's). Measured (seed 0, beta 0.1, 100 steps): share PPO 0.905,
-    # RLOO 0.331, GRPO 0.272, REINFORCE 0.526; expected gold -0.316 -> 0.834, 0.074, -0.000,
-    # 0.304.
+    # The adaptive default starts at the tiny-model rates of LR_SWEEP.md's rule 2 (PPO and
+    # REINFORCE 3e-4, RLOO and GRPO 1e-4), chosen where 1e-3 collapses fine-tuned models; on
+    # TinyLMWorld, trained nearly from scratch, it climbs. Measured (seed 0, beta 0.1, 100
+    # steps): share PPO 0.997, RLOO 0.979, GRPO 0.890, REINFORCE 0.952; expected gold -0.316
+    # -> 0.991, 0.952, 0.822, 0.921 (at the fixed rates it replaced: shares 0.905, 0.331,
+    # 0.272, 0.526).
     prefopt.set_config(show_progress_bar=False)
     world = TinyLMWorld(random_state=0)
     policy = cls(model=world.policy_model(), beta=0.1, random_state=0)
@@ -102,7 +103,7 @@ def test_the_new_defaults_still_learn_on_the_tiny_lm_world(cls):
     start = world.evaluate(world.reference_probs(), world.reward, 0.1)["reward"]
     end = world.evaluate(policy, world.reward, 0.1)["reward"]
     print(f"{cls.__name__}: share {share:.3f}, gold {start:.3f} -> {end:.3f}")
-    assert share > 0.1 and end > start
+    assert share > 0.5 and end > start
     assert not any(v["fired"] for v in policy.health_["detectors"].values())
 
 
@@ -129,11 +130,10 @@ def _gold_and_distinct(world, policy, prompts):
 @pytest.mark.filterwarnings("ignore:.*ended with EOS")
 @pytest.mark.parametrize("cls", [RLOOPolicy, PPOPolicy])
 def test_the_usage_line_on_the_review_world(review, cls):
-    # Measured (seed 0), at the tiny-model defaults of LR_SWEEP.md's rule 2: SFT gold 0.097,
-    # distinct-word share 0.89; RLOO (1e-4) reaches gold 0.265 (distinct 0.78), PPO (3e-4)
-    # 0.909 (distinct 0.72). At the former 1e-3 RLOO reached 0.829, but collapsed on other
-    # worlds (LR_SWEEP.md): the default now trades speed for not collapsing, so the bar is
-    # a gain of 0.1, not 0.2.
+    # Measured (seed 0) at the defaults (the adaptive rate; RLOO at 256 episodes a step):
+    # SFT gold 0.097, distinct-word share 0.89; RLOO reaches gold 0.878 (distinct 0.69), PPO
+    # 0.916 (distinct 0.72). At the fixed tiny-model rates before issue 35, RLOO (1e-4)
+    # reached 0.265 and PPO (3e-4) 0.909; the bar is a gain of 0.4.
     world, sft, reward_model = review
     prompts = world.prompts
     policy = cls(beta=0.05, random_state=0).fit(prompts, reward_model)  # starts from sft
@@ -144,5 +144,5 @@ def test_the_usage_line_on_the_review_world(review, cls):
         f"{cls.__name__}: gold {gold_sft:.3f} -> {gold:.3f}, distinct {distinct_sft:.2f} -> "
         f"{distinct:.2f}"
     )
-    assert gold >= gold_sft + 0.1
+    assert gold >= gold_sft + 0.4
     assert distinct >= 0.5 * distinct_sft
