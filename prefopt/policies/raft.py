@@ -186,11 +186,12 @@ class RAFTPolicy(BasePolicy):
     __init__ = make_init(n_epochs=4, k=4, rank_by="shaped", skip_dead_groups=True)
 
     # The advice of the warnings of a policy far from the reference (Algorithm.kl_advice):
-    # beta alone does not hold RAFT there; its fixed points are the reward's argmax (Notes).
+    # beta holds RAFT only through its ranking; ranked by score, its fixed points are the
+    # reward's argmax (Notes).
     kl_advice = (
-        "RAFT's objective has no KL term: each step fine-tunes on its best samples and moves "
-        "on from the reference. Rank by the KL-shaped reward (rank_by='shaped' with beta > 0; "
-        "a larger beta if it already does), take fewer steps, or lower learning_rate."
+        "RAFT's loss has no KL term: each step fine-tunes on its best samples and moves on "
+        "from the reference. Rank by the KL-shaped reward (rank_by='shaped', the default, with "
+        "beta > 0; a larger beta if it already does), take fewer steps, or lower learning_rate."
     )
 
     samples_per_prompt = "k"

@@ -121,7 +121,8 @@ class Algorithm:
         (``kl_blowup``, and a KL beyond ``max_kl``) tell the user to do. The
         default names beta, an adaptive KL controller and the learning rate;
         an algorithm whose objective beta does not hold near the reference
-        says its own (RAFT's, unless it ranks by the KL-shaped reward).
+        says its own (RAFT's: its loss has no KL term, and beta enters only
+        its ranking).
     tiny_model_learning_rate : float, default=1e-3
         Where ``learning_rate=None`` (an adaptive rate) starts for a model
         under 10M parameters (a tiny transformer built from a config); see
