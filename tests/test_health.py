@@ -128,8 +128,8 @@ def test_a_reward_that_makes_the_empty_answer_best_fires_empty_responses():
 
 
 def test_rafts_kl_advice_names_what_moves_raft():
-    # RAFT ignores beta unless it ranks by the KL-shaped reward: its warnings of a policy far
-    # from the reference (kl_blowup, and max_kl) say so; the others' name beta.
+    # beta holds RAFT only through its ranking (its loss has no KL term): its warnings of a
+    # policy far from the reference (kl_blowup, and max_kl) say so; the others' name beta.
     from prefopt import RAFTPolicy
 
     with pytest.warns(RuntimeWarning, match="beyond max_kl.*rank_by='shaped'"):
