@@ -384,3 +384,29 @@ def test_a_search_over_the_default_and_adaptive_rates(tmp_path):
         for r in (None, AdaptiveLR(), AdaptiveLR(target=0.03), 1e-3)
     }
     assert len(folders) == 4
+
+
+def test_a_resumed_ppo_run_continues_its_annealed_default_rate_exactly(tmp_path):
+    # PPO's default decays the adapted rate over the fit's steps: a run stopped after step 3
+    # and resumed continues both the adapted rate and the decay of the whole 6-step fit
+    from prefopt import PPOPolicy
+
+    def ppo(**kw):
+        params = {**lm_policy().get_params(deep=False), "learning_rate": None, **kw}
+        del params["k"]  # one sample a prompt
+        return PPOPolicy(**params)
+
+    whole = ppo().fit(PROMPTS, says_good)
+
+    def stop_after_3(policy, row):
+        if row["step"] == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        ppo(checkpoint_dir=tmp_path).fit(PROMPTS, says_good, callback=stop_after_3)
+    resumed = ppo(checkpoint_dir=tmp_path).fit(PROMPTS, says_good)  # steps 4-6
+    assert whole.lr_controller_.anneal  # PPO's default
+    assert [row["step"] for row in resumed.history_] == [1, 2, 3, 4, 5, 6]
+    for key in ("optim/learning_rate", "optim/policy_kl", "objective/reward"):
+        assert column(resumed, key) == column(whole, key)
+    assert resumed.lr_controller_.state_dict() == whole.lr_controller_.state_dict()
